@@ -1,0 +1,111 @@
+"""Start-up of the in-rank runtime, run from ``sitecustomize`` in every Python process of the job.
+
+It costs next to nothing in processes that never become ranks (torchrun's agent, DataLoader
+workers): it reads the environment the launcher set, installs a post-import hook that patches
+torch the moment ``import torch`` completes, and registers exit and exception hooks. The trace
+file is opened when the process becomes a rank (``init_process_group``); a torchrun worker
+that dies before that still leaves a trace, named after its ``RANK``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import importlib.abc
+import importlib.util
+import multiprocessing
+import os
+import sys
+from typing import Any
+
+from ddpdoctor.runtime import env
+from ddpdoctor.runtime.recorder import Recorder
+
+_recorder: Recorder | None = None
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Runs :func:`_on_torch_imported` once ``import torch`` has finished executing."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            _on_torch_imported()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def _on_torch_imported() -> None:
+    from ddpdoctor.runtime import torch_hooks
+
+    try:
+        torch_hooks.install(_recorder, os.environ.get(env.BACKEND) or None)
+    except Exception as exc:
+        sys.stderr.write(f"ddpdoctor: could not instrument torch ({type(exc).__name__}: {exc}); "
+                         f"the job runs without recording\n")
+
+
+def _is_torchrun_worker() -> bool:
+    return ("RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
+            and multiprocessing.parent_process() is None)
+
+
+def _ensure_trace() -> None:
+    """Open the trace of a torchrun worker that ends before ``init_process_group``."""
+    if _recorder.writer is None and _is_torchrun_worker():
+        _recorder.start(int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "0")), None)
+
+
+def _excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
+    try:
+        _ensure_trace()
+        _recorder.exception(exc)
+        _recorder.flush()
+    except Exception:
+        pass
+    _previous_excepthook(exc_type, exc, tb)
+
+
+_previous_excepthook = sys.excepthook
+
+
+def _at_exit() -> None:
+    try:
+        _ensure_trace()
+        _recorder.close()
+    except Exception:
+        pass
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (DataLoader worker) must not write into its parent's trace.
+    _recorder.writer = None
+    _recorder._closed = True
+
+
+def boot() -> None:
+    """Install the runtime if the launcher asked for it (``DDPDOCTOR_LOGDIR`` is set)."""
+    global _recorder
+    logdir = os.environ.get(env.LOGDIR)
+    if not logdir or _recorder is not None:
+        return
+    _recorder = Recorder(logdir, os.environ.get(env.RUN_ID, ""))
+    sys.meta_path.insert(0, _TorchImportHook())
+    sys.excepthook = _excepthook
+    atexit.register(_at_exit)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+    if not faulthandler.is_enabled():
+        try:
+            path = os.path.join(logdir, f"fault-{os.getpid()}.txt")
+            faulthandler.enable(open(path, "a"))  # noqa: SIM115 - must stay open
+        except OSError:
+            pass

@@ -1,0 +1,132 @@
+"""What a collective is for and where it came from, read off the Python stack of the caller.
+
+The recording process group knows *what* ran; the frames above it know *why*. A collective
+issued from inside DDP's ``_sync_buffers`` is a buffer broadcast, one issued by the autograd
+engine with no Python collective API on the stack is a Reducer gradient bucket, and so on.
+Rules match a torch function (and, where one function issues several collectives, the text of
+the line it is executing). Everything is cached per code object (and line), so the walk costs
+a few microseconds. Standard library only.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+from types import CodeType, FrameType
+
+STACK_DEPTH = 6
+
+USER = "user"
+BUCKET = "ddp.bucket"
+UNUSED_PARAMS = "ddp.unused_params"
+
+# (path suffix, function, text the executing line must contain or None, label, priority).
+# When several rules match frames of one stack, the highest priority wins: the join protocol
+# reuses DDP helpers (its final model sync calls the init-time parameter sync), so join
+# labels outrank the helpers they call.
+_RULES: list[tuple[str, str, str | None, str, int]] = [
+    ("distributed/algorithms/join.py", "_get_num_nonjoined_procs", None, "join.num_nonjoined", 90),
+    ("distributed/algorithms/join.py", "_notify_procs_to_terminate", None, "join.terminate", 90),
+    ("distributed/algorithms/join.py", "notify_join_context", None, "join.notify", 90),
+    ("nn/parallel/distributed.py", "_match_all_reduce_for_bwd_pass", None, "join.shadow_bucket", 90),
+    ("nn/parallel/distributed.py", "_match_unused_params_allreduce", None, "join.unused_params", 90),
+    ("nn/parallel/distributed.py", "_sync_final_model", None, "join.final_model", 90),
+    ("nn/parallel/distributed.py", "_find_common_rank", None, "join.find_common_rank", 90),
+    ("nn/parallel/distributed.py", "_check_global_requires_backward_grad_sync", None,
+     "join.grad_sync", 90),
+    ("nn/parallel/distributed.py", "_pre_forward", "_rebuild_buckets", "ddp.rebuild_buckets", 80),
+    ("nn/parallel/distributed.py", "main_hook", "_rebuild_buckets", "ddp.rebuild_buckets", 80),
+    ("nn/parallel/distributed.py", "_sync_buffers", None, "ddp.buffers", 70),
+    ("nn/parallel/distributed.py", "_sync_module_buffers", None, "ddp.buffers", 70),
+    ("distributed/utils.py", "_verify_param_shape_across_processes", None,
+     "ddp.init.verify_params", 60),
+    ("distributed/utils.py", "_sync_module_states", None, "ddp.init.sync_params", 50),
+    ("distributed/utils.py", "_sync_params_and_buffers", None, "ddp.init.sync_params", 50),
+    ("nn/parallel/distributed.py", "__init__", None, "ddp.init", 40),
+    ("nn/modules/_functions.py", "forward", None, "syncbn", 30),
+    ("nn/modules/_functions.py", "backward", None, "syncbn", 30),
+    ("algorithms/ddp_comm_hooks/default_hooks.py", "*", None, BUCKET, 30),
+]
+_API_FILE = "distributed/distributed_c10d.py"
+_BACKWARD = ("autograd/graph.py", "_engine_run_backward")
+
+_NO_RULE = ()
+
+
+class StackLabeler:
+    """Classifies code objects once and labels each call from its frames."""
+
+    def __init__(self, internal_dirs: list[str]) -> None:
+        self._internal = tuple(os.path.join(os.path.abspath(d), "") for d in internal_dirs)
+        self._kinds: dict[CodeType, tuple] = {}
+        self._line_rules: dict[tuple[CodeType, int], tuple] = {}
+
+    def _classify(self, code: CodeType) -> tuple:
+        """``()`` for user code, else (rules, api, backward) for an internal code object."""
+        filename = code.co_filename
+        if not (filename.startswith(self._internal) or filename.startswith("<frozen")):
+            self._kinds[code] = _NO_RULE
+            return _NO_RULE
+        norm = filename.replace(os.sep, "/")
+        rules = tuple(r for r in _RULES if norm.endswith(r[0]) and r[1] in (code.co_name, "*"))
+        api = code.co_name if norm.endswith(_API_FILE) and not code.co_name.startswith("_") \
+            else None
+        backward = norm.endswith(_BACKWARD[0]) and code.co_name == _BACKWARD[1]
+        kind = ("internal", rules, api, backward)
+        self._kinds[code] = kind
+        return kind
+
+    def _rule_at(self, frame: FrameType, rules: tuple) -> tuple[str, int] | None:
+        key = (frame.f_code, frame.f_lineno)
+        hit = self._line_rules.get(key)
+        if hit is None:
+            hit = ()
+            for _suffix, _fn, text, label, prio in rules:
+                if text is None or text in linecache.getline(frame.f_code.co_filename,
+                                                             frame.f_lineno):
+                    hit = (label, prio)
+                    break
+            self._line_rules[key] = hit
+        return hit or None
+
+    def describe(self, frame: FrameType | None) -> tuple[str, str | None, tuple]:
+        """(label, api, stack) for a collective whose caller's frame is ``frame``.
+
+        ``stack`` is a tuple of (file, line, function) from the first frame outside torch and
+        ddpdoctor outwards, at most :data:`STACK_DEPTH` frames; empty when no user frame.
+        """
+        kinds = self._kinds
+        label, prio, api, backward = None, -1, None, False
+        f = frame
+        while f is not None:
+            kind = kinds.get(f.f_code)
+            if kind is None:
+                kind = self._classify(f.f_code)
+            if not kind:
+                break
+            _, rules, fn_api, is_bwd = kind
+            if rules:
+                hit = self._rule_at(f, rules)
+                if hit and hit[1] > prio:
+                    label, prio = hit
+            if fn_api:
+                api = fn_api  # the outermost API: all_gather_object, not its all_gather
+            backward = backward or is_bwd
+            f = f.f_back
+        stack = []
+        while f is not None and len(stack) < STACK_DEPTH:
+            code = f.f_code
+            stack.append((code.co_filename, f.f_lineno, code.co_name))
+            f = f.f_back
+        if label is None:
+            if api is None and backward:
+                label = BUCKET
+            else:
+                label = USER
+        return label, api, tuple(stack)
+
+
+def caller_frame(depth: int) -> FrameType:
+    """The frame ``depth`` levels above the caller of this function."""
+    return sys._getframe(depth + 1)

@@ -1,0 +1,178 @@
+"""The recording process group: a ``torch.distributed.ProcessGroup`` subclass around gloo.
+
+C++ callers (DDP's Reducer, ``_broadcast_coalesced``, ``_verify_params_across_processes``)
+and Python callers (``torch.distributed.*``, join, object collectives) all reach the methods
+below through pybind's trampoline, so every collective of the group is seen here. Each method
+records what it is about to run, forwards to the real backend object *directly* (forwarding
+through the C++ base dispatcher re-enters Python and hangs) and attaches the returned
+``Work`` so the writer can tell pending from completed. A recording error never stops the
+collective: recording is switched off with one warning and the call goes through.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch.distributed as dist
+
+from ddpdoctor.runtime.recorder import Recorder
+from ddpdoctor.runtime.writer import ISSUING
+
+
+def _tensors(value: Any) -> list:
+    """(shape, dtype) of a tensor, a list of tensors or a list of lists of tensors."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        out = []
+        for item in value:
+            out.extend(_tensors(item))
+        return out
+    return [(value.shape, value.dtype)]
+
+
+def _reduce_op(opts: Any) -> Any:
+    op = getattr(opts, "reduceOp", opts)
+    return getattr(op, "op", op)
+
+
+class RecordingProcessGroup(dist.ProcessGroup):
+    """Records every operation of one group and forwards it to the wrapped backend."""
+
+    def __init__(self, inner: Any, store: Any, rank: int, size: int, name: str,
+                 recorder: Recorder) -> None:
+        super().__init__(rank, size)
+        self._inner = inner
+        self._recorder = recorder
+        self._name = name
+        self._seq = 0
+        self._p2p_seq = 0
+        self._enabled = True
+
+    # -- recording --------------------------------------------------------------------------
+    def _issue(self, op: str, method: str, args: tuple, tensors: Any = None,
+               reduce_op: Any = None, root: int | None = None, peer: int | None = None) -> Any:
+        rec = None
+        if self._enabled and self._recorder.writer is not None:
+            try:
+                if peer is None and op not in ("recv_anysource",):
+                    self._seq += 1
+                    seq, p2p = self._seq, None
+                else:
+                    self._p2p_seq += 1
+                    seq, p2p = None, self._p2p_seq
+                rec = self._recorder.record(self._name, seq, p2p, op, _tensors(tensors),
+                                            reduce_op, root, peer, sys._getframe(2))
+            except Exception as exc:  # never let recording break the user's collective
+                self._enabled = False
+                sys.stderr.write(f"ddpdoctor: recording disabled for group {self._name}: "
+                                 f"{type(exc).__name__}: {exc}\n")
+        try:
+            work = getattr(self._inner, method)(*args)
+        except BaseException:
+            if rec is not None:
+                rec.work = "failed"
+            raise
+        if rec is not None:
+            rec.work = work
+        return work
+
+    # -- identity ---------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - the C++ virtual's name
+        return self._inner.name()
+
+    # -- collectives (names as torch calls them; some have two) --------------------------
+    def allreduce(self, *args: Any) -> Any:
+        opts = args[1] if len(args) > 1 else None
+        return self._issue("all_reduce", "allreduce", args, args[0], _reduce_op(opts))
+
+    def allreduce_coalesced(self, *args: Any) -> Any:
+        opts = args[1] if len(args) > 1 else None
+        return self._issue("all_reduce_coalesced", "allreduce_coalesced", args, args[0],
+                           _reduce_op(opts))
+
+    def broadcast(self, *args: Any) -> Any:
+        root = getattr(args[1], "rootRank", None) if len(args) > 1 else None
+        if len(args) > 1 and isinstance(args[1], int):
+            root = args[1]
+        return self._issue("broadcast", "broadcast", args, args[0], root=root)
+
+    def barrier(self, opts: Any = None) -> Any:
+        return self._issue("barrier", "barrier", () if opts is None else (opts,))
+
+    def allgather(self, *args: Any) -> Any:
+        return self._issue("all_gather", "allgather", args, args[1])
+
+    def allgather_coalesced(self, *args: Any) -> Any:
+        return self._issue("all_gather_coalesced", "allgather_coalesced", args, args[1])
+
+    def all_gather_single(self, *args: Any) -> Any:
+        return self._issue("all_gather_into_tensor", "_allgather_base", args, args[1])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, *args: Any) -> Any:
+        return self._issue("all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced",
+                           args, args[1])
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def reduce(self, *args: Any) -> Any:
+        opts = args[1] if len(args) > 1 else None
+        return self._issue("reduce", "reduce", args, args[0], _reduce_op(opts),
+                           root=getattr(opts, "rootRank", None))
+
+    def reduce_scatter(self, *args: Any) -> Any:
+        opts = args[2] if len(args) > 2 else None
+        return self._issue("reduce_scatter", "reduce_scatter", args, args[1], _reduce_op(opts))
+
+    def reduce_scatter_single(self, *args: Any) -> Any:
+        opts = args[2] if len(args) > 2 else None
+        return self._issue("reduce_scatter_tensor", "_reduce_scatter_base", args, args[1],
+                           _reduce_op(opts))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, *args: Any) -> Any:
+        opts = args[2] if len(args) > 2 else None
+        return self._issue("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+                           args, args[1], _reduce_op(opts))
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def alltoall(self, *args: Any) -> Any:
+        return self._issue("all_to_all", "alltoall", args, args[1])
+
+    def all_to_all_single(self, *args: Any) -> Any:
+        return self._issue("all_to_all_single", "alltoall_base", args, args[1])
+
+    alltoall_base = all_to_all_single
+
+    def gather(self, *args: Any) -> Any:
+        opts = args[2] if len(args) > 2 else None
+        return self._issue("gather", "gather", args, args[1], root=getattr(opts, "rootRank", None))
+
+    def scatter(self, *args: Any) -> Any:
+        opts = args[2] if len(args) > 2 else None
+        return self._issue("scatter", "scatter", args, args[0], root=getattr(opts, "rootRank", None))
+
+    # -- point to point ---------------------------------------------------------------------
+    def send(self, *args: Any) -> Any:
+        return self._issue("send", "send", args, args[0], peer=args[1])
+
+    def recv(self, *args: Any) -> Any:
+        return self._issue("recv", "recv", args, args[0], peer=args[1])
+
+    def recv_anysource(self, *args: Any) -> Any:
+        return self._issue("recv_anysource", "recv_anysource", args, args[0])
+
+    # -- coalescing brackets: forwarded, not recorded ----------------------------------------
+    def _start_coalescing(self, *args: Any) -> Any:
+        return self._inner._start_coalescing(*args)
+
+    def _end_coalescing(self, *args: Any) -> Any:
+        return self._inner._end_coalescing(*args)
+
+
+__all__ = ["RecordingProcessGroup", "ISSUING"]

@@ -1,0 +1,146 @@
+"""Per-process recording state: the rank's trace writer, group registry and DDP counters.
+
+One :class:`Recorder` lives in each rank. The recording process group calls :meth:`record`
+on the caller's thread for every collective; everything else here (process start, DDP
+construction, exceptions, exit) is rare and may be slow. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from ddpdoctor.runtime.labels import BUCKET, UNUSED_PARAMS, StackLabeler
+from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
+from ddpdoctor.trace import schema
+
+# Environment variables worth keeping in a trace; no other environment value is recorded.
+ENV_ALLOW_LIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                  "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                  "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
+
+
+def _now() -> float:
+    return time.time()
+
+
+class Recorder:
+    """Collects one rank's records and hands them to its :class:`TraceWriter`."""
+
+    def __init__(self, logdir: str, run_id: str) -> None:
+        self.logdir = logdir
+        self.run_id = run_id
+        self.labeler = StackLabeler([os.path.dirname(os.path.dirname(__file__))])
+
+    def set_internal_dirs(self, dirs: list[str]) -> None:
+        """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
+        self.labeler = StackLabeler(dirs)
+        self.writer: TraceWriter | None = None
+        self.rank: int | None = None
+        self.iteration = 0
+        self.bucket_index = 0
+        self._next_id = 0
+        self._early: list[dict] = []
+        self._ddp_count = 0
+        self._closed = False
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def start(self, rank: int, world_size: int, backend: str | None) -> None:
+        """Open this rank's trace; called once the rank is known (``init_process_group``)."""
+        if self.writer is not None:
+            return
+        self.rank = rank
+        path = os.path.join(self.logdir, schema.trace_filename(rank, self.attempt))
+        self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt), rank)
+        self.writer.put(self._process_start(rank, world_size, backend))
+        for rec in self._early:
+            self.writer.put(rec)
+        self._early.clear()
+
+    def _process_start(self, rank: int, world_size: int, backend: str | None) -> dict:
+        torch = sys.modules.get("torch")
+        return {"kind": schema.PROCESS_START, "t": _now(), "rank": rank,
+                "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+                "world_size": world_size, "host": socket.gethostname(), "pid": os.getpid(),
+                "torch": getattr(torch, "__version__", None), "python": sys.version.split()[0],
+                "backend": backend, "argv": list(sys.argv),
+                "env": {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}}
+
+    def emit(self, record: dict) -> None:
+        """Queue a rare record (not a collective); kept in memory until the trace opens."""
+        if self.writer is None:
+            self._early.append(record)
+        else:
+            self.writer.put(record)
+
+    # -- hot path ---------------------------------------------------------------------------
+    def record(self, group: str, seq: int | None, p2p_seq: int | None, op: str,
+               tensors: list, reduce_op: str | None, root: int | None, peer: int | None,
+               frame: Any) -> CollectiveRecord:
+        """Build the record of one collective; the caller attaches ``work`` after issuing it."""
+        rec = CollectiveRecord()
+        rec.t = _now()
+        self._next_id += 1
+        rec.id = self._next_id
+        rec.group, rec.seq, rec.p2p_seq, rec.op = group, seq, p2p_seq, op
+        rec.tensors, rec.reduce_op, rec.root, rec.peer = tensors, reduce_op, root, peer
+        label, rec.api, rec.stack = self.labeler.describe(frame)
+        rec.bucket = None
+        if label == BUCKET or label == "join.shadow_bucket":
+            if tensors and not tensors[0][1].is_floating_point:
+                label = UNUSED_PARAMS
+            else:
+                rec.bucket = self.bucket_index
+                self.bucket_index += 1
+        rec.label = label
+        rec.iteration = self.iteration
+        if self.writer is not None:
+            self.writer.put(rec)
+        return rec
+
+    # -- DDP --------------------------------------------------------------------------------
+    def next_iteration(self) -> None:
+        """A DDP forward (or a join shadow iteration) began."""
+        self.iteration += 1
+        self.bucket_index = 0
+
+    def ddp_constructed(self, flags: dict) -> int:
+        """Record a DDP construction; returns its index in this process."""
+        self._ddp_count += 1
+        self.emit({"kind": schema.DDP_INIT, "t": _now(), "index": self._ddp_count - 1,
+                   **flags})
+        return self._ddp_count - 1
+
+    def group_created(self, info: dict) -> None:
+        self.emit({"kind": schema.GROUP, "t": _now(), **info})
+
+    # -- endings ----------------------------------------------------------------------------
+    def exception(self, exc: BaseException) -> None:
+        """Record an exception escaping the script (or an mp.spawn worker function)."""
+        tb = traceback.extract_tb(exc.__traceback__)
+        frames = [{"file": f.filename, "line": f.lineno, "function": f.name} for f in tb]
+        self.emit({"kind": schema.EXCEPTION, "t": _now(), "type": type(exc).__name__,
+                   "message": str(exc)[:2000], "frames": frames[-20:],
+                   "traceback": "".join(traceback.format_exception(exc))[-8000:]})
+        self._exit_status = schema.EXIT_EXCEPTION
+
+    def warn(self, message: str) -> None:
+        self.emit({"kind": schema.WARNING, "t": _now(), "message": message})
+
+    def close(self, status: str | None = None) -> None:
+        """Write the exit record and stop the writer (atexit)."""
+        if self._closed:
+            return
+        self._closed = True
+        status = status or getattr(self, "_exit_status", schema.EXIT_FINISHED)
+        if self.writer is not None:
+            self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": status}])
+
+    def flush(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()

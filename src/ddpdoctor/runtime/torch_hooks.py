@@ -1,0 +1,267 @@
+"""Everything that touches torch internals, in one place: backend, group and DDP hooks.
+
+* registers the ``ddpdoctor`` c10d backend whose creator wraps a real ``ProcessGroupGloo`` in
+  :class:`RecordingProcessGroup`;
+* wraps ``init_process_group`` / ``new_group`` so gloo groups are created through it, then
+  restores the name ``gloo`` in c10d's world map (``get_backend()``, DDP's logger and
+  ``monitored_barrier`` look the backend up by name);
+* counts DDP forwards (the ``iteration`` of each record) and join shadow iterations, and records
+  each DDP construction with its flags;
+* records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it).
+
+Each of these relies on a torch behaviour that ``tests/e2e/test_torch_contract.py`` checks. On a
+torch outside :data:`SUPPORTED` nothing is patched: one warning, and the job runs untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+from typing import Any, Callable
+
+from ddpdoctor.runtime.recorder import Recorder
+
+SUPPORTED = ("2.13.",)
+PLUGIN = "ddpdoctor"
+_GLOO_NAMES = ("gloo", "cpu:gloo", "cpu:gloo,cuda:gloo", "cuda:gloo,cpu:gloo")
+
+_recorder: Recorder | None = None
+_backend_override: str | None = None
+
+
+def supported(version: str) -> bool:
+    """Whether the recorder knows this torch version's internals."""
+    return version.startswith(SUPPORTED)
+
+
+def install(recorder: Recorder, backend_override: str | None) -> bool:
+    """Patch torch for recording; returns False (after one warning) on an unsupported torch."""
+    global _recorder, _backend_override
+    import torch
+
+    if not supported(torch.__version__):
+        sys.stderr.write(f"ddpdoctor: torch {torch.__version__} is not supported by the recorder "
+                         f"(supported: {', '.join(s + 'x' for s in SUPPORTED)}); the job runs "
+                         f"without recording\n")
+        return False
+    _recorder = recorder
+    _backend_override = backend_override
+    recorder.set_internal_dirs(list(_internal_prefixes()))
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    c10d = dist.distributed_c10d
+    dist.Backend.register_backend(PLUGIN, _create_backend, extended_api=True,
+                                  devices=["cpu", "cuda"])
+    for module in (c10d, dist):
+        module.init_process_group = _wrap_init(c10d.init_process_group)
+        module.new_group = _wrap_new_group(c10d.new_group)
+    _patch_ddp()
+    _patch_spawn()
+    return True
+
+
+# -- process groups ---------------------------------------------------------------------------
+def _create_backend(opts: Any, backend_options: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+
+    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+
+    inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size,
+                                  timeout=opts.timeout)
+    inner.options.global_ranks_in_group = opts.global_ranks_in_group
+    inner.options.group_name = opts.group_id
+    inner._set_sequence_number_for_group()
+    pg = RecordingProcessGroup(inner, opts.store, opts.group_rank, opts.group_size,
+                               opts.group_id, _recorder)
+    gloo = dist.ProcessGroup.BackendType.GLOO
+    for device in ("cpu", "cuda"):
+        pg._register_backend(torch.device(device), gloo, inner)
+    pg._set_default_backend(gloo)
+    return pg
+
+
+def _recordable(backend: Any) -> bool:
+    if backend is None:
+        import torch
+
+        return not torch.cuda.is_available()
+    return str(backend).lower() in _GLOO_NAMES
+
+
+def _finish_group(pg: Any) -> None:
+    """Give a recording group back its gloo name and record its identity."""
+    import torch.distributed as dist
+
+    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+
+    if not isinstance(pg, RecordingProcessGroup):
+        return
+    world = dist.distributed_c10d._world
+    _, store = world.pg_map[pg]
+    world.pg_map[pg] = ("gloo", store)
+    world.pg_backend_config[pg] = "cpu:gloo,cuda:gloo"
+    pg._name = pg.group_name
+    _recorder.group_created({"group": pg.group_name, "desc": pg.group_desc,
+                             "ranks": dist.get_process_group_ranks(pg), "size": pg.size(),
+                             "group_rank": pg.rank(), "backend": "gloo"})
+
+
+def _wrap_init(real: Callable) -> Callable:
+    if getattr(real, "_ddpdoctor", False):
+        return real
+
+    @functools.wraps(real)
+    def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        if "backend" in kwargs:
+            backend = kwargs.pop("backend")
+        if _backend_override:
+            backend = _backend_override
+        recording = _recordable(backend)
+        result = real(PLUGIN if recording else backend, *args, **kwargs)
+        pg = dist.distributed_c10d._get_default_group()
+        name = "gloo" if recording else str(dist.get_backend())
+        _recorder.start(dist.get_rank(), dist.get_world_size(), name)
+        if recording:
+            _finish_group(pg)
+        else:
+            _recorder.warn(f"backend {name!r} is not recorded (ddpdoctor records gloo groups; "
+                           f"use --backend gloo or --cpu)")
+            sys.stderr.write(f"ddpdoctor: backend {name!r}: collectives are not recorded "
+                             f"(ddpdoctor records gloo groups; try --cpu)\n")
+        return result
+
+    init_process_group._ddpdoctor = True
+    return init_process_group
+
+
+def _wrap_new_group(real: Callable) -> Callable:
+    if getattr(real, "_ddpdoctor", False):
+        return real
+
+    @functools.wraps(real)
+    def new_group(*args: Any, **kwargs: Any) -> Any:
+        import torch.distributed as dist
+
+        if len(args) >= 3:
+            args = list(args)
+            backend = args[2]
+        else:
+            backend = kwargs.get("backend")
+        default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+        from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+
+        if isinstance(default, RecordingProcessGroup) and (backend is None
+                                                            or _recordable(backend)):
+            if isinstance(args, list):
+                args[2] = PLUGIN
+            else:
+                kwargs["backend"] = PLUGIN
+        pg = real(*args, **kwargs)
+        if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
+            _finish_group(pg)
+        return pg
+
+    new_group._ddpdoctor = True
+    return new_group
+
+
+# -- DDP --------------------------------------------------------------------------------------
+def _patch_ddp() -> None:
+    from torch.nn.parallel import distributed as ddp_mod
+
+    ddp = ddp_mod.DistributedDataParallel
+    if getattr(ddp, "_ddpdoctor", False):
+        return
+    real_init, real_pre = ddp.__init__, ddp._pre_forward
+    join_hook = ddp_mod._DDPJoinHook
+    real_main_hook = join_hook.main_hook
+
+    @functools.wraps(real_init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        real_init(self, *args, **kwargs)
+        try:
+            _recorder.ddp_constructed(_ddp_flags(self, sys._getframe(1)))
+        except Exception as exc:  # flags are enrichment; never fail the model
+            _recorder.warn(f"could not read DDP flags: {exc}")
+
+    @functools.wraps(real_pre)
+    def _pre_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        _recorder.next_iteration()
+        return real_pre(self, *args, **kwargs)
+
+    @functools.wraps(real_main_hook)
+    def main_hook(self: Any) -> None:
+        _recorder.next_iteration()
+        real_main_hook(self)
+
+    ddp.__init__, ddp._pre_forward, join_hook.main_hook = __init__, _pre_forward, main_hook
+    ddp._ddpdoctor = True
+
+
+def _ddp_flags(model: Any, frame: Any) -> dict:
+    module = model.module
+    params = [p for p in module.parameters() if p.requires_grad]
+    site = None
+    while frame is not None:
+        if not frame.f_code.co_filename.startswith(_internal_prefixes()):
+            site = {"file": frame.f_code.co_filename, "line": frame.f_lineno,
+                    "function": frame.f_code.co_name}
+            break
+        frame = frame.f_back
+    return {"module": type(module).__name__, "broadcast_buffers": bool(model.broadcast_buffers),
+            "find_unused_parameters": bool(model.find_unused_parameters),
+            "bucket_cap_mb": model.bucket_bytes_cap / (1024 * 1024),
+            "static_graph": bool(model.static_graph),
+            "gradient_as_bucket_view": bool(model.gradient_as_bucket_view),
+            "parameters": len(params),
+            "buffers": sum(1 for _ in module.buffers()),
+            "device_ids": [str(d) for d in (model.device_ids or [])],
+            "group": getattr(model.process_group, "group_name", None),
+            "site": site}
+
+
+@functools.lru_cache(maxsize=1)
+def _internal_prefixes() -> tuple[str, ...]:
+    import torch
+
+    import ddpdoctor
+
+    return tuple(os.path.join(os.path.dirname(m.__file__), "") for m in (torch, ddpdoctor))
+
+
+# -- mp.spawn ---------------------------------------------------------------------------------
+def _patch_spawn() -> None:
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    if spawn._wrap is not _spawn_wrap:
+        global _real_spawn_wrap
+        _real_spawn_wrap = spawn._wrap
+        spawn._wrap = _spawn_wrap
+
+
+_real_spawn_wrap: Callable | None = None
+
+
+def _spawn_wrap(fn: Callable, i: int, args: tuple, error_file: str) -> None:
+    """``torch.multiprocessing.spawn._wrap`` that records an exception of the worker."""
+
+    def recorded(*a: Any) -> Any:
+        try:
+            return fn(*a)
+        except Exception as exc:
+            if _recorder is not None:
+                _recorder.exception(exc)
+            raise
+
+    real = _real_spawn_wrap
+    if real is None:  # recording is off in this process: torch's own _wrap is in place
+        real = importlib.import_module("torch.multiprocessing.spawn")._wrap
+    real(recorded, i, args, error_file)
+    if _recorder is not None:
+        _recorder.close()

@@ -1,0 +1,107 @@
+"""In-memory form of loaded traces: what the analysis and the reporters work on.
+
+These are plain dataclasses so that tests can build runs by hand (see
+``tests/unit/factories.py``) without any torch process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Site:
+    """A source location: the first frame outside torch and ddpdoctor, or a stack frame."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+@dataclass
+class Collective:
+    """One collective or point-to-point operation issued by one rank."""
+
+    rank: int
+    id: int
+    group: str
+    seq: int | None
+    op: str
+    label: str = "user"
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    numel: int = 0
+    reduce_op: str | None = None
+    root: int | None = None
+    peer: int | None = None
+    p2p_seq: int | None = None
+    api: str | None = None
+    bucket: int | None = None
+    iteration: int | None = None
+    t: float = 0.0
+    state: str = "completed"
+    t_end: float | None = None
+    stack: list[Site] = field(default_factory=list)
+
+    @property
+    def site(self) -> Site | None:
+        return self.stack[0] if self.stack else None
+
+
+@dataclass
+class Group:
+    """A process group as one rank saw it at creation."""
+
+    name: str
+    desc: str = ""
+    ranks: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RankTrace:
+    """Everything one rank recorded."""
+
+    rank: int
+    path: str = ""
+    run_id: str = ""
+    attempt: int = 0
+    process: dict | None = None
+    groups: dict[str, Group] = field(default_factory=dict)
+    collectives: list[Collective] = field(default_factory=list)
+    ddp: list[dict] = field(default_factory=list)
+    exception: dict | None = None
+    hang: dict | None = None
+    exit: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+    damaged_lines: int = 0
+    truncated: bool = False
+
+    @property
+    def world_size(self) -> int | None:
+        return (self.process or {}).get("world_size")
+
+    @property
+    def finished(self) -> bool:
+        """The script ran to its end on this rank (a later teardown abort does not count)."""
+        return bool(self.exit) and self.exit.get("status") == "finished"
+
+
+@dataclass
+class Run:
+    """The traces of one job, by rank."""
+
+    ranks: dict[int, RankTrace]
+    world_size: int
+    sources: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    # Filled by the launcher when it knows more than the traces: per-rank exit codes and
+    # signals, whether it stopped the job for a hang.
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    stopped_for_hang: bool = False
+
+    @property
+    def missing_ranks(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.ranks]

@@ -1,0 +1,168 @@
+"""Reads per-rank traces into a :class:`~ddpdoctor.trace.model.Run`, tolerating damage.
+
+A rank killed mid-write leaves a cut-off last line; a full disk or a crash can leave junk.
+Such lines are counted and skipped, never fatal. What is fatal (no traces, a foreign file, a
+newer format, ranks of different runs mixed) raises :class:`TraceError` with one clear line.
+JSON only: nothing read is ever unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.model import Collective, Group, RankTrace, Run, Site
+
+MAX_LINE = 4 * 1024 * 1024
+
+
+class TraceError(Exception):
+    """The input cannot be read as ddpdoctor traces; the message says why, in one line."""
+
+
+def _trace_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(path.glob(schema.TRACE_GLOB))
+            if not found:
+                raise TraceError(f"no ddpdoctor traces (rank-*.jsonl) in {path}")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise TraceError(f"no such file or folder: {path}")
+    if not files:
+        raise TraceError("no trace files given")
+    return files
+
+
+def _site(frame: dict) -> Site:
+    return Site(str(frame.get("file", "?")), int(frame.get("line", 0) or 0),
+                str(frame.get("function", "?")))
+
+
+def read_rank(path: Path) -> RankTrace:
+    """Read one rank's trace file."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+    lines = data.split(b"\n")
+    truncated = bool(lines) and lines[-1] != b""
+    if not truncated:
+        lines = lines[:-1]
+    if not lines or not lines[0].strip():
+        raise TraceError(f"{path} is empty: the rank died before writing anything")
+    head = _parse(lines[0])
+    if not isinstance(head, dict) or head.get("format") != schema.FORMAT:
+        raise TraceError(f"{path} is not a ddpdoctor trace")
+    version = head.get("version")
+    if not isinstance(version, int) or version > schema.VERSION:
+        raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
+                         f"version {schema.VERSION} and older: upgrade ddpdoctor")
+    trace = RankTrace(rank=int(head.get("rank", -1)), path=str(path),
+                      run_id=str(head.get("run_id", "")), attempt=int(head.get("attempt", 0)),
+                      truncated=truncated)
+    stacks: dict[int, list[Site]] = {}
+    by_id: dict[int, Collective] = {}
+    for i, raw in enumerate(lines[1:], start=2):
+        rec = _parse(raw)
+        if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id):
+            if not (truncated and i == len(lines)):  # a cut-off last line is expected
+                trace.damaged_lines += 1
+    return trace
+
+
+def _parse(raw: bytes) -> object:
+    if len(raw) > MAX_LINE:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict) -> bool:
+    """Fold one record into ``trace``; False when the record is malformed."""
+    kind = rec.get("kind")
+    try:
+        if kind == schema.COLLECTIVE:
+            c = Collective(
+                rank=trace.rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
+                op=str(rec["op"]), label=str(rec.get("label", "user")),
+                shapes=list(rec.get("shapes", [])), dtypes=list(rec.get("dtypes", [])),
+                numel=int(rec.get("numel", 0)), reduce_op=rec.get("reduce_op"),
+                root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
+                api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
+                t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
+                stack=stacks.get(rec.get("stack"), []))
+            trace.collectives.append(c)
+            by_id[c.id] = c
+        elif kind == schema.STATE:
+            c = by_id.get(rec.get("id"))
+            if c is None:
+                return False
+            c.state = str(rec.get("state"))
+            c.t_end = rec.get("t")
+        elif kind == schema.STACK:
+            stacks[int(rec["id"])] = [_site(f) for f in rec.get("frames", [])]
+        elif kind == schema.GROUP:
+            trace.groups[str(rec["group"])] = Group(str(rec["group"]), str(rec.get("desc", "")),
+                                                     [int(r) for r in rec.get("ranks", [])])
+        elif kind == schema.PROCESS_START:
+            trace.process = rec
+        elif kind == schema.DDP_INIT:
+            trace.ddp.append(rec)
+        elif kind == schema.EXCEPTION:
+            trace.exception = rec
+        elif kind == schema.HANG:
+            trace.hang = rec
+        elif kind == schema.EXIT:
+            trace.exit = rec
+        elif kind == schema.WARNING:
+            trace.warnings.append(str(rec.get("message", "")))
+        elif kind in (schema.PROGRESS, schema.HEADER):
+            pass
+        else:
+            return False  # unknown kinds of this version are damage; newer versions are refused
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+def load_run(paths: Iterable[str | os.PathLike]) -> Run:
+    """Load the traces under ``paths`` (folders or files, e.g. one folder per node)."""
+    files = _trace_files(list(paths))
+    ranks: dict[int, RankTrace] = {}
+    notes: list[str] = []
+    for path in files:
+        trace = read_rank(path)
+        other = ranks.get(trace.rank)
+        if other is not None:
+            if other.attempt == trace.attempt:
+                raise TraceError(f"two traces for rank {trace.rank}: {other.path} and {path}")
+            # torchrun restarts write rank-N.attempt-K.jsonl: the latest attempt wins.
+            notes.append(f"rank {trace.rank}: earlier torchrun attempt ignored")
+            if other.attempt > trace.attempt:
+                continue
+        ranks[trace.rank] = trace
+    run_ids = {t.run_id for t in ranks.values()}
+    if len(run_ids) > 1:
+        raise TraceError("traces of different runs are mixed: run ids "
+                         + ", ".join(sorted(repr(r) for r in run_ids)))
+    sizes = {t.world_size for t in ranks.values() if t.world_size}
+    world_size = max(sizes) if sizes else max(ranks) + 1
+    if len(sizes) > 1:
+        notes.append(f"ranks disagree on the world size: {sorted(sizes)}")
+    for trace in ranks.values():
+        if trace.truncated:
+            notes.append(f"rank {trace.rank}: last line cut off (the process was killed "
+                         f"while writing); skipped")
+        if trace.damaged_lines:
+            notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
+    return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files], notes=notes)

@@ -1,0 +1,49 @@
+"""The trace format: its name, its version and its record kinds, defined in one place.
+
+A trace is one JSON Lines file per rank (``rank-<N>.jsonl``). Line 1 is a header naming
+:data:`FORMAT` and :data:`VERSION`; every other line is a record whose ``kind`` is one of the
+constants below. ``docs/trace-format.md`` documents every field for users. This module is
+imported inside every training process, so it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+FORMAT = "ddpdoctor-trace"
+VERSION = 1
+
+# Record kinds.
+HEADER = "header"
+PROCESS_START = "process_start"
+GROUP = "group"
+STACK = "stack"
+COLLECTIVE = "collective"
+STATE = "state"
+DDP_INIT = "ddp_init"
+EXCEPTION = "exception"
+HANG = "hang"
+EXIT = "exit"
+WARNING = "warning"
+PROGRESS = "progress"
+
+# Collective states.
+PENDING = "pending"
+COMPLETED = "completed"
+FAILED = "failed"
+
+# Exit statuses written by the rank itself.
+EXIT_FINISHED = "finished"
+EXIT_EXCEPTION = "exception"
+EXIT_STOPPED = "stopped"
+
+TRACE_GLOB = "rank-*.jsonl"
+
+
+def trace_filename(rank: int, attempt: int = 0) -> str:
+    """File name of rank ``rank``'s trace; torchrun restarts get their own file."""
+    return f"rank-{rank}.jsonl" if attempt == 0 else f"rank-{rank}.attempt-{attempt}.jsonl"
+
+
+def header(rank: int, run_id: str, attempt: int) -> dict:
+    """The first line of every trace file."""
+    return {"kind": HEADER, "format": FORMAT, "version": VERSION, "rank": rank,
+            "run_id": run_id, "attempt": attempt}
