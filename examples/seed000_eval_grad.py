@@ -1,29 +1,31 @@
-"""Seed 000: rank 0 alone evaluates through the DDP wrapper (``no_grad`` variant).
+"""Seed 000: only rank 0 evaluates through the DDP wrapper, without ``no_grad``.
 
-Reproduces seed 000 (CanTechLab, "解决PyTorch DDP训练卡住问题"): a model with
-BatchNorm wrapped in DistributedDataParallel with the default
-``broadcast_buffers=True``.  After each training epoch only rank 0 runs an
-evaluation loop, and it calls the DDP wrapper (``model(x)``) instead of the
-bare module (``model.module(x)``).  Every DDP forward with buffers broadcasts
-the BatchNorm buffers from rank 0, even under ``torch.no_grad()``, so rank 0
-issues collectives that rank 1 never issues.  Cause id:
-``rank_conditional_ddp_forward``.  The user's workaround
-(``broadcast_buffers=False``) hides the symptom; the fix is to evaluate with
-``model.module`` (or on every rank).
+Same set-up as ``seed000_eval_nograd.py`` (seed 000, CanTechLab: BatchNorm
+model, DDP with the default ``broadcast_buffers=True``, only rank 0 evaluates
+after each epoch through ``model(x)``), but the evaluation forgets
+``torch.no_grad()``.  With grad enabled every eval forward takes DDP's training
+path: it broadcasts the BatchNorm buffers each time (not just once) and arms
+the reducer for a backward that never comes.
+Cause id: ``rank_conditional_ddp_forward``.  Fix: evaluate with
+``model.module`` under ``torch.no_grad()`` (or evaluate on every rank).
 
 Run:
-    ddpdoctor run examples/seed000_eval_nograd.py
-    (plain: torchrun --nproc-per-node 2 examples/seed000_eval_nograd.py)
+    ddpdoctor run examples/seed000_eval_grad.py
+    (plain: torchrun --nproc-per-node 2 examples/seed000_eval_grad.py)
 
-What happens on gloo (torch 2.13 CPU, 2 ranks): rank 0's eval buffer
-broadcasts are matched by rank 1's *training* buffer broadcasts of the next
-epoch (same shapes, wrong partner), so the first eval passes silently and the
-two ranks drift apart by two collectives per evaluated batch.  Once the
-mismatch reaches rank 1's gradient all-reduce the job breaks; see OBSERVED
-below for the exact outcome measured here.  On NCCL the job hangs at epoch 2
-(the seed's symptom).
+Collectives (torch 2.13, gloo, from the flight recorder): seq 1-15 match.
+seq 16-17: rank 0's first eval broadcast (float32[32], int64[1]) is matched by
+rank 1's next training buffer broadcast - same op and shapes, different call
+sites (the root: evaluate() vs the training loop).  seq 18: rank 0's second
+eval broadcast float32[32] meets rank 1's gradient all-reduce float32[210]
+(the first op/shape mismatch, a consequence of the root).
 
-OBSERVED (see the end of this docstring).
+Observed on gloo (torch 2.13 CPU, 2 ranks): the job hangs after ~3 s and
+never finishes (killed after 40 s; gloo's default timeout is 30 min).  Stacks
+of the hung ranks: rank 0 in ``_sync_buffers`` -> ``_distributed_broadcast_coalesced``
+under the eval forward (marker eval_forward, second eval batch); rank 1 in
+``loss.backward()`` (marker train_backward), first step of epoch 1.  No error
+message from either rank.  On NCCL the job hangs at epoch 2 (the seed).
 
 Expected diagnosis:
   verdict: diverged
@@ -56,13 +58,14 @@ def make_model():
 def evaluate(model, loader):
     model.eval()
     correct = total = 0
-    if True:  # BUG: no torch.no_grad() here
-        for i, (x, y) in enumerate(loader):
-            if i == EVAL_BATCHES:
-                break
-            out = model(x)  # ddpdoctor: eval_forward
-            correct += (out.argmax(1) == y).sum().item()
-            total += y.numel()
+    # BUG: no torch.no_grad() here, so every eval forward goes through DDP's
+    # training path (buffer broadcast each time, reducer armed for a backward).
+    for i, (x, y) in enumerate(loader):
+        if i == EVAL_BATCHES:
+            break
+        out = model(x)  # ddpdoctor: eval_forward
+        correct += (out.argmax(1) == y).sum().item()
+        total += y.numel()
     model.train()
     return correct / max(total, 1)
 
@@ -90,7 +93,7 @@ def main():
             opt.zero_grad()
             out = model(x)  # ddpdoctor: train_forward
             loss = loss_fn(out, y)
-            loss.backward()
+            loss.backward()  # ddpdoctor: train_backward
             opt.step()
         if rank == 0:
             acc = evaluate(model, val_loader)

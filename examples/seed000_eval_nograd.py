@@ -1,29 +1,37 @@
-"""Seed 000: rank 0 alone evaluates through the DDP wrapper (``no_grad`` variant).
+"""Seed 000: only rank 0 evaluates through the DDP wrapper (``no_grad`` variant).
 
-Reproduces seed 000 (CanTechLab, "解决PyTorch DDP训练卡住问题"): a model with
-BatchNorm wrapped in DistributedDataParallel with the default
-``broadcast_buffers=True``.  After each training epoch only rank 0 runs an
-evaluation loop, and it calls the DDP wrapper (``model(x)``) instead of the
-bare module (``model.module(x)``).  Every DDP forward with buffers broadcasts
-the BatchNorm buffers from rank 0, even under ``torch.no_grad()``, so rank 0
-issues collectives that rank 1 never issues.  Cause id:
-``rank_conditional_ddp_forward``.  The user's workaround
-(``broadcast_buffers=False``) hides the symptom; the fix is to evaluate with
-``model.module`` (or on every rank).
+Reproduces seed 000 (CanTechLab, "解决PyTorch DDP训练卡住问题": training hangs
+at epoch 2; ``broadcast_buffers=False`` "fixes" it).  The model has BatchNorm
+and is wrapped in DistributedDataParallel with the default
+``broadcast_buffers=True``.  After each training epoch only rank 0 evaluates,
+and it calls the DDP wrapper (``model(x)``) instead of the bare module
+(``model.module(x)``).  A DDP forward broadcasts the BatchNorm buffers from
+rank 0 even under ``torch.no_grad()`` (once per eval, on the first no-grad
+forward), so rank 0 issues collectives that rank 1 never issues.
+Cause id: ``rank_conditional_ddp_forward``.  Fix: evaluate with
+``model.module`` (or evaluate on every rank); ``broadcast_buffers=False`` only
+hides it.
 
 Run:
     ddpdoctor run examples/seed000_eval_nograd.py
     (plain: torchrun --nproc-per-node 2 examples/seed000_eval_nograd.py)
 
-What happens on gloo (torch 2.13 CPU, 2 ranks): rank 0's eval buffer
-broadcasts are matched by rank 1's *training* buffer broadcasts of the next
-epoch (same shapes, wrong partner), so the first eval passes silently and the
-two ranks drift apart by two collectives per evaluated batch.  Once the
-mismatch reaches rank 1's gradient all-reduce the job breaks; see OBSERVED
-below for the exact outcome measured here.  On NCCL the job hangs at epoch 2
-(the seed's symptom).
+Collectives (torch 2.13, gloo, per rank, from the flight recorder): each
+training step is buffer broadcast float32[32] + int64[1], then one gradient
+all-reduce float32[210].  Rank 0's eval broadcasts (seq 16-17) are matched by
+rank 1's first training broadcasts of epoch 1 - same op, same shapes, wrong
+partner (the call sites differ: evaluate() vs the training loop).  Rank 0's
+own first training forward of epoch 1 then skips its buffer broadcast (DDP
+only syncs buffers again after a grad-enabled forward), so the sequences
+realign and epoch 1 trains "fine".  Rank 0's second evaluation (after the
+last epoch) is left with an unmatched broadcast.
 
-OBSERVED (see the end of this docstring).
+Observed on gloo (torch 2.13 CPU, 2 ranks, ~4 s, 6 runs): rank 0 prints
+"epoch 0: val acc 0.25", rank 1 prints "rank 1 done" and exits (once in 6 runs
+with SIGABRT at teardown, the known gloo DDP exit abort); rank 0 fails in the eval forward of the second evaluation with
+``RuntimeError: [.../gloo/transport/tcp/pair.cc:553] Connection closed by
+peer`` once rank 1 is gone; torchrun exits 1.  Nothing in gloo's message names
+the collective or the line.  On NCCL the job hangs at epoch 2 (the seed).
 
 Expected diagnosis:
   verdict: diverged

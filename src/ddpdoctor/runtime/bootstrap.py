@@ -86,6 +86,22 @@ def _at_exit() -> None:
         pass
 
 
+def _exit_code(status: object) -> int:
+    if status is None:
+        return 0
+    return status if isinstance(status, int) else 1
+
+
+_real_exit = sys.exit
+
+
+def _recording_exit(status: object = None) -> None:
+    """``sys.exit`` that notes the code, so a non-zero exit is not recorded as finished."""
+    if _recorder is not None:
+        _recorder.exit_code = _exit_code(status)
+    _real_exit(status)
+
+
 def _after_fork_in_child() -> None:
     # A forked child (DataLoader worker) must not write into its parent's trace.
     _recorder.writer = None
@@ -101,6 +117,7 @@ def boot() -> None:
     _recorder = Recorder(logdir, os.environ.get(env.RUN_ID, ""))
     sys.meta_path.insert(0, _TorchImportHook())
     sys.excepthook = _excepthook
+    sys.exit = _recording_exit
     atexit.register(_at_exit)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     if not faulthandler.is_enabled():

@@ -46,7 +46,7 @@ _RULES: list[tuple[str, str, str | None, str, int]] = [
     ("nn/parallel/distributed.py", "__init__", None, "ddp.init", 40),
     ("nn/modules/_functions.py", "forward", None, "syncbn", 30),
     ("nn/modules/_functions.py", "backward", None, "syncbn", 30),
-    ("algorithms/ddp_comm_hooks/default_hooks.py", "*", None, BUCKET, 30),
+    ("distributed/algorithms/ddp_comm_hooks/default_hooks.py", "*", None, BUCKET, 30),
 ]
 _API_FILE = "distributed/distributed_c10d.py"
 _BACKWARD = ("autograd/graph.py", "_engine_run_backward")

@@ -15,6 +15,7 @@ import traceback
 from typing import Any
 
 from ddpdoctor.runtime.labels import BUCKET, UNUSED_PARAMS, StackLabeler
+from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
 from ddpdoctor.trace import schema
 
@@ -47,6 +48,7 @@ class Recorder:
         self._early: list[dict] = []
         self._ddp_count = 0
         self._closed = False
+        self.exit_code: int | None = None
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -61,6 +63,7 @@ class Recorder:
         for rec in self._early:
             self.writer.put(rec)
         self._early.clear()
+        self.watchdog = Watchdog(self, self.logdir, rank)
 
     def _process_start(self, rank: int, world_size: int, backend: str | None) -> dict:
         torch = sys.modules.get("torch")
@@ -137,9 +140,12 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
-        status = status or getattr(self, "_exit_status", schema.EXIT_FINISHED)
+        if status is None:
+            status = getattr(self, "_exit_status", None) or (
+                schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
         if self.writer is not None:
-            self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": status}])
+            self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": status,
+                                "code": self.exit_code or 0}])
 
     def flush(self) -> None:
         if self.writer is not None:

@@ -33,7 +33,7 @@ FAILED = "failed"
 # Exit statuses written by the rank itself.
 EXIT_FINISHED = "finished"
 EXIT_EXCEPTION = "exception"
-EXIT_STOPPED = "stopped"
+EXIT_FAILED = "failed"  # sys.exit() with a non-zero code
 
 TRACE_GLOB = "rank-*.jsonl"
 

@@ -1,0 +1,390 @@
+"""Alignment: line the ranks' collectives up per process group and find the first divergence.
+
+Within a group every member issues collectives in the same order, so the group's sequence
+number (``seq``) is the position. Each rank's sequence in a group becomes a list of interned
+signature ids (:mod:`ddpdoctor.analysis.signature`); ranks whose lists are identical form one
+class and are compared once, and two classes are compared in C-speed chunks, so only the few
+positions that actually differ are examined field by field. Per group the first *error*
+(a field that must match does not, or some members never issued the collective) and the first
+*warning* before it (matching collectives issued from different code) are kept; the cascade
+after the first error is not reported. Point-to-point operations (``seq`` is None) are paired
+per (sender, receiver) in ``p2p_seq`` order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis.signature import (
+    DTYPE, FREE_SHAPE_OPS, JOIN_EXIT_LABELS, KEY_LABEL, KEY_SITE, LABEL, OP, REDUCE_OP, ROOT,
+    SHAPE, Interner, hard_difference, reduce_op_of, site_key, soft_difference)
+from ddpdoctor.analysis.terms import REDUCING_OPS
+from ddpdoctor.trace.model import Collective, Run
+
+DEFAULT_GROUP = "0"
+_CHUNK = 512
+
+_KIND_OF_FIELD = {OP: fk.OP_MISMATCH, SHAPE: fk.SHAPE_MISMATCH, DTYPE: fk.DTYPE_MISMATCH,
+                  REDUCE_OP: fk.REDUCE_OP_MISMATCH, ROOT: fk.ROOT_MISMATCH,
+                  LABEL: fk.CALLSITE_DIVERGENCE, "callsite": fk.CALLSITE_DIVERGENCE}
+
+
+@dataclass
+class Divergence:
+    """The first place where the members of a group stop agreeing.
+
+    ``at`` maps every traced member to its collective at this position, or None when it never
+    issued one; ``context`` holds the last matched collective before it, per rank.
+    """
+
+    kind: str
+    group: str
+    seq: int | None
+    at: dict[int, Collective | None]
+    field: str
+    context: dict[int, Collective] = field(default_factory=dict)
+    p2p: bool = False
+
+    @property
+    def issued(self) -> list[int]:
+        return [r for r, c in self.at.items() if c is not None]
+
+    @property
+    def absent(self) -> list[int]:
+        return [r for r, c in self.at.items() if c is None]
+
+    @property
+    def t(self) -> float:
+        times = [c.t for c in self.at.values() if c is not None]
+        return min(times) if times else math.inf
+
+
+@dataclass
+class GroupAlignment:
+    """One process group: its members, their aligned sequences and first divergences."""
+
+    name: str
+    members: list[int]
+    sequences: dict[int, list[Collective | None]]
+    classes: list[list[int]] = field(default_factory=list)
+    first_error: Divergence | None = None
+    first_warning: Divergence | None = None
+    membership: dict[int, list[int]] = field(default_factory=dict)
+
+    def length(self, rank: int) -> int:
+        """How many collectives ``rank`` issued in this group (its highest seq)."""
+        return len(self.sequences.get(rank, ()))
+
+    def at(self, rank: int, seq: int) -> Collective | None:
+        seq_list = self.sequences.get(rank, ())
+        return seq_list[seq - 1] if 0 < seq <= len(seq_list) else None
+
+
+@dataclass
+class Alignment:
+    """Every group's alignment, the point-to-point pairings, and the join-exit lines."""
+
+    groups: dict[str, GroupAlignment]
+    p2p: list[Divergence] = field(default_factory=list)
+    pairs: dict[tuple[str, int, int], tuple[list[Collective], list[Collective]]] = \
+        field(default_factory=dict)
+    join_sites: dict[int, set] = field(default_factory=dict)
+    ids: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    keys: list[tuple] = field(default_factory=list)
+
+    def site_keys(self, rank: int, labels: frozenset[str] | None = None,
+                  group: str | None = None) -> set:
+        """Source lines (site keys) of ``rank``'s collectives, optionally only those with one
+        of ``labels`` or in ``group``: from the interned ids, at C speed."""
+        out = set()
+        keys = self.keys
+        for name, per_rank in self.ids.items():
+            if group is not None and name != group:
+                continue
+            for fid in set(per_rank.get(rank, ())):
+                if fid >= 0:
+                    key = keys[fid]
+                    if labels is None or key[KEY_LABEL] in labels:
+                        out.add(key[KEY_SITE])
+        out.discard(None)
+        return out
+
+    def divergences(self) -> list[Divergence]:
+        """All first divergences: per group error and earlier warning, then point-to-point."""
+        out: list[Divergence] = []
+        for g in self.groups.values():
+            out.extend(d for d in (g.first_warning, g.first_error) if d is not None)
+        return out + self.p2p
+
+    def members(self, group: str) -> list[int]:
+        g = self.groups.get(group)
+        return g.members if g else []
+
+
+# -- building -------------------------------------------------------------------------------
+def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
+    """One pass over every collective: per group and rank the seq-indexed list and its ids.
+
+    This loop touches every collective of every rank, so it is written for speed: the full
+    key is built inline and interned with one dict lookup; site keys are cached per stack.
+    """
+    seqs: dict[str, dict[int, list]] = {}
+    ids: dict[str, dict[int, list[int]]] = {}
+    p2p: dict[str, dict[int, list[Collective]]] = {}
+    join_sites: dict[int, set] = {}
+    table = interner.ids
+    table_get = table.get
+    site_of = interner.site
+    reducing = REDUCING_OPS
+    join_labels = JOIN_EXIT_LABELS
+    for rank, trace in run.ranks.items():
+        mine: dict[str, list] = {}
+        mine_ids: dict[str, list[int]] = {}
+        last_group = None
+        lst: list = []
+        lid: list[int] = []
+        for c in trace.collectives:
+            seq = c.seq
+            if seq is None or seq.__class__ is not int or seq < 1:
+                if c.peer is not None:
+                    p2p.setdefault(c.group, {}).setdefault(rank, []).append(c)
+                continue
+            group = c.group
+            if group != last_group:
+                lst = mine.get(group)
+                if lst is None:
+                    lst = mine[group] = []
+                    mine_ids[group] = []
+                lid = mine_ids[group]
+                last_group = group
+            n = len(lst)
+            if seq != n + 1:
+                if seq <= n:  # a repeated seq: keep the first record
+                    continue
+                lst.extend([None] * (seq - 1 - n))  # lost lines: unknown collectives
+                lid.extend([-1] * (seq - 1 - n))
+            op, reduce_op, label = c.op, c.reduce_op, c.label
+            if reduce_op is None and op in reducing:
+                reduce_op = "SUM"
+            shapes, dtypes = c.shapes, c.dtypes  # one tensor: the cheap, unambiguous form
+            key = (op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
+                   dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
+                   c.root, label, site_of(c))
+            fid = table_get(key)
+            if fid is None:
+                fid = table[key] = len(table)
+                interner.keys.append(key)
+            lst.append(c)
+            lid.append(fid)
+            if label in join_labels:
+                sk = site_key(c.site)
+                if sk is not None:
+                    join_sites.setdefault(rank, set()).add(sk)
+        for name, group_list in mine.items():
+            seqs.setdefault(name, {})[rank] = group_list
+            ids.setdefault(name, {})[rank] = mine_ids[name]
+    return seqs, ids, p2p, join_sites
+
+
+def _memberships(run: Run, names: set[str]) -> dict[str, dict[int, list[int]]]:
+    """Per group: each rank's recorded member list."""
+    views: dict[str, dict[int, list[int]]] = {}
+    for rank, trace in run.ranks.items():
+        for name, group in trace.groups.items():
+            if group.ranks:
+                views.setdefault(name, {})[rank] = sorted(group.ranks)
+    for name in names:
+        views.setdefault(name, {})
+    return views
+
+
+def _consensus(name: str, views: dict[int, list[int]], run: Run, users: set[int]) -> list[int]:
+    if views:
+        counts = Counter(tuple(v) for v in views.values())
+        return list(counts.most_common(1)[0][0])
+    if name == DEFAULT_GROUP:
+        return list(range(run.world_size))
+    return sorted(users)
+
+
+def _next_diff(a: list[int], b: list[int], i: int, n: int) -> int:
+    """First index >= i where ``a`` and ``b`` differ, comparing in chunks at C speed."""
+    while i < n:
+        j = min(i + _CHUNK, n)
+        if a[i:j] != b[i:j]:
+            for k in range(i, j):
+                if a[k] != b[k]:
+                    return k
+        i = j
+    return n
+
+
+def _scan(ref: list[int], other: list[int], ref_seq: list, other_seq: list,
+          join_sites: dict[int, set], stop: int) -> tuple[int, int]:
+    """(first error index, first warning index) of ``other`` against ``ref``; inf if none."""
+    n = min(len(ref), len(other), stop)
+    err = warn = math.inf
+    i = 0
+    while True:
+        i = _next_diff(ref, other, i, n)
+        if i >= n:
+            break
+        a, b = ref_seq[i], other_seq[i]
+        if a is not None and b is not None:
+            if hard_difference(a, b):
+                err = i
+                break
+            if warn == math.inf and soft_difference(a, b, join_sites):
+                warn = i
+        i += 1
+    if err == math.inf and len(ref) != len(other) and min(len(ref), len(other)) < stop:
+        err = min(len(ref), len(other))
+    return err, warn
+
+
+def _hard_key(c: Collective) -> tuple:
+    shapes = None if c.op in FREE_SHAPE_OPS else (tuple(map(tuple, c.shapes)), c.numel)
+    return (c.op, shapes, tuple(c.dtypes), reduce_op_of(c), c.root)
+
+
+def _position(g: GroupAlignment, index: int, traced: list[int]) -> dict[int, Collective | None]:
+    """Every traced member's collective at ``index``; members with a gap there are left out."""
+    at: dict[int, Collective | None] = {}
+    for r in traced:
+        lst = g.sequences.get(r, [])
+        if index < len(lst):
+            if lst[index] is not None:
+                at[r] = lst[index]
+        else:
+            at[r] = None
+    return at
+
+
+def _classify(g: GroupAlignment, index: int, traced: list[int], join_sites: dict[int, set],
+              want_error: bool) -> Divergence | None:
+    """Name what differs at ``index`` across all traced members."""
+    at = _position(g, index, traced)
+    present = {r: c for r, c in at.items() if c is not None}
+    if not present:
+        return None
+    parts: dict[tuple, list[int]] = {}
+    for r, c in present.items():
+        parts.setdefault(_hard_key(c), []).append(r)
+    ordered = sorted(parts.values(), key=lambda rs: (-len(rs), rs[0]))
+    ref = present[ordered[0][0]]
+    kind = field_name = None
+    if len(ordered) > 1:
+        field_name = hard_difference(ref, present[ordered[1][0]]) or OP
+        kind = _KIND_OF_FIELD[field_name]
+    elif len(present) < len(at):
+        kind, field_name = fk.MISSING_COLLECTIVE, "missing"
+    elif not want_error:
+        for r, c in present.items():
+            soft = soft_difference(ref, c, join_sites)
+            if soft:
+                kind, field_name = fk.CALLSITE_DIVERGENCE, soft
+                break
+    if kind is None:
+        return None
+    context: dict[int, Collective] = {}
+    if index > 0:
+        context = {r: c for r, c in _position(g, index - 1, traced).items() if c is not None}
+    return Divergence(kind, g.name, index + 1, at, field_name, context)
+
+
+def _align_group(g: GroupAlignment, ids: dict[int, list[int]], traced: list[int],
+                 join_sites: dict[int, set]) -> None:
+    # Group ranks by identical id sequences: bucket by a hash of the sequence (no copy is
+    # kept), then confirm with a C-speed list comparison against the bucket's first rank.
+    buckets: dict[tuple[int, int], list[list[int]]] = {}
+    for r in traced:
+        seq_ids = ids.get(r, [])
+        bucket = buckets.setdefault((len(seq_ids), hash(tuple(seq_ids))), [])
+        for cls in bucket:
+            if ids.get(cls[0], []) == seq_ids:
+                cls.append(r)
+                break
+        else:
+            bucket.append([r])
+    classes = [cls for bucket in buckets.values() for cls in bucket]
+    g.classes = sorted(classes, key=lambda rs: (-len(rs), rs[0]))
+    if len(g.classes) < 2:
+        return
+    ref_rank = g.classes[0][0]
+    ref_ids, ref_seq = ids.get(ref_rank, []), g.sequences.get(ref_rank, [])
+    err = warn = math.inf
+    for cls in g.classes[1:]:
+        r = cls[0]
+        e, w = _scan(ref_ids, ids.get(r, []), ref_seq, g.sequences.get(r, []), join_sites,
+                     int(min(err, 1 << 62)))
+        err, warn = min(err, e), min(warn, w)
+    if err != math.inf:
+        g.first_error = _classify(g, int(err), traced, join_sites, want_error=True)
+    if warn < err:
+        g.first_warning = _classify(g, int(warn), traced, join_sites, want_error=False)
+
+
+def _align_p2p(name: str, ops: dict[int, list[Collective]], members: list[int],
+               pairs: dict) -> Divergence | None:
+    """Pair sends with receives per (src, dst) in order; the earliest mismatch or orphan."""
+    def global_rank(group_rank: int) -> int:
+        return members[group_rank] if 0 <= group_rank < len(members) else group_rank
+
+    mine: dict[tuple[int, int], tuple[list, list]] = {}
+    for rank, lst in ops.items():
+        for c in sorted(lst, key=lambda c: (c.p2p_seq or 0, c.id)):
+            if c.op == "send":
+                mine.setdefault((rank, global_rank(c.peer)), ([], []))[0].append(c)
+            elif c.op == "recv":
+                mine.setdefault((global_rank(c.peer), rank), ([], []))[1].append(c)
+    first: Divergence | None = None
+    for (src, dst), (sends, recvs) in mine.items():
+        pairs[(name, src, dst)] = (sends, recvs)
+        found = None
+        for k in range(min(len(sends), len(recvs))):
+            s, r = sends[k], recvs[k]
+            if s.shapes != r.shapes or s.numel != r.numel:
+                found = Divergence(fk.SHAPE_MISMATCH, name, None, {src: s, dst: r}, SHAPE)
+            elif s.dtypes != r.dtypes:
+                found = Divergence(fk.DTYPE_MISMATCH, name, None, {src: s, dst: r}, DTYPE)
+            if found:
+                break
+        if found is None and len(sends) != len(recvs):
+            k = min(len(sends), len(recvs))
+            at = {src: sends[k] if k < len(sends) else None,
+                  dst: recvs[k] if k < len(recvs) else None}
+            found = Divergence(fk.MISSING_COLLECTIVE, name, None, at, "missing")
+        if found is not None:
+            found.p2p = True
+            if first is None or found.t < first.t:
+                first = found
+    return first
+
+
+def align(run: Run) -> Alignment:
+    """Align every process group of ``run`` and find each group's first divergence."""
+    interner = Interner()
+    seqs, ids, p2p, join_sites = _collect(run, interner)
+    views = _memberships(run, set(seqs) | set(p2p))
+    result = Alignment(groups={}, join_sites=join_sites, ids=ids, keys=interner.keys)
+    for name in sorted(views, key=lambda n: (len(n), n)):
+        users = set(seqs.get(name, {})) | set(p2p.get(name, {}))
+        members = _consensus(name, views[name], run, users)
+        g = GroupAlignment(name, members, seqs.get(name, {}))
+        distinct = {tuple(v) for v in views[name].values()}
+        strays = users - set(members)
+        if len(distinct) > 1 or strays:
+            g.membership = dict(views[name])
+            for r in strays:
+                g.membership.setdefault(r, [])
+        traced = [r for r in members if r in run.ranks]
+        _align_group(g, ids.get(name, {}), traced, join_sites)
+        if name in p2p:
+            d = _align_p2p(name, p2p[name], members, result.pairs)
+            if d is not None:
+                result.p2p.append(d)
+        result.groups[name] = g
+    return result

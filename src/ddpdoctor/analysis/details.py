@@ -1,0 +1,92 @@
+"""Per-rank details of a finding, and the phrases that say where a rank was left."""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis import ranks as rs
+from ddpdoctor.analysis.finding import RankDetail
+from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.terms import describe, group_text, iteration_text, site_text
+from ddpdoctor.trace.model import Collective
+
+
+def collective_detail(c: Collective) -> RankDetail:
+    """A rank issuing ``c``, with the DDP meaning of ``c`` as its note."""
+    return RankDetail.of(c, note=describe(c))
+
+
+def where_text(state: RankState) -> str:
+    """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
+    if state.status == rs.MISSING:
+        return "left no trace"
+    if state.status == rs.FINISHED:
+        code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
+        return f"finished its script{code} after {iteration_text(state.iterations)}"
+    if state.status == rs.EXCEPTION:
+        at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
+        return f"raised {state.crash_text}{at}"
+    if state.status == rs.KILLED:
+        return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
+            else state.crash_text
+    w = state.waiting
+    if w is not None:
+        return (f"is blocked in {describe(w)} ({group_text(w.group)}, #{w.seq}) at "
+                f"{site_text(w.site)}") if w.seq is not None else \
+            f"is blocked in {w.op} with rank {w.peer} at {site_text(w.site)}"
+    if state.last is not None:
+        return (f"was still running, outside any collective (last: {describe(state.last)} at "
+                f"{site_text(state.last.site)})")
+    return "was still running, before its first collective"
+
+
+def elsewhere_detail(state: RankState) -> RankDetail:
+    """A rank that did not issue the collective in question: where it was instead."""
+    d = RankDetail(rank=state.rank, iteration=state.iterations, note=where_text(state))
+    if state.status == rs.MISSING:
+        d.state = "no trace"
+        return d
+    if state.status in (rs.EXCEPTION, rs.KILLED):
+        d.state = state.status
+        d.site = state.crash_site
+        return d
+    where = state.where
+    if state.status == rs.FINISHED:
+        d.state = "finished"  # no line: the rank is not anywhere in the script any more
+        return d
+    if state.waiting is not None:
+        d.state = "blocked"
+    else:
+        d.state = "running"
+    if where is not None:
+        d.site, d.group, d.seq = where.site, where.group, where.seq
+        d.stack = where.stack
+    if state.hang_stack:
+        d.stack = state.hang_stack
+    return d
+
+
+def failed_in_detail(state: RankState) -> RankDetail | None:
+    """A rank whose exception only reports a lost peer or a timeout: the collective it failed
+    in, with the error as its note (None when it was not in a collective)."""
+    w = state.waiting
+    if state.status != rs.EXCEPTION or not state.comm_error or w is None:
+        return None
+    d = collective_detail(w)
+    d.note = f"{d.note}; failed with {state.crash_text}"
+    return d
+
+
+def left_detail(state: RankState) -> RankDetail:
+    """Where a rank was left at the end: its incomplete collective, else its last one."""
+    failed = failed_in_detail(state)
+    if failed is not None:
+        return failed
+    where = state.where
+    if state.status in (rs.EXCEPTION, rs.KILLED, rs.MISSING) or where is None:
+        return elsewhere_detail(state)
+    d = collective_detail(where)
+    if state.status == rs.FINISHED:
+        d.state = "finished"
+        d.note = f"finished its script; last collective: {d.note}"
+    if state.hang_stack:
+        d.stack = state.hang_stack
+    return d

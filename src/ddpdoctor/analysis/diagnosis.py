@@ -1,0 +1,101 @@
+"""The pipeline of ``ddpdoctor diff``: rank endings -> alignment -> findings -> precedence ->
+causes -> report. Pure: it reads a loaded :class:`~ddpdoctor.trace.model.Run` and nothing else.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis import ranks as rs
+from ddpdoctor.analysis.align import Alignment, align
+from ddpdoctor.analysis.endings import crash_findings, exited_early_findings, teardown_findings
+from ddpdoctor.analysis.finding import Finding
+from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
+from ddpdoctor.analysis.order import order
+from ddpdoctor.analysis.ranks import RankState, rank_states
+from ddpdoctor.analysis.report import RankSummary, Report, verdict_of
+from ddpdoctor.analysis.waits import find_cycle, wait_edges
+from ddpdoctor.knowledge import catalog
+from ddpdoctor.knowledge.rules import RuleContext, recognise
+from ddpdoctor.trace.model import Run
+
+_POSITION_KINDS = fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE)
+
+GENERIC_ADVICE = {
+    fk.OP_MISMATCH: "Every rank of a group must issue the same collectives in the same order: "
+                    "one of the lines shown runs on only some ranks, or in another order.",
+    fk.SHAPE_MISMATCH: "Make the tensor the same shape on every rank before the collective.",
+    fk.DTYPE_MISMATCH: "Make the tensor the same dtype on every rank before the collective.",
+    fk.REDUCE_OP_MISMATCH: "Use the same reduce op on every rank.",
+    fk.ROOT_MISMATCH: "Pass the same src/dst rank on every rank.",
+    fk.GROUP_MISMATCH: "Call new_group() on every rank, in the same order, with the same rank "
+                       "list (every rank of the world must call it, members or not).",
+    fk.MISSING_COLLECTIVE: "Find why the ranks that never issued it did not reach that line "
+                           "(a rank-dependent branch, an early return, fewer loop iterations) "
+                           "and make every rank of the group issue it.",
+    fk.CALLSITE_DIVERGENCE: "Check that these lines are meant to pair up across ranks; if one "
+                            "of them runs on only some ranks, the ranks are out of step from "
+                            "here on.",
+    fk.WAIT_CYCLE: "Issue collectives on the groups in the same order on every rank.",
+    fk.RANK_CRASHED: "Fix the failure on the rank that crashed first; the others only lost "
+                     "their peer.",
+    fk.RANK_EXITED_EARLY: "Every rank must issue the same collectives before it exits.",
+    fk.TEARDOWN_ABORT: "Nothing to fix in the training; call dist.destroy_process_group() at "
+                       "the end of the script.",
+}
+
+
+def collect_findings(run: Run, alignment: Alignment, states: dict[int, RankState]) -> list[Finding]:
+    """Every finding, unordered."""
+    out: list[Finding] = []
+    for g in alignment.groups.values():
+        if g.membership:
+            out.append(group_mismatch_finding(g, states))
+    out.extend(divergence_finding(d, alignment, states) for d in alignment.divergences())
+    cycle = find_cycle(wait_edges(alignment, states))
+    if cycle:
+        out.append(cycle_finding(cycle, alignment))
+    out.extend(crash_findings(states))
+    out.extend(exited_early_findings(alignment, states))
+    out.extend(teardown_findings(states))
+    return out
+
+
+def explain(findings: list[Finding], ctx: RuleContext) -> None:
+    """Attach cause, evidence and advice; consequences of the root share its cause."""
+    for f in findings:
+        f.cause, f.evidence = recognise(f, ctx)
+    root = findings[0] if findings else None
+    for f in findings[1:]:
+        if root is None or root.cause is None or f.kind == fk.TEARDOWN_ABORT:
+            continue
+        later_in_group = (f.kind in _POSITION_KINDS and f.group == root.group
+                          and root.seq is not None and f.seq is not None and f.seq > root.seq)
+        if (f.follow_on or later_in_group) and f.cause != root.cause:
+            f.cause, f.evidence = root.cause, []
+    for f in findings:
+        cause = catalog.get(f.cause)
+        f.advice = cause.fix if cause else GENERIC_ADVICE.get(f.kind, "")
+
+
+def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
+    notes = list(run.notes)
+    for r, s in states.items():
+        if s.status == rs.MISSING:
+            notes.append(f"rank {r}: no trace file: the rank never started, or its node's "
+                         f"log folder was not given")
+        elif s.trace is not None:
+            notes.extend(f"rank {r}: {w}" for w in s.trace.warnings)
+    if run.ranks and not any(t.collectives for t in run.ranks.values()):
+        notes.append("no collective was recorded on any rank")
+    return notes
+
+
+def diagnose(run: Run) -> Report:
+    """Diagnose a loaded run: what diverged or crashed first, where on each rank, and why."""
+    states = rank_states(run)
+    alignment = align(run)
+    findings = order(collect_findings(run, alignment, states), states)
+    explain(findings, RuleContext(run, alignment, states))
+    return Report(verdict=verdict_of(findings, states), world_size=run.world_size,
+                  ranks=[RankSummary.of(s) for s in states.values()], findings=findings,
+                  notes=_notes(run, states))

@@ -1,0 +1,153 @@
+"""Findings about how ranks ended: crashed, exited early, aborted in teardown.
+
+A crash is *primary* when the rank failed on its own (a Python exception that is not a
+transport error, or a death by signal while no other rank had failed); the transport errors
+and launcher kills that follow it on the other ranks are marked as follow-ons.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis import ranks as rs
+from ddpdoctor.analysis.align import Alignment
+from ddpdoctor.analysis.details import (
+    elsewhere_detail, failed_in_detail, left_detail, where_text)
+from ddpdoctor.analysis.finding import ERROR, WARNING, Finding
+from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
+
+
+def _primary_crashes(states: dict[int, RankState]) -> set[int]:
+    """Ranks whose crash is a cause rather than a consequence."""
+    raised = {r for r, s in states.items() if s.status == rs.EXCEPTION and not s.comm_error}
+    if raised:
+        return raised
+    killed = {r for r, s in states.items() if s.status == rs.KILLED}
+    # After one rank dies, torchrun stops the others with SIGTERM (then SIGKILL).
+    not_term = {r for r in killed if states[r].exit_code not in (-15, None)}
+    return not_term or killed
+
+
+def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:
+    by_where: dict[str, list[int]] = {}
+    for r, s in states.items():
+        if r in crashed:
+            continue
+        w = s.waiting
+        if w is not None and s.status != rs.FINISHED and (s.status != rs.EXCEPTION
+                                                           or s.comm_error):
+            text = f"in {describe(w)} at {site_text(w.site)}"
+            if s.status == rs.EXCEPTION:
+                text += f" (it then failed with {s.crash_text})"
+        else:
+            text = where_text(s)
+        by_where.setdefault(text, []).append(r)
+    parts = [f"{rank_list(rs_)} {'was' if len(rs_) == 1 else 'were'} left waiting {w}"
+             if w.startswith("in ") else f"{rank_list(rs_)} {w}"
+             for w, rs_ in by_where.items()]
+    if len(parts) > 4:
+        parts = parts[:4] + [f"{len(parts) - 4} more"]
+    return "; ".join(parts)
+
+
+def _crash_head(ranks: list[int], s: RankState) -> str:
+    """'Rank 1 raised ValueError: boom at train.py:8 in main() during iteration 2'."""
+    who = rank_list(ranks).capitalize()
+    it = iteration_text(s.iterations) if len(ranks) == 1 else "their runs"
+    if s.status == rs.EXCEPTION:
+        at = f" at {site_text(s.crash_site)}" if s.crash_site else ""
+        return f"{who} raised {s.crash_text}{at} during {it}"
+    return f"{who} {where_text(s) if len(ranks) == 1 else 'were ' + s.crash_text} during {it}"
+
+
+def _crash_kind(s: RankState) -> tuple:
+    """Crashes that read the same: same ending, same exception type (or signal), same line."""
+    exc_type = s.crash_text.split(":", 1)[0]
+    return (s.status, exc_type if s.status == rs.EXCEPTION else s.exit_code, s.crash_site)
+
+
+def crash_findings(states: dict[int, RankState]) -> list[Finding]:
+    """rank_crashed findings: each distinct primary crash (ranks that crashed the same way
+    share one), then the consequences (transport errors, launcher kills) folded the same way
+    and marked follow-on."""
+    primary = _primary_crashes(states)
+    groups: dict[tuple, list[int]] = {}
+    for rank, s in sorted(states.items()):
+        if s.crashed:
+            groups.setdefault((rank not in primary,) + _crash_kind(s), []).append(rank)
+    out = []
+    for key, ranks in groups.items():
+        follow_on = key[0]
+        first = states[ranks[0]]
+        where = first.waiting  # the collective it was in when it died, if any
+        head = _crash_head(ranks, first)
+        if not follow_on:
+            others = _others_text(ranks, states)
+            summary = head + (f"; {others}." if others else ".")
+        else:
+            summary = head + (f", in {describe(where)}" if where is not None else "") + \
+                ": a consequence of the problem above, not a cause of its own."
+        details = {}
+        for r in ranks:
+            s = states[r]
+            details[r] = failed_in_detail(s) or elsewhere_detail(s)
+            if s.status == rs.EXCEPTION and not s.comm_error:
+                details[r].note = s.crash_text
+        if not follow_on:
+            for r, other in states.items():
+                if r not in details:
+                    details[r] = left_detail(other)
+        out.append(Finding(fk.RANK_CRASHED, ERROR, where.group if where else None,
+                           where.seq if where else None, summary, dict(sorted(details.items())),
+                           follow_on=follow_on, t=min(states[r].end_t for r in ranks)))
+    return out
+
+
+def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) -> list[Finding]:
+    """Ranks that finished while others still wait in a collective of a group they are in
+    (one finding for all of them)."""
+    early: list[int] = []
+    waiters: dict[int, object] = {}
+    for rank, s in sorted(states.items()):
+        if s.status != rs.FINISHED:
+            continue
+        found = False
+        for other, o in states.items():
+            w = o.waiting
+            if other == rank or o.status == rs.FINISHED or w is None or w.seq is None:
+                continue
+            g = alignment.groups.get(w.group)
+            if g is not None and rank in g.members and g.length(rank) < w.seq:
+                waiters[other] = w
+                found = True
+        if found:
+            early.append(rank)
+    if not early:
+        return []
+    waiting = sorted(waiters)
+    w0 = waiters[waiting[0]]
+    first = states[early[0]]
+    who = rank_list(early).capitalize()
+    its = "its script" if len(early) == 1 else "their scripts"
+    summary = (f"{who} finished {its} after {iteration_text(first.iterations)} while "
+               f"{rank_list(waiting)} still {'waits' if len(waiting) == 1 else 'wait'} in "
+               f"{describe(w0)} ({group_text(w0.group)}, #{w0.seq}) at {site_text(w0.site)}.")
+    details = {r: left_detail(states[r]) for r in early + waiting}
+    return [Finding(fk.RANK_EXITED_EARLY, ERROR, w0.group, w0.seq, summary,
+                    dict(sorted(details.items())), t=min(states[r].end_t for r in early))]
+
+
+def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
+    """Ranks that finished and then aborted while the process shut down: one warning."""
+    ranks = [r for r, s in sorted(states.items()) if s.teardown_abort]
+    if not ranks:
+        return []
+    first = states[ranks[0]]
+    one = len(ranks) == 1
+    summary = (f"{rank_list(ranks).capitalize()} finished {'its script' if one else 'their scripts'}"
+               f", then {'its process' if one else 'their processes'} died with "
+               f"{first.crash_text.split(' after ')[0]} while shutting down (a known gloo + DDP "
+               f"teardown abort); the results are complete.")
+    return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary,
+                    {r: left_detail(states[r]) for r in ranks}, cause="gloo_teardown_abort",
+                    t=min(states[r].end_t for r in ranks))]

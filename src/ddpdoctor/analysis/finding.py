@@ -1,0 +1,89 @@
+"""The result types of the analysis: a :class:`Finding` and its per-rank :class:`RankDetail`.
+
+A finding is one thing that went wrong (or looks wrong): its ``kind`` (one of :data:`KINDS`),
+severity, where (group and sequence number), a one-sentence summary in DDP terms, the known
+cause and advice, and for every rank involved what that rank was doing there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ddpdoctor.trace.model import Collective, Site
+
+OP_MISMATCH = "op_mismatch"
+SHAPE_MISMATCH = "shape_mismatch"
+DTYPE_MISMATCH = "dtype_mismatch"
+REDUCE_OP_MISMATCH = "reduce_op_mismatch"
+ROOT_MISMATCH = "root_mismatch"
+GROUP_MISMATCH = "group_mismatch"
+MISSING_COLLECTIVE = "missing_collective"
+CALLSITE_DIVERGENCE = "callsite_divergence"
+WAIT_CYCLE = "wait_cycle"
+RANK_CRASHED = "rank_crashed"
+RANK_EXITED_EARLY = "rank_exited_early"
+TEARDOWN_ABORT = "teardown_abort"
+
+MISMATCH_KINDS = (OP_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH, REDUCE_OP_MISMATCH,
+                  ROOT_MISMATCH)
+KINDS = MISMATCH_KINDS + (GROUP_MISMATCH, MISSING_COLLECTIVE, CALLSITE_DIVERGENCE, WAIT_CYCLE,
+                          RANK_CRASHED, RANK_EXITED_EARLY, TEARDOWN_ABORT)
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass
+class RankDetail:
+    """What one rank was doing at a finding's position.
+
+    ``op`` is None when the rank never issued the collective in question; ``state`` then says
+    where the rank was instead (``finished``, ``exception``, ``killed``, ``blocked``,
+    ``running``, ``no trace``), and ``site`` points at that place when it is known.
+    """
+
+    rank: int
+    op: str | None = None
+    label: str | None = None
+    site: Site | None = None
+    state: str = ""
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    iteration: int | None = None
+    group: str | None = None
+    seq: int | None = None
+    note: str = ""
+    stack: list[Site] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, c: Collective, note: str = "") -> RankDetail:
+        """The detail of rank ``c.rank`` issuing collective ``c``."""
+        return cls(rank=c.rank, op=c.op, label=c.label, site=c.site, state=c.state,
+                   shapes=c.shapes, dtypes=c.dtypes, iteration=c.iteration, group=c.group,
+                   seq=c.seq if c.seq is not None else c.p2p_seq, note=note, stack=c.stack)
+
+
+@dataclass
+class Finding:
+    """One diagnosed problem. ``t`` orders findings in time; ``follow_on`` marks consequences."""
+
+    kind: str
+    severity: str
+    group: str | None
+    seq: int | None
+    summary: str
+    ranks: dict[int, RankDetail] = field(default_factory=dict)
+    cause: str | None = None
+    advice: str = ""
+    context: dict[int, RankDetail] = field(default_factory=dict)
+    context_seq: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    follow_on: bool = False
+    explained_by: str | None = None
+    p2p: bool = False
+    t: float = math.inf
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == ERROR

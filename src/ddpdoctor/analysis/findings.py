@@ -1,0 +1,172 @@
+"""Findings from the alignment: mismatches, missing collectives, call-site divergences,
+group-membership conflicts and cross-group wait cycles.
+
+Each builder turns one :class:`~ddpdoctor.analysis.align.Divergence` (or a wait cycle) into a
+:class:`~ddpdoctor.analysis.finding.Finding` whose summary names the ranks, the operations and
+their DDP meaning, and whose per-rank details say what every rank of the group was doing.
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis.align import Alignment, Divergence, GroupAlignment
+from ddpdoctor.analysis.details import collective_detail, elsewhere_detail, where_text
+from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
+from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.signature import LABEL
+from ddpdoctor.analysis.terms import describe, group_text, op_text, rank_list, site_text
+from ddpdoctor.analysis.waits import Wait
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.model import Collective
+
+_HEADLINES = {
+    fk.OP_MISMATCH: "the ranks issued different collectives",
+    fk.SHAPE_MISMATCH: "the ranks passed tensors of different shapes",
+    fk.DTYPE_MISMATCH: "the ranks passed tensors of different dtypes",
+    fk.REDUCE_OP_MISMATCH: "the ranks used different reduce ops",
+    fk.ROOT_MISMATCH: "the ranks named different root ranks",
+}
+_MAX_PARTS = 3
+
+
+def _position_text(d: Divergence, members: list[int]) -> str:
+    if d.p2p:
+        return f"point-to-point traffic in {group_text(d.group, members)}"
+    return f"collective #{d.seq} of {group_text(d.group, members)}"
+
+
+def _partitions(d: Divergence) -> list[tuple[list[int], Collective]]:
+    """Ranks that issued the same thing (op, tensors, root, label, line), largest first."""
+    parts: dict[tuple, tuple[list[int], Collective]] = {}
+    for r, c in d.at.items():
+        if c is None:
+            continue
+        key = (c.op, str(c.shapes), str(c.dtypes), c.reduce_op, c.root, c.label,
+               str(c.site))
+        parts.setdefault(key, ([], c))[0].append(r)
+    return sorted(parts.values(), key=lambda p: (-len(p[0]), p[0][0]))
+
+
+def _issued_text(ranks: list[int], c: Collective, with_op: bool = True) -> str:
+    op = f" ({op_text(c)})" if with_op else ""
+    return f"{rank_list(ranks)} issued {describe(c)}{op} at {site_text(c.site)}"
+
+
+def _absent_text(d: Divergence, states: dict[int, RankState]) -> str:
+    absent = d.absent
+    if not absent:
+        return ""
+    by_where: dict[str, list[int]] = {}
+    for r in absent:
+        by_where.setdefault(where_text(states[r]), []).append(r)
+    items = list(by_where.items())
+    text = "; ".join(f"{rank_list(rs_)} {w}" for w, rs_ in items[:_MAX_PARTS])
+    if len(items) > _MAX_PARTS:
+        text += f"; and {len(items) - _MAX_PARTS} more situations"
+    return text
+
+
+def _details(d: Divergence, states: dict[int, RankState]) -> dict[int, RankDetail]:
+    out: dict[int, RankDetail] = {}
+    for r, c in sorted(d.at.items()):
+        out[r] = collective_detail(c) if c is not None else elsewhere_detail(states[r])
+    return out
+
+
+def _mismatch(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]) -> Finding:
+    members = g.members if g else []
+    parts = _partitions(d)
+    shown = "; but ".join(_issued_text(rs_, c) for rs_, c in parts[:_MAX_PARTS])
+    summary = f"At {_position_text(d, members)} {_HEADLINES[d.kind]}: {shown}"
+    absent = _absent_text(d, states)
+    if absent:
+        summary += f"; {absent}"
+    return Finding(d.kind, ERROR, d.group, d.seq, summary + ".", _details(d, states),
+                   p2p=d.p2p, t=d.t)
+
+
+def _missing(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]) -> Finding:
+    members = g.members if g else []
+    parts = _partitions(d)
+    waiting = any(c is not None and c.state != schema.COMPLETED for c in d.at.values())
+    verb = ("waits in" if len(d.issued) == 1 else "wait in") if waiting else "issued"
+    first_ranks, c = parts[0]
+    issued = [r for r in d.issued]
+    if d.p2p:
+        what = f"{c.op} {'to' if c.op == 'send' else 'from'} rank {d.absent[0]}"
+        summary = (f"{rank_list(issued)} {verb} {what} ({op_text(c)}) at {site_text(c.site)}, "
+                   f"which {rank_list(d.absent)} never matched: {_absent_text(d, states)}.")
+    else:
+        summary = (f"{rank_list(issued)} {verb} {describe(c)} ({op_text(c)}) at "
+                   f"{site_text(c.site)}, {_position_text(d, members)}, which "
+                   f"{rank_list(d.absent)} never issued: {_absent_text(d, states)}.")
+    return Finding(fk.MISSING_COLLECTIVE, ERROR, d.group, d.seq, summary, _details(d, states),
+                   p2p=d.p2p, t=d.t)
+
+
+def _callsite(d: Divergence, g: GroupAlignment | None,
+              states: dict[int, RankState]) -> Finding:
+    members = g.members if g else []
+    parts = _partitions(d)
+    why = "for different purposes" if d.field == LABEL else "from different source lines"
+    shown = "; ".join(_issued_text(rs_, c, with_op=False) for rs_, c in parts[:_MAX_PARTS])
+    summary = (f"{_position_text(d, members).capitalize()} matched in op and shape "
+               f"({op_text(parts[0][1])}), but the ranks issued it {why}: {shown}.")
+    return Finding(fk.CALLSITE_DIVERGENCE, WARNING, d.group, d.seq, summary, _details(d, states),
+                   t=d.t)
+
+
+def divergence_finding(d: Divergence, alignment: Alignment,
+                       states: dict[int, RankState]) -> Finding:
+    """The finding for one first divergence, with the last matched collective as context."""
+    g = alignment.groups.get(d.group)
+    if d.kind == fk.MISSING_COLLECTIVE:
+        f = _missing(d, g, states)
+    elif d.kind == fk.CALLSITE_DIVERGENCE:
+        f = _callsite(d, g, states)
+    else:
+        f = _mismatch(d, g, states)
+    f.context = {r: collective_detail(c) for r, c in sorted(d.context.items())}
+    f.context_seq = d.seq - 1 if d.seq and d.context else None
+    return f
+
+
+def group_mismatch_finding(g: GroupAlignment, states: dict[int, RankState]) -> Finding:
+    """Ranks recorded different member lists for one group name."""
+    views: dict[tuple, list[int]] = {}
+    for r, members in sorted(g.membership.items()):
+        views.setdefault(tuple(members), []).append(r)
+    shown = "; ".join(f"{rank_list(rs_)} with {rank_list(list(m)) if m else 'no record of it'}"
+                      for m, rs_ in views.items())
+    summary = (f"The ranks disagree on who is in group {g.name}: {shown}. The new_group() "
+               f"calls ran in different orders or with different rank lists on different "
+               f"ranks.")
+    details: dict[int, RankDetail] = {}
+    t = float("inf")
+    for r in sorted(g.membership):
+        first = g.at(r, 1)
+        if first is not None:
+            details[r] = collective_detail(first)
+            t = min(t, first.t)
+        elif r in states:
+            details[r] = elsewhere_detail(states[r])
+    return Finding(fk.GROUP_MISMATCH, ERROR, g.name, None, summary, details, t=t)
+
+
+def cycle_finding(cycle: list[Wait], alignment: Alignment) -> Finding:
+    """Ranks each blocked in a group the next one has not reached: a deadlock."""
+    steps = []
+    details: dict[int, RankDetail] = {}
+    for w in cycle:
+        c = w.collective
+        where = (f"{group_text(c.group, alignment.members(c.group))}, #{c.seq}"
+                 if c.seq is not None else f"{c.op} with rank {w.on}")
+        steps.append(f"rank {w.rank} waits in {describe(c)} ({where}) at {site_text(c.site)} "
+                     f"for rank {w.on}")
+        details[w.rank] = collective_detail(c)
+    groups = sorted({w.collective.group for w in cycle})
+    summary = (f"Deadlock across {'groups ' + ', '.join(groups) if len(groups) > 1 else 'groups'}"
+               f": " + "; ".join(steps) + ".")
+    first = cycle[0].collective
+    return Finding(fk.WAIT_CYCLE, ERROR, first.group, first.seq, summary, dict(sorted(
+        details.items())), t=max(w.collective.t for w in cycle))

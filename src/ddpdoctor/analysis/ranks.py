@@ -1,0 +1,198 @@
+"""How each rank ended: finished, raised, was killed, hangs; and where it was left.
+
+A rank is judged by what it recorded first (its ``exit`` and ``exception`` records) and by the
+launcher's exit codes second, so a rank that finished its script and then aborted in teardown
+(gloo + DDP on torch 2.13) counts as finished, with a teardown abort noted. An exception that
+merely reports a vanished peer or a timeout ("Connection closed by peer") is marked
+``comm_error``: it is a consequence of another rank's problem, not a cause.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis.terms import signal_name
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.model import Collective, RankTrace, Run, Site
+
+FINISHED = "finished"
+EXCEPTION = "exception"
+KILLED = "killed"
+HUNG = "hung"
+UNFINISHED = "unfinished"
+MISSING = "missing"
+
+PENDING_WINDOW = 1024
+
+_COMM_TYPES = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"})
+_COMM_TEXT = re.compile(
+    r"connection closed by peer|connection reset by peer|timed out waiting|broken pipe"
+    r"|remote worker crash|nccl error|nccl communicator|process ?group .*(destroyed|aborted)"
+    r"|detected at least one rank that exhausted|socket timeout|watchdog caught collective"
+    r"|econnreset|econnrefused|connection refused|collective operation timeout", re.I)
+_SOURCE_TAG = re.compile(r"^\[[^\]]*:\d+\]\s*")
+_INTERNAL_FILE = re.compile(
+    r"[/\\](site|dist)-packages[/\\]"
+    r"|[/\\]ddpdoctor[/\\](runtime|trace|analysis)[/\\]"
+    r"|[/\\]torch[/\\](distributed|nn|autograd|multiprocessing|utils|_tensor\.py)"
+    r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
+
+
+@dataclass
+class RankState:
+    """One rank's ending and progress, derived once from its trace and exit code."""
+
+    rank: int
+    trace: RankTrace | None
+    status: str
+    exit_code: int | None = None
+    pending: list[Collective] = field(default_factory=list)
+    last: Collective | None = None
+    iterations: int = 0
+    collectives: int = 0
+    comm_error: bool = False
+    crash_site: Site | None = None
+    crash_text: str = ""
+    teardown_abort: bool = False
+    end_t: float = 0.0
+    hang_stack: list[Site] = field(default_factory=list)
+
+    @property
+    def waiting(self) -> Collective | None:
+        """The collective this rank is stuck in: its earliest one that never completed."""
+        return self.pending[0] if self.pending else None
+
+    @property
+    def crashed(self) -> bool:
+        return self.status in (EXCEPTION, KILLED)
+
+    @property
+    def where(self) -> Collective | None:
+        """Where the rank was left: the collective it waits in, else its last one."""
+        return self.waiting or self.last
+
+
+def is_internal_file(path: str) -> bool:
+    """Whether ``path`` is not the user's own code: torch, ddpdoctor, an installed library or
+    the Python standard library."""
+    return bool(_INTERNAL_FILE.search(path))
+
+
+def is_comm_error(exc: dict) -> bool:
+    """Whether an exception record reports a vanished peer or a timeout, not a bug here."""
+    return (str(exc.get("type", "")) in _COMM_TYPES
+            or bool(_COMM_TEXT.search(str(exc.get("message", "")))))
+
+
+def short_message(message: object, limit: int = 160) -> str:
+    """The gist of an exception message: first line, without a leading ``[file:line]`` tag,
+    cut after the first sentence ("Connection closed by peer [127.0.0.1]:27060")."""
+    lines = str(message or "").strip().splitlines()
+    text = _SOURCE_TAG.sub("", lines[0] if lines else "").strip()
+    cut = text.find(". ")
+    if 20 <= cut:
+        text = text[:cut]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def user_frame(frames: list[dict], user_files: set[str]) -> Site | None:
+    """The innermost frame of user code in an exception's frames (outermost first): outside
+    torch, installed libraries and the standard library; else the innermost frame of a file
+    that issued collectives (``user_files``); else the innermost frame."""
+    sites = [Site(str(f.get("file", "?")), int(f.get("line", 0) or 0),
+                  str(f.get("function", "?"))) for f in frames if isinstance(f, dict)]
+    for site in reversed(sites):
+        if not is_internal_file(site.file):
+            return site
+    for site in reversed(sites):
+        if site.file in user_files:
+            return site
+    return sites[-1] if sites else None
+
+
+def _user_files(run: Run) -> set[str]:
+    files: set[str] = set()
+    for trace in run.ranks.values():
+        seen: set[int] = set()
+        for c in trace.collectives:
+            if c.stack and id(c.stack) not in seen:
+                seen.add(id(c.stack))
+                files.update(s.file for s in c.stack)
+    return files
+
+
+def _hang_stack(hang: dict | None) -> list[Site]:
+    """The main thread's user frames from a watchdog hang record, innermost first."""
+    if not hang:
+        return []
+    for thread in hang.get("threads") or []:
+        if isinstance(thread, dict) and thread.get("main"):
+            frames = [f for f in thread.get("frames") or [] if isinstance(f, dict)]
+            sites = [Site(str(f.get("file", "?")), int(f.get("line", 0) or 0),
+                          str(f.get("function", "?"))) for f in frames]
+            return [s for s in reversed(sites) if not is_internal_file(s.file)]
+    return []
+
+
+def rank_state(trace: RankTrace | None, rank: int, run: Run,
+               user_files: set[str] | None = None) -> RankState:
+    """Judge one rank; ``user_files`` helps find the user's line in an exception."""
+    code = run.exit_codes.get(rank)
+    if trace is None:
+        return RankState(rank, None, MISSING, exit_code=code,
+                         crash_text="no trace (the rank never started, or its file is missing)")
+    colls = trace.collectives
+    state = RankState(rank, trace, UNFINISHED, exit_code=code, collectives=len(colls))
+    if colls:
+        state.last = colls[-1]
+        # The DDP forward count only grows: the last collectives carry the highest.
+        state.iterations = max((c.iteration or 0) for c in colls[-64:])
+        state.end_t = max(max(c.t, c.t_end or 0.0) for c in colls[-8:])
+    exit_status = (trace.exit or {}).get("status")
+    if trace.finished:
+        state.status = FINISHED
+        state.teardown_abort = code is not None and code < 0
+        if state.teardown_abort:
+            state.crash_text = (f"{signal_name(code)} (exit code {code}) after its script "
+                                f"finished")
+        state.end_t = float((trace.exit or {}).get("t", state.end_t) or state.end_t)
+        return state
+    # A blocked rank waits in one of its last collectives; an incomplete one further back
+    # is an async op never waited for, not where the rank is.
+    state.pending = [c for c in colls[-PENDING_WINDOW:] if c.state != schema.COMPLETED]
+    state.hang_stack = _hang_stack(trace.hang)
+    if trace.exception:
+        exc = trace.exception
+        state.status = EXCEPTION
+        state.comm_error = is_comm_error(exc)
+        frames = exc.get("frames") or []
+        files = user_files if user_files is not None else set()
+        state.crash_site = user_frame(frames, files)
+        state.crash_text = f"{exc.get('type', 'Exception')}: {short_message(exc.get('message'))}"
+        state.end_t = float(exc.get("t", state.end_t) or state.end_t)
+    elif run.stopped_for_hang:
+        state.status = HUNG
+    elif (code is not None and code != 0) or exit_status == schema.EXIT_STOPPED:
+        state.status = KILLED
+        if code is not None and code < 0:
+            state.crash_text = f"killed by {signal_name(code)} (exit code {code})"
+        elif code:
+            state.crash_text = (f"exited with code {code} without a Python exception "
+                                f"(os._exit, or a fatal error in native code)")
+        else:
+            state.crash_text = "stopped by a signal"
+    elif trace.hang or state.pending:
+        state.status = HUNG
+    if state.crash_site is None and state.crashed:
+        where = state.where
+        state.crash_site = where.site if where else None
+    return state
+
+
+def rank_states(run: Run) -> dict[int, RankState]:
+    """The state of every rank of the world, traced or not."""
+    needs_files = any(t.exception for t in run.ranks.values())
+    files = _user_files(run) if needs_files else set()
+    ranks = sorted(set(range(run.world_size)) | set(run.ranks))
+    return {r: rank_state(run.ranks.get(r), r, run, files) for r in ranks}

@@ -1,0 +1,71 @@
+"""The diagnosis of one run: verdict, per-rank summary, findings (root cause first), notes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis import ranks as rs
+from ddpdoctor.analysis.details import left_detail
+from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.ranks import RankState
+
+CLEAN = "clean"
+DIVERGED = "diverged"
+CRASHED = "crashed"
+INCOMPLETE = "incomplete"
+VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE)
+
+
+@dataclass
+class RankSummary:
+    """How one rank ended and how far it got."""
+
+    rank: int
+    status: str
+    iterations: int = 0
+    collectives: int = 0
+    last: RankDetail | None = None
+    exit_code: int | None = None
+    detail: str = ""
+
+    @classmethod
+    def of(cls, state: RankState) -> RankSummary:
+        last = left_detail(state) if state.where is not None else None
+        return cls(rank=state.rank, status=state.status, iterations=state.iterations,
+                   collectives=state.collectives, last=last, exit_code=state.exit_code,
+                   detail=state.crash_text)
+
+
+@dataclass
+class Report:
+    """What ``ddpdoctor diff`` found in one run."""
+
+    verdict: str
+    world_size: int
+    ranks: list[RankSummary]
+    findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> Finding | None:
+        """The root-cause finding (the first), or None when nothing was found."""
+        return self.findings[0] if self.findings else None
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.is_error for f in self.findings)
+
+    @property
+    def all_finished(self) -> bool:
+        """Every rank of the world ran its script to the end (teardown aborts aside)."""
+        return bool(self.ranks) and all(r.status == rs.FINISHED for r in self.ranks)
+
+
+def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
+    """clean / diverged / crashed / incomplete, from the ordered findings and rank endings."""
+    if any(f.is_error for f in findings):
+        return CRASHED if findings[0].kind == fk.RANK_CRASHED else DIVERGED
+    if any(s.status != rs.FINISHED for s in states.values()):
+        return INCOMPLETE
+    return CLEAN

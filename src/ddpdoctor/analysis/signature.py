@@ -1,0 +1,123 @@
+"""Per-collective signatures and the pairwise comparison of two collectives.
+
+A collective's *match key* holds what every rank must agree on (op, shapes, dtypes, element
+count, reduce op, root); its *full key* adds what only should agree (label and source line).
+Full keys are interned to small ints, so whole per-rank sequences compare at C speed and ranks
+with identical sequences are compared once. :func:`compare` names the first field that differs
+between two collectives at the same position, knowing which differences are legitimate (join
+shadows, ops whose per-rank sizes may differ).
+"""
+
+from __future__ import annotations
+
+from ddpdoctor.analysis.terms import is_reducing
+from ddpdoctor.trace.model import Collective, Site
+
+# Ops whose input sizes legitimately differ per rank (uneven splits): compare dtypes only.
+FREE_SHAPE_OPS = frozenset({"all_to_all", "all_to_all_single", "recv_anysource"})
+
+# Label pairs that legitimately meet at one position: a joined rank's shadow of the others'
+# DDP collectives (torch.distributed.algorithms.join and DDP's _DDPJoinHook).
+COMPATIBLE_LABELS = frozenset({
+    frozenset({"join.shadow_bucket", "ddp.bucket"}),
+    frozenset({"join.unused_params", "ddp.unused_params"}),
+    frozenset({"join.num_nonjoined", "join.notify"}),
+    frozenset({"join.terminate", "join.notify"}),
+})
+
+# Labels only a joined rank issues, from the join context manager's __exit__: the source line
+# of these is the ``with model.join():`` line, and DDP collectives issued from that same line
+# on that rank (buffer broadcast, bucket rebuild) are join shadows too.
+JOIN_EXIT_LABELS = frozenset({"join.num_nonjoined", "join.terminate", "join.shadow_bucket",
+                              "join.unused_params", "join.final_model"})
+
+SiteKey = tuple[str, int, str]
+
+# Field names :func:`compare` returns, most decisive first.
+OP, SHAPE, DTYPE, REDUCE_OP, ROOT, LABEL, CALLSITE = (
+    "op", "shape", "dtype", "reduce_op", "root", "label", "callsite")
+HARD_FIELDS = (OP, SHAPE, DTYPE, REDUCE_OP, ROOT)
+
+
+def site_key(site: Site | None) -> SiteKey | None:
+    """A source line compared across ranks: file *name*, line, function (paths may differ per
+    node, e.g. different home folders)."""
+    if site is None:
+        return None
+    return (site.file.replace("\\", "/").rsplit("/", 1)[-1], site.line, site.function)
+
+
+def reduce_op_of(c: Collective) -> str | None:
+    """The reduce op, with the c10d default (SUM) filled in where the caller passed none."""
+    if c.reduce_op is None and is_reducing(c.op):
+        return "SUM"
+    return c.reduce_op
+
+
+# Positions in a full key (see Interner.full_id).
+KEY_LABEL, KEY_SITE = 6, 7
+
+
+class Interner:
+    """Maps full keys of collectives to small ints (``keys`` maps them back), caching site
+    keys per stack object.
+
+    A full key is ``(op, shapes, dtypes, numel, reduce_op, root, label, site_key)`` with
+    shapes and dtypes as tuples (a lone tensor's shape and dtype unwrapped) and the reduce op
+    defaulted (:func:`reduce_op_of`); it is built inline in
+    :func:`ddpdoctor.analysis.align._collect`, the hot loop.
+    """
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple, int] = {}
+        self.keys: list[tuple] = []
+        self._sites: dict[int, tuple[list, SiteKey | None]] = {}
+
+    def site(self, c: Collective) -> SiteKey | None:
+        stack = c.stack
+        hit = self._sites.get(id(stack))
+        if hit is not None and hit[0] is stack:
+            return hit[1]
+        key = site_key(stack[0]) if stack else None
+        self._sites[id(stack)] = (stack, key)
+        return key
+
+
+def hard_difference(a: Collective, b: Collective) -> str | None:
+    """The first field that must match and does not: op, shape, dtype, reduce_op or root."""
+    if a.op != b.op:
+        return OP
+    if a.op not in FREE_SHAPE_OPS and (a.shapes != b.shapes or a.numel != b.numel):
+        return SHAPE
+    if a.dtypes != b.dtypes:
+        return DTYPE
+    if reduce_op_of(a) != reduce_op_of(b):
+        return REDUCE_OP
+    if a.root != b.root:
+        return ROOT
+    return None
+
+
+def soft_difference(a: Collective, b: Collective, join_sites: dict[int, set]) -> str | None:
+    """``label`` or ``callsite`` when two matching collectives came from different code.
+
+    ``join_sites`` maps a rank to the source lines of its join-exit collectives: a DDP
+    collective issued from such a line is a joined rank's shadow and matches any line.
+    """
+    if a.label != b.label:
+        if frozenset((a.label, b.label)) in COMPATIBLE_LABELS:
+            return None
+        return LABEL
+    if a.label.startswith("join."):
+        return None  # the same join step, from the forward on one rank and __exit__ on another
+    sa, sb = site_key(a.site), site_key(b.site)
+    if sa is None or sb is None or sa == sb:
+        return None
+    if sa in join_sites.get(a.rank, ()) or sb in join_sites.get(b.rank, ()):
+        return None
+    return CALLSITE
+
+
+def compare(a: Collective, b: Collective, join_sites: dict[int, set]) -> str | None:
+    """The most decisive difference between two collectives at one position, or None."""
+    return hard_difference(a, b) or soft_difference(a, b, join_sites)

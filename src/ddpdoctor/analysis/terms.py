@@ -1,0 +1,141 @@
+"""Words for collectives: what a recorded collective *is*, in DDP terms a user recognises.
+
+``describe`` turns a label plus bucket/iteration into "DDP gradient bucket 2 of iteration 7";
+``op_text`` spells the operation itself ("all_reduce SUM float32[244]"); ``rank_list`` writes
+rank sets compactly ("ranks 0-3, 7"). Pure functions, no state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ddpdoctor.trace.model import Collective, Site
+
+# What each recorder label means; "{it}" is the iteration phrase, "{b}" the bucket index.
+_LABELS: dict[str, str] = {
+    "ddp.init": "a DDP construction collective",
+    "ddp.init.verify_params": "DDP construction: the parameter-shape check",
+    "ddp.init.sync_params": "DDP construction: the parameter and buffer broadcast from rank 0",
+    "ddp.buffers": "the DDP buffer broadcast of {it}",
+    "ddp.bucket": "DDP gradient bucket {b} of {it}",
+    "ddp.unused_params": "the DDP unused-parameter all-reduce of {it}",
+    "ddp.rebuild_buckets": "the DDP bucket-rebuild broadcast of {it}",
+    "syncbn": "a SyncBatchNorm collective of {it}",
+    "join.notify": "the join 'still training' all-reduce of {it}",
+    "join.grad_sync": "the join gradient-sync check of {it}",
+    "join.num_nonjoined": "the join all-reduce counting the ranks still training, from a rank "
+                          "that has joined",
+    "join.terminate": "the join early-termination notice",
+    "join.shadow_bucket": "the join shadow of gradient bucket {b}, from a rank that has joined",
+    "join.unused_params": "the join shadow of the unused-parameter all-reduce, from a rank that "
+                          "has joined",
+    "join.final_model": "the join final-model broadcast",
+    "join.find_common_rank": "the join authoritative-rank all-reduce",
+}
+
+REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter", "all_reduce_coalesced",
+                          "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"})
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def iteration_text(iteration: int | None) -> str:
+    """'iteration 7', or 'before the first DDP forward' for iteration 0."""
+    if iteration is None:
+        return "an unknown iteration"
+    if iteration == 0:
+        return "setup (before the first DDP forward)"
+    return f"iteration {iteration}"
+
+
+def is_reducing(op: str) -> bool:
+    """Whether ``op`` carries a reduce operation."""
+    return op in REDUCING_OPS
+
+
+def is_rooted(op: str) -> bool:
+    """Whether ``op`` has a root (src/dst) rank."""
+    return op in _ROOTED
+
+
+def describe(c: Collective) -> str:
+    """What the collective is for, e.g. 'DDP gradient bucket 2 of iteration 7'."""
+    template = _LABELS.get(c.label)
+    if template is None:
+        name = c.api or c.op
+        inner = f" (its {c.op})" if c.api and c.api != c.op else ""
+        return f"user {name}(){inner}"
+    bucket = "?" if c.bucket is None else str(c.bucket)
+    return template.format(it=iteration_text(c.iteration), b=bucket)
+
+
+def tensor_text(shapes: list[list[int]], dtypes: list[str]) -> str:
+    """'float32[244]', 'float32[2, 3] + int64[1]'; '' when there are no tensors."""
+    parts = []
+    for i, shape in enumerate(shapes[:3]):
+        dtype = dtypes[i] if i < len(dtypes) else "?"
+        parts.append(f"{dtype}[{', '.join(str(d) for d in shape)}]")
+    if len(shapes) > 3:
+        parts.append(f"... ({len(shapes)} tensors)")
+    return " + ".join(parts)
+
+
+def op_text(c: Collective) -> str:
+    """The operation itself: 'all_reduce SUM float32[244]', 'broadcast int64[1] from 0'."""
+    words = [c.op]
+    if is_reducing(c.op):
+        words.append(c.reduce_op or "SUM")
+    tensors = tensor_text(c.shapes, c.dtypes)
+    if tensors:
+        words.append(tensors)
+    if c.root is not None and is_rooted(c.op):
+        words.append(f"root {c.root}")
+    if c.peer is not None:
+        words.append(f"{'to' if c.op == 'send' else 'from'} {c.peer}")
+    return " ".join(words)
+
+
+def site_text(site: Site | None) -> str:
+    """'train.py:63 in evaluate()' (file name only), or 'an unknown line'."""
+    if site is None:
+        return "an unknown line"
+    name = site.file.replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{name}:{site.line} in {site.function}()"
+
+
+def rank_list(ranks: Iterable[int]) -> str:
+    """'rank 3', 'ranks 0, 2', 'ranks 0-127, 129-255'."""
+    items = sorted(set(ranks))
+    if not items:
+        return "no rank"
+    if len(items) == 1:
+        return f"rank {items[0]}"
+    spans: list[str] = []
+    start = prev = items[0]
+    for r in items[1:] + [None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        spans.append(str(start) if start == prev else
+                     f"{start}, {prev}" if prev == start + 1 else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return "ranks " + ", ".join(spans)
+
+
+def group_text(group: str | None, ranks: list[int] | None = None) -> str:
+    """'the default group' or 'group 2 (ranks 0-3)'."""
+    if group is None:
+        return "no group"
+    if group == "0":
+        return "the default group"
+    return f"group {group} ({rank_list(ranks)})" if ranks else f"group {group}"
+
+
+def signal_name(code: int) -> str:
+    """'SIGKILL' for exit code -9 (Python's convention for a signal death)."""
+    import signal
+
+    try:
+        return signal.Signals(-code).name
+    except (ValueError, TypeError):
+        return f"signal {-code}"

@@ -1,0 +1,162 @@
+"""Command line: ``ddpdoctor run`` and ``ddpdoctor diff``. Thin: options -> one call -> renderer."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from ddpdoctor import __version__, doctor
+from ddpdoctor.launcher import RunOptions, UsageError
+from ddpdoctor.progress import JobProgress
+from ddpdoctor.render import console as console_report
+from ddpdoctor.render import json_report
+from ddpdoctor.trace.reader import TraceError
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    help="Find why a PyTorch DDP job hangs, and which line of code made the ranks diverge.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err = Console(stderr=True, highlight=False)
+
+
+class Launcher(str, Enum):
+    torchrun = "torchrun"
+    python = "python"
+
+
+def _fail(message: str, code: int = doctor.EXIT_USAGE) -> None:
+    err.print(f"ddpdoctor: error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ddpdoctor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """ddpdoctor records every collective of every rank, and explains hangs and divergences."""
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    script: str = typer.Argument(..., help="The training script (or module with -m)."),
+    args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script."),
+    nproc_per_node: Optional[int] = typer.Option(
+        None, "--nproc-per-node", min=1, help="Processes per node (default: visible GPUs, else 2)."),
+    nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun: nodes (N or MIN:MAX)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="torchrun: this node's rank."),
+    rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="torchrun: rendezvous backend."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun: rendezvous endpoint."),
+    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Master address."),
+    master_port: Optional[int] = typer.Option(
+        None, "--master-port", min=1, max=65535, help="Master port (default: a free port)."),
+    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun: restarts."),
+    module: bool = typer.Option(False, "-m", "--module", help="SCRIPT is a module name, as python -m."),
+    launcher: Launcher = typer.Option(
+        Launcher.torchrun, "--launcher",
+        help="torchrun, or python for scripts that start their own workers (mp.spawn)."),
+    logdir: Optional[Path] = typer.Option(
+        None, "--logdir", help="Where the per-rank traces go (default: ./ddpdoctor-logs/<time>)."),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="Override the backend the script asks for (e.g. gloo)."),
+    hang_timeout: float = typer.Option(
+        30.0, "--hang-timeout", min=0.5,
+        help="Seconds a rank may wait in a collective, with no rank progressing, before it is a hang."),
+    stall_timeout: Optional[float] = typer.Option(
+        None, "--stall-timeout", min=0.5,
+        help="Warn when no collective completes for this long outside any collective (off by default)."),
+    grace: float = typer.Option(5.0, "--grace", min=0.0,
+                                help="Seconds between SIGTERM and SIGKILL when stopping the job."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
+) -> None:
+    """Run SCRIPT under torchrun with every rank recorded; diagnose a hang, crash or divergence.
+
+    Examples:
+
+      ddpdoctor run --nproc-per-node 2 train.py --epochs 1
+
+      ddpdoctor run --launcher python spawn_script.py
+    """
+    opts = RunOptions(
+        script=script, args=list(args or []), module=module, launcher=launcher.value,
+        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
+        master_port=master_port, max_restarts=max_restarts,
+        logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
+        stall_timeout=stall_timeout, grace=grace)
+    try:
+        log_path = doctor.prepare_run(opts)
+    except UsageError as exc:
+        _fail(str(exc))
+    err.print(f"ddpdoctor: recording to {log_path}", markup=False)
+    try:
+        outcome = doctor.run(opts, log_path, _status_printer(opts))
+    except UsageError as exc:
+        _fail(str(exc))
+    job = outcome.job
+    if job.hang:
+        err.print(f"ddpdoctor: hang detected: no rank progressed for {opts.hang_timeout:g}s; "
+                  f"stacks collected from {len(job.acks)} rank(s), job stopped", markup=False)
+    elif job.interrupted:
+        err.print("ddpdoctor: interrupted: job stopped, logs kept", markup=False)
+    if outcome.report is not None:
+        console_report.render(outcome.report, err)
+        if json_out:
+            json_out.write_text(json.dumps(json_report.to_dict(outcome.report), indent=2))
+    elif outcome.read_error:
+        err.print(f"ddpdoctor: no diagnosis: {outcome.read_error}", markup=False)
+    if outcome.teardown_only:
+        err.print(f"ddpdoctor: warning: every rank finished its script, but the job exited with "
+                  f"code {job.exit_code} during interpreter teardown (a known gloo/DDP abort at "
+                  f"exit); not a divergence", markup=False)
+    err.print(f"ddpdoctor: logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})",
+              markup=False)
+    raise typer.Exit(outcome.exit_code)
+
+
+def _status_printer(opts: RunOptions):
+    def show(progress: JobProgress, event: str) -> None:
+        if event == "stall":
+            err.print(f"ddpdoctor: warning: no collective for {opts.stall_timeout:g}s and none "
+                      f"pending (long compute or I/O?) — {progress.summary_line()}", markup=False)
+        elif event == "status":
+            err.print(f"ddpdoctor: {progress.summary_line()}", markup=False)
+    return show
+
+
+@app.command()
+def diff(
+    paths: list[Path] = typer.Argument(..., help="Log folder(s) or trace files (one folder per node)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead."),
+) -> None:
+    """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix."""
+    try:
+        report = doctor.diff([str(p) for p in paths])
+    except TraceError as exc:
+        _fail(str(exc))
+    if json_out:
+        print(json.dumps(json_report.to_dict(report), indent=2))
+    else:
+        console_report.render(report, Console(highlight=False))
+    raise typer.Exit(doctor.EXIT_PROBLEM if report.has_errors else doctor.EXIT_OK)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(doctor.EXIT_INTERRUPTED)

@@ -1,0 +1,81 @@
+"""The two things ddpdoctor does, as calls the CLI (or a test) makes: run a job, diff traces.
+
+Also the exit-code policy, in one place:
+
+====  =====================================================================================
+0     the job succeeded and nothing diverged (``diff``: the traces are clean)
+1     a problem was found: a rank crashed or diverged (``run``: or the job's own non-zero code)
+2     bad usage or unreadable input
+3     ``run`` detected a hang, collected the evidence and stopped the job
+130   ``run`` was interrupted (SIGINT/SIGTERM); the job was stopped, the logs kept
+====  =====================================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.analysis.report import Report
+from ddpdoctor.launcher import JobResult, RunOptions, check_script, make_logdir, run_job
+from ddpdoctor.progress import JobProgress
+from ddpdoctor.trace.reader import TraceError, load_run
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_HANG = 3
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class RunOutcome:
+    """A finished ``ddpdoctor run``: how the job ended, the diagnosis, the exit code."""
+
+    job: JobResult
+    report: Report | None
+    exit_code: int
+    read_error: str | None = None
+    teardown_only: bool = False
+
+
+def diff(paths: Iterable[str]) -> Report:
+    """Diagnose the traces under ``paths``; raises TraceError on unreadable input."""
+    return diagnose(load_run(paths))
+
+
+def prepare_run(opts: RunOptions) -> Path:
+    """Validate the script and create the log folder (raises UsageError)."""
+    check_script(opts)
+    return make_logdir(opts.logdir)
+
+
+def run(opts: RunOptions, logdir: Path,
+        on_status: Callable[[JobProgress, str], None] | None = None) -> RunOutcome:
+    """Run the job under instrumentation and diagnose what its ranks recorded."""
+    job = run_job(opts, logdir, on_status)
+    report, read_error = None, None
+    try:
+        loaded = load_run([str(logdir)])
+        loaded.stopped_for_hang = job.hang
+        report = diagnose(loaded)
+    except TraceError as exc:
+        read_error = str(exc)
+    return _outcome(job, report, read_error)
+
+
+def _outcome(job: JobResult, report: Report | None, read_error: str | None) -> RunOutcome:
+    if job.interrupted:
+        return RunOutcome(job, report, EXIT_INTERRUPTED, read_error)
+    if job.hang:
+        return RunOutcome(job, report, EXIT_HANG, read_error)
+    problem = report is not None and report.has_errors
+    if job.exit_code == 0:
+        return RunOutcome(job, report, EXIT_PROBLEM if problem else EXIT_OK, read_error)
+    if report is not None and not problem and report.all_finished:
+        # Every rank finished its script; the process aborted in teardown (gloo + DDP).
+        return RunOutcome(job, report, EXIT_OK, read_error, teardown_only=True)
+    return RunOutcome(job, report, job.exit_code if job.exit_code > 0 else EXIT_PROBLEM,
+                      read_error)

@@ -1,0 +1,41 @@
+"""The catalogue of known causes, loaded once from ``causes.yaml`` (data, not code)."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from importlib import resources
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A known cause: stable id, one-line title, why it breaks, how to fix it."""
+
+    id: str
+    title: str
+    explanation: str
+    fix: str
+    example: str | None = None
+
+
+@functools.lru_cache(maxsize=1)
+def causes() -> dict[str, Cause]:
+    """Every known cause by id (read with yaml.safe_load, once per process)."""
+    text = resources.files("ddpdoctor.knowledge").joinpath("causes.yaml").read_text("utf-8")
+    entries = yaml.safe_load(text) or []
+    out: dict[str, Cause] = {}
+    for entry in entries:
+        cause = Cause(id=str(entry["id"]), title=str(entry["title"]),
+                      explanation=str(entry["explanation"]).strip(),
+                      fix=str(entry["fix"]).strip(), example=entry.get("example"))
+        if cause.id in out:
+            raise ValueError(f"causes.yaml: duplicate cause id {cause.id!r}")
+        out[cause.id] = cause
+    return out
+
+
+def get(cause_id: str | None) -> Cause | None:
+    """The cause with this id, or None."""
+    return causes().get(cause_id) if cause_id else None

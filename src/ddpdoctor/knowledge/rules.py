@@ -1,0 +1,291 @@
+"""Rules that recognise the known causes (``causes.yaml``) in a diagnosis.
+
+Each rule looks at one finding together with the aligned traces, the ranks' endings and the
+recorded DDP flags, and returns evidence sentences when its cause explains the finding (None
+otherwise). :data:`RULES` is tried in order; the first match wins, so the more specific
+patterns come first (a crash explains a missing collective before anything else does; a join
+collective beats uneven inputs; a DDP forward from a line other ranks never ran beats uneven
+inputs; a collective the source shows under ``if rank == 0:`` beats uneven inputs). Where
+the script is readable here, :mod:`ddpdoctor.knowledge.source` settles what the trace cannot:
+whether a collective sits under a rank test, or after the training loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis import ranks as rs
+from ddpdoctor.analysis.align import Alignment
+from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.signature import site_key
+from ddpdoctor.analysis.terms import rank_list, site_text
+from ddpdoctor.knowledge import source
+from ddpdoctor.trace.model import Run, Site
+
+# Labels of the collectives a DDP training step issues (forward and backward).
+DDP_STEP_LABELS = frozenset({"ddp.buffers", "ddp.bucket", "ddp.unused_params",
+                             "ddp.rebuild_buckets", "syncbn"})
+_POSITION_KINDS = fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE)
+
+
+@dataclass
+class RuleContext:
+    """What the rules may look at; per-rank site sets are computed on first use."""
+
+    run: Run
+    alignment: Alignment
+    states: dict[int, RankState]
+    _ddp_sites: dict[int, set] = field(default_factory=dict)
+    _group_sites: dict[tuple[str, int], set] = field(default_factory=dict)
+
+    def ddp_sites(self, rank: int) -> set:
+        """Source lines (site keys) from which ``rank`` issued DDP training-step
+        collectives."""
+        found = self._ddp_sites.get(rank)
+        if found is None:
+            found = self._ddp_sites[rank] = self.alignment.site_keys(rank, DDP_STEP_LABELS)
+        return found
+
+    def group_sites(self, group: str, rank: int) -> set:
+        """Source lines (site keys) from which ``rank`` issued collectives in ``group``."""
+        key = (group, rank)
+        found = self._group_sites.get(key)
+        if found is None:
+            found = self._group_sites[key] = self.alignment.site_keys(rank, group=group)
+        return found
+
+    def ddp_flags(self) -> dict:
+        """The first recorded DDP construction's flags (broadcast_buffers, ...), or {}."""
+        for trace in self.run.ranks.values():
+            if trace.ddp:
+                return trace.ddp[0]
+        return {}
+
+
+def _issued(f: Finding) -> dict[int, RankDetail]:
+    return {r: d for r, d in f.ranks.items() if d.op is not None}
+
+
+def _absent(f: Finding) -> list[int]:
+    return [r for r, d in f.ranks.items() if d.op is None]
+
+
+def _labels(f: Finding) -> set[str]:
+    return {d.label for d in _issued(f).values() if d.label}
+
+
+def _rank_test(d: RankDetail) -> str | None:
+    """'train.py:44 `if rank == 0:`' when a frame of ``d``'s stack sits in such a block."""
+    for site in d.stack or ([d.site] if d.site else []):
+        found = source.rank_condition(site)
+        if found is not None:
+            line, text = found
+            name = site.file.replace("\\", "/").rsplit("/", 1)[-1]
+            return f"{name}:{line} `{text}`"
+    return None
+
+
+def _after_loop(d: RankDetail, rank: int, ctx: RuleContext) -> bool:
+    """Whether a user collective sits after the training loop (less indented than the DDP
+    forward in the same function). Without the source, a barrier is taken to be the classic
+    synchronisation after the loop and a data-carrying collective not."""
+    if d.site is None:
+        return False
+    mine = source.indent(d.site)
+    for name, line, function in ctx.ddp_sites(rank):
+        if name == site_key(d.site)[0] and function == d.site.function:
+            theirs = source.indent(Site(d.site.file, line, function))
+            if mine is not None and theirs is not None:
+                return mine < theirs
+    return mine is None and d.op == "barrier"
+
+
+# -- rules ----------------------------------------------------------------------------------
+def _rank_crashed(f: Finding, ctx: RuleContext) -> list[str] | None:
+    if f.kind == fk.RANK_CRASHED and not f.follow_on:
+        return []
+    if f.kind == fk.MISSING_COLLECTIVE:
+        absent = _absent(f)
+        if absent and all(ctx.states[r].crashed for r in absent):
+            return [f"{rank_list(absent)} crashed before issuing it"]
+    return None
+
+
+def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
+    if f.kind != fk.WAIT_CYCLE:
+        return None
+    groups = sorted({d.group for d in f.ranks.values() if d.group is not None})
+    return [f"the ranks are blocked in groups {', '.join(groups)}"]
+
+
+def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
+    if f.kind not in _POSITION_KINDS:
+        return None
+    issued = _issued(f)
+    user = [r for r, d in issued.items() if d.label == "user"]
+    joined = [r for r, d in issued.items() if d.label and d.label.startswith("join.")]
+    if not user or not joined:
+        return None
+    d = issued[user[0]]
+    return [f"{rank_list(user)} called {d.op} at {site_text(d.site)} while "
+            f"{rank_list(joined)} ran the join protocol ({issued[joined[0]].label})"]
+
+
+def _ddp_position(f: Finding) -> tuple[dict[int, RankDetail], list[int]] | None:
+    """(ranks with a DDP step collective here, the other ranks) when no join is involved."""
+    if f.kind not in _POSITION_KINDS:
+        return None
+    labels = _labels(f)
+    if any(label.startswith("join.") for label in labels):
+        return None
+    ddp = {r: d for r, d in _issued(f).items() if d.label in DDP_STEP_LABELS}
+    if not ddp:
+        return None
+    return ddp, [r for r in f.ranks if r not in ddp]
+
+
+def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | None:
+    found = _ddp_position(f)
+    if found is None:
+        return None
+    ddp, _others = found
+    for r, d in ddp.items():
+        key = site_key(d.site)
+        if key is None:
+            continue
+        strangers = [o for o in f.ranks if o != r and ctx.states[o].trace is not None
+                     and key not in ctx.ddp_sites(o)]
+        if strangers:
+            evidence = [f"rank {r} ran a DDP forward/backward at {site_text(d.site)}, a line "
+                        f"from which {rank_list(strangers)} never ran one"]
+            test = _rank_test(d)
+            if test:
+                evidence.append(f"it runs under {test}")
+            if ctx.ddp_flags().get("broadcast_buffers"):
+                evidence.append("broadcast_buffers=True: every DDP forward broadcasts the "
+                                "module buffers, even under torch.no_grad()")
+            return evidence
+    return None
+
+
+def _counts(ranks: set[int], ctx: RuleContext) -> str:
+    """'rank 0: 5, rank 1: 6' or 'ranks 0-8, 10-15: 3; rank 9: 2'."""
+    by_count: dict[int, list[int]] = {}
+    for r in sorted(ranks):
+        by_count.setdefault(ctx.states[r].iterations, []).append(r)
+    if all(len(rs_) == 1 for rs_ in by_count.values()):
+        return ", ".join(f"rank {r}: {ctx.states[r].iterations}" for r in sorted(ranks))
+    return "; ".join(f"{rank_list(rs_)}: {n}" for n, rs_ in by_count.items())
+
+
+def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
+    found = _ddp_position(f)
+    if found is not None:
+        ddp, others = found
+        longest = max((d.iteration or 0) for d in ddp.values())
+        short = [o for o in others if ctx.states[o].trace is not None]
+        for o in short:
+            d = f.ranks[o]
+            if d.op is not None and d.label == "user" and not _after_loop(d, o, ctx):
+                return None  # a collective inside the loop body: rank-conditional, not uneven
+        if short and all(ctx.states[o].iterations < longest for o in short):
+            return [f"DDP iterations per rank: {_counts(set(ddp) | set(short), ctx)}"]
+        if not short and len({d.iteration for d in ddp.values()}) > 1:
+            return ["the ranks were in different DDP iterations at this collective"]
+        return None
+    if f.kind != fk.MISSING_COLLECTIVE or f.group is None:
+        return None
+    absent = _absent(f)
+    if not absent or not all(ctx.states[r].status == rs.FINISHED for r in absent):
+        return None
+    for d in _issued(f).values():
+        key = site_key(d.site)
+        if key is None or any(key not in ctx.group_sites(f.group, r) for r in absent):
+            return None
+    return [f"{rank_list(absent)} ran the same line fewer times and finished"]
+
+
+def _collective_under_rank_test(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """A user collective on some ranks that the source shows inside ``if rank == 0:``."""
+    if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE):
+        return None
+    for r, d in _issued(f).items():
+        if d.label == "user":
+            test = _rank_test(d)
+            if test:
+                return [f"rank {r} called {d.op} at {site_text(d.site)}, under {test}"]
+    return None
+
+
+def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
+    if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE):
+        return None
+    issued = _issued(f)
+    user = {r: d for r, d in issued.items() if d.label == "user"}
+    if not user:
+        return None
+    without = [r for r in f.ranks if r not in user]
+    user_sites = {site_key(d.site) for d in user.values()}
+    if without or len(user_sites) > 1:
+        r, d = next(iter(user.items()))
+        return [f"{rank_list(user)} called {d.op} at {site_text(d.site)}; "
+                f"{rank_list(without) if without else 'the others'} did not call it there"]
+    return None
+
+
+def _rank_dependent_shape(f: Finding, ctx: RuleContext) -> list[str] | None:
+    if f.kind not in (fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH):
+        return None
+    labels = _labels(f)
+    if labels and labels <= {"user"}:
+        return []
+    return None
+
+
+def _ddp_model_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
+    if f.kind not in (fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH):
+        return None
+    labels = _labels(f)
+    if labels and all(lb.startswith("ddp.") for lb in labels):
+        return [f"the DDP collectives ({', '.join(sorted(labels))}) differ in size between "
+                f"ranks"]
+    return None
+
+
+def _broadcast_root_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
+    return [] if f.kind == fk.ROOT_MISMATCH else None
+
+
+def _rank_dependent_reduce_op(f: Finding, ctx: RuleContext) -> list[str] | None:
+    return [] if f.kind == fk.REDUCE_OP_MISMATCH else None
+
+
+Rule = Callable[[Finding, RuleContext], "list[str] | None"]
+
+RULES: list[tuple[str, Rule]] = [
+    ("rank_crashed", _rank_crashed),
+    ("group_order_inversion", _group_order_inversion),
+    ("collective_inside_join", _collective_inside_join),
+    ("rank_conditional_ddp_forward", _rank_conditional_ddp_forward),
+    ("rank_conditional_collective", _collective_under_rank_test),
+    ("uneven_inputs", _uneven_inputs),
+    ("rank_conditional_collective", _rank_conditional_collective),
+    ("rank_dependent_shape", _rank_dependent_shape),
+    ("ddp_model_mismatch", _ddp_model_mismatch),
+    ("broadcast_root_mismatch", _broadcast_root_mismatch),
+    ("rank_dependent_reduce_op", _rank_dependent_reduce_op),
+]
+
+
+def recognise(f: Finding, ctx: RuleContext) -> tuple[str | None, list[str]]:
+    """The id of the first cause whose rule matches ``f``, with its evidence."""
+    if f.cause is not None:
+        return f.cause, f.evidence
+    for cause_id, rule in RULES:
+        evidence = rule(f, ctx)
+        if evidence is not None:
+            return cause_id, evidence
+    return None, []

@@ -1,0 +1,1 @@
+"""Renderers of a :class:`~ddpdoctor.analysis.report.Report`: console (rich) and JSON."""

@@ -1,0 +1,212 @@
+"""The console report: verdict, root finding with each rank's line of code, cause, fix.
+
+Built to be read in ten seconds, in a terminal or in a CI log without colour: one headline,
+one table of what each rank was doing at the root finding (ranks doing the same thing share a
+row), the code of each source line (read with ``linecache`` when the file exists here), then
+the cause's title, why and how to fix it; other findings folded to one line each.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ddpdoctor.analysis import report as rp
+from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.ranks import FINISHED
+from ddpdoctor.analysis.report import Report
+from ddpdoctor.analysis.terms import rank_list, site_text
+from ddpdoctor.knowledge import catalog
+from ddpdoctor.trace.model import Site
+
+MAX_ROWS = 8
+MAX_FOLDED = 8
+
+_HEADLINES = {
+    rp.CLEAN: ("green", "CLEAN", "every rank issued the same collectives and finished"),
+    rp.DIVERGED: ("red", "DIVERGED", "the ranks stopped issuing the same collectives"),
+    rp.CRASHED: ("red", "CRASHED", "a rank failed and the others were left waiting"),
+    rp.INCOMPLETE: ("yellow", "INCOMPLETE", "some ranks did not finish, and their traces do "
+                                            "not show why"),
+}
+
+
+def code_line(site: Site | None) -> str:
+    """The source text of ``site`` when its file is readable here, else ''."""
+    if site is None or not site.file or not os.path.isfile(site.file):
+        return ""
+    return linecache.getline(site.file, site.line).strip()
+
+
+def _rank_status_line(report: Report) -> str:
+    by_status: dict[str, list[int]] = {}
+    for r in report.ranks:
+        by_status.setdefault(r.status, []).append(r.rank)
+    parts = [f"{status}: {rank_list(ranks).split(' ', 1)[1]}" for status, ranks in
+             by_status.items()]
+    return f"{report.world_size} rank{'s' if report.world_size != 1 else ''} — " + \
+        "; ".join(parts)
+
+
+def _headline(report: Report, console: Console) -> None:
+    colour, word, text = _HEADLINES.get(report.verdict, ("yellow", report.verdict.upper(), ""))
+    line = Text()
+    line.append(f"ddpdoctor: {word}", style=f"bold {colour}")
+    line.append(f" — {text}")
+    console.print(line)
+    console.print(_rank_status_line(report), markup=False, highlight=False)
+
+
+def _row_key(d: RankDetail) -> tuple:
+    return (d.op, d.label, d.iteration, d.state, d.site)
+
+
+def _short_site(site: Site | None) -> str:
+    if site is None:
+        return "—"
+    return f"{site.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{site.line}"
+
+
+def _rank_table(f: Finding) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    for name in ("rank", "op", "label", "iter", "state", "line"):
+        table.add_column(name, overflow="fold")
+    rows: dict[tuple, list[int]] = {}
+    details: dict[tuple, RankDetail] = {}
+    for r, d in sorted(f.ranks.items()):
+        key = _row_key(d)
+        rows.setdefault(key, []).append(r)
+        details.setdefault(key, d)
+    items = list(rows.items())
+    for key, ranks in items[:MAX_ROWS]:
+        d = details[key]
+        table.add_row(rank_list(ranks).split(" ", 1)[1], d.op or "—", d.label or "—",
+                      "—" if d.iteration is None else str(d.iteration), d.state or "—",
+                      _short_site(d.site))
+    if len(items) > MAX_ROWS:
+        rest = sorted(r for _, ranks in items[MAX_ROWS:] for r in ranks)
+        table.add_row(rank_list(rest).split(" ", 1)[1], "…", "", "", "",
+                      f"{len(items) - MAX_ROWS} more (see --json)")
+    return table
+
+
+def _source_block(f: Finding, console: Console) -> None:
+    """Each distinct source line of the root finding, with the ranks there and its code."""
+    by_site: dict[Site, list[int]] = {}
+    for r, d in sorted(f.ranks.items()):
+        if d.site is not None:
+            by_site.setdefault(d.site, []).append(r)
+    for site, ranks in list(by_site.items())[:MAX_ROWS]:
+        line = Text(f"  {rank_list(ranks)}: ", style="bold")
+        line.append(site_text(site))
+        console.print(line)
+        code = code_line(site)
+        if code:
+            console.print(Text(f"      {site.line} | ", style="dim") + Text(code, style="cyan"))
+
+
+def _context_line(f: Finding) -> str | None:
+    if not f.context:
+        return None
+    parts: dict[tuple, list[int]] = {}
+    for r, d in sorted(f.context.items()):
+        parts.setdefault((d.op, d.label, d.note, _short_site(d.site)), []).append(r)
+    shown = "; ".join(f"{rank_list(rs_)}: {label}, {note} ({site})"
+                      for (_op, label, note, site), rs_ in list(parts.items())[:3])
+    op = next(iter(f.context.values())).op
+    return f"Last matched before it: #{f.context_seq} {op} — {shown}"
+
+
+def _labelled(rows: list[tuple[str, Text | str, str]]) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column()
+    for label, value, style in rows:
+        grid.add_row(Text(label, style=style), value)
+    return grid
+
+
+def _root(f: Finding, console: Console) -> None:
+    console.print()
+    where = []
+    if f.group is not None:
+        where.append("default group" if f.group == "0" else f"group {f.group}")
+    if f.seq is not None:
+        where.append(f"collective #{f.seq}")
+    title = Text("Root cause: ", style="bold")
+    title.append(f.kind, style="bold")
+    if where:
+        title.append(f"  ({', '.join(where)})")
+    console.print(title)
+    console.print(f.summary, markup=False, highlight=False)
+    console.print(_rank_table(f))
+    _source_block(f, console)
+    context = _context_line(f)
+    if context:
+        console.print(context, markup=False, highlight=False, style="dim")
+    cause = catalog.get(f.cause)
+    rows: list[tuple[str, Text | str, str]] = []
+    if cause is not None:
+        rows.append(("Cause:", Text(cause.title) + Text(f"  [{cause.id}]", style="dim"),
+                     "bold"))
+        rows.append(("Why:", Text(cause.explanation), "bold"))
+    for item in f.evidence:
+        rows.append(("", Text(f"• {item}"), ""))
+    if f.advice:
+        rows.append(("Fix:", Text(f.advice), "bold green"))
+    if rows:
+        console.print()
+        console.print(_labelled(rows))
+
+
+def _folded(findings: list[Finding], console: Console) -> None:
+    if not findings:
+        return
+    console.print()
+    console.print(Text(f"Also found ({len(findings)}):", style="bold"))
+    for f in findings[:MAX_FOLDED]:
+        tag = f"{f.kind}" + (" (follow-on)" if f.follow_on else "") + \
+            (" [warning]" if not f.is_error else "")
+        console.print(Text("  • ") + Text(tag, style="bold") + Text(f": {f.summary}"),
+                      no_wrap=True, overflow="ellipsis")
+    if len(findings) > MAX_FOLDED:
+        console.print(f"  … and {len(findings) - MAX_FOLDED} more (see --json)", markup=False)
+
+
+def _unfinished(report: Report, console: Console) -> None:
+    """For an incomplete run: where each rank that did not finish was left."""
+    rows = [r for r in report.ranks if r.status != FINISHED]
+    if not rows:
+        return
+    console.print()
+    console.print(Text("Ranks that did not finish:", style="bold"))
+    for r in rows[:MAX_ROWS]:
+        where = r.last.note if r.last is not None else r.detail
+        site = f" at {site_text(r.last.site)}" if r.last is not None and r.last.site else ""
+        console.print(f"  • rank {r.rank} ({r.status}): {where}{site}", markup=False,
+                      highlight=False)
+    if len(rows) > MAX_ROWS:
+        console.print(f"  … and {len(rows) - MAX_ROWS} more (see --json)", markup=False)
+
+
+def render(report: Report, console: Console) -> None:
+    """Print ``report`` on ``console`` (works without a terminal and without colour)."""
+    _headline(report, console)
+    if report.verdict == rp.INCOMPLETE:
+        _unfinished(report, console)
+    root = report.root
+    if root is not None and (root.is_error or report.verdict != rp.CLEAN):
+        _root(root, console)
+        _folded(report.findings[1:], console)
+    else:
+        _folded(report.findings, console)
+    if report.notes:
+        console.print()
+        console.print(Text("Notes:", style="bold"))
+        for note in report.notes:
+            console.print(f"  • {note}", markup=False, highlight=False)

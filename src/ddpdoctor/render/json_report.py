@@ -1,0 +1,71 @@
+"""The report as plain JSON-able data, in the shape ``docs/report-format.md`` documents.
+
+Top level: ``format``, ``version``, ``verdict``, ``world_size``, ``ranks``, ``findings`` (root
+cause first), ``notes``. Ranks are keyed by their number as a string. Everything here is
+derived from the :class:`~ddpdoctor.analysis.report.Report`; nothing is computed anew.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.report import RankSummary, Report
+from ddpdoctor.knowledge import catalog
+from ddpdoctor.trace.model import Site
+
+FORMAT = "ddpdoctor-report"
+VERSION = 1
+
+
+def _site(site: Site | None) -> dict[str, Any] | None:
+    if site is None:
+        return None
+    return {"file": site.file, "line": site.line, "function": site.function}
+
+
+def _detail(d: RankDetail) -> dict[str, Any]:
+    return {"op": d.op, "label": d.label, "site": _site(d.site), "state": d.state,
+            "shapes": [list(s) for s in d.shapes], "dtypes": list(d.dtypes),
+            "iteration": d.iteration, "group": d.group, "seq": d.seq, "note": d.note,
+            "stack": [_site(s) for s in d.stack]}
+
+
+def _finding(f: Finding) -> dict[str, Any]:
+    cause = catalog.get(f.cause)
+    return {
+        "kind": f.kind,
+        "severity": f.severity,
+        "group": f.group,
+        "seq": f.seq,
+        "cause": f.cause,
+        "cause_title": cause.title if cause else None,
+        "summary": f.summary,
+        "explanation": cause.explanation if cause else None,
+        "evidence": list(f.evidence),
+        "advice": f.advice,
+        "follow_on": f.follow_on,
+        "ranks": {str(r): _detail(d) for r, d in sorted(f.ranks.items())},
+        "context": ({"seq": f.context_seq,
+                     "ranks": {str(r): _detail(d) for r, d in sorted(f.context.items())}}
+                    if f.context else None),
+    }
+
+
+def _rank(r: RankSummary) -> dict[str, Any]:
+    return {"status": r.status, "iterations": r.iterations, "collectives": r.collectives,
+            "exit_code": r.exit_code, "detail": r.detail,
+            "last": _detail(r.last) if r.last is not None else None}
+
+
+def to_dict(report: Report) -> dict[str, Any]:
+    """The report as a JSON-able dict (see docs/report-format.md)."""
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "verdict": report.verdict,
+        "world_size": report.world_size,
+        "ranks": {str(r.rank): _rank(r) for r in report.ranks},
+        "findings": [_finding(f) for f in report.findings],
+        "notes": list(report.notes),
+    }

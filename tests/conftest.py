@@ -1,0 +1,11 @@
+"""Shared pytest configuration: end-to-end tests are marked and run one gloo job at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/e2e/" in str(item.fspath):
+            item.add_marker(pytest.mark.e2e)

@@ -1,0 +1,94 @@
+"""Helpers for end-to-end tests: run ``ddpdoctor`` on real gloo jobs, leave no process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.reader import load_run
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@dataclass
+class Job:
+    """A finished ``ddpdoctor`` invocation."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    logdir: Path
+    report: dict | None
+
+    def run(self) -> Run:
+        return load_run([str(self.logdir)])
+
+
+def job_processes(logdir: Path) -> list[int]:
+    """Pids of live processes started for the job writing to ``logdir`` (by environment)."""
+    needle = f"DDPDOCTOR_LOGDIR={logdir}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read().split(b"\0")
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if needle in environ and b") Z" not in stat:
+            found.append(int(name))
+    return found
+
+
+def kill_job_processes(logdir: Path) -> list[int]:
+    pids = job_processes(logdir)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
+def ddpdoctor(*args: str, timeout: float = 120, cwd: Path | None = None,
+              env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the ddpdoctor CLI as a user would (``python -m ddpdoctor``)."""
+    return subprocess.run([sys.executable, "-m", "ddpdoctor", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=cwd or REPO,
+                          env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+
+
+def run_job(tmp_path: Path, script: Path | str, *script_args: str, options: tuple = (),
+            timeout: float = 120, hang_timeout: float = 5) -> Job:
+    """``ddpdoctor run`` SCRIPT with a JSON report; asserts no process of the job survives."""
+    logdir = tmp_path / "logs"
+    report_path = tmp_path / "report.json"
+    args = ["run", "--logdir", str(logdir), "--json", str(report_path),
+            "--hang-timeout", str(hang_timeout), "--grace", "2", *options, str(script),
+            *script_args]
+    try:
+        proc = ddpdoctor(*args, timeout=timeout)
+    finally:
+        leftovers = kill_job_processes(logdir)
+    assert not leftovers, f"processes of the job outlived ddpdoctor: {leftovers}"
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return Job(proc.returncode, proc.stdout, proc.stderr, logdir, report)
+
+
+def marker_line(path: Path, marker: str) -> int:
+    """Line number of the line carrying ``# ddpdoctor: <marker>`` in an example."""
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.rstrip().endswith(f"# ddpdoctor: {marker}"):
+            return number
+    raise AssertionError(f"marker {marker!r} not in {path}")

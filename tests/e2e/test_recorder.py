@@ -1,0 +1,187 @@
+"""``ddpdoctor run`` records every collective of every rank: real torchrun jobs on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from ddpdoctor.trace.reader import load_run, read_rank
+
+from .jobs import EXAMPLES, REPO, SCRIPTS, ddpdoctor, kill_job_processes, run_job
+
+
+def _signature(c):
+    return (c.group, c.seq, c.op, c.label, c.shapes, c.dtypes, c.bucket, c.iteration)
+
+
+@pytest.mark.timeout(120)
+def test_healthy_ddp_run_records_buckets_buffers_rebuild_and_groups(tmp_path: Path) -> None:
+    steps = 4
+    job = run_job(tmp_path, SCRIPTS / "ddp_steps.py", "--steps", str(steps))
+    assert job.returncode == 0, job.stderr
+    run = job.run()
+    assert sorted(run.ranks) == [0, 1]
+    for trace in run.ranks.values():
+        labels = Counter(c.label for c in trace.collectives)
+        assert labels["ddp.init.verify_params"] >= 1 and labels["ddp.init.sync_params"] >= 1
+        buckets = [c for c in trace.collectives if c.label == "ddp.bucket"]
+        per_iter = Counter(c.iteration for c in buckets)
+        assert sorted(per_iter) == list(range(1, steps + 1))
+        # After the rebuild on iteration 2 the layout is fixed: B buckets every iteration.
+        steady = {per_iter[i] for i in range(2, steps + 1)}
+        assert len(steady) == 1 and steady.pop() > 1
+        b = per_iter[steps]
+        assert len(buckets) == per_iter[1] + (steps - 1) * b
+        assert [c.bucket for c in buckets if c.iteration == steps] == list(range(b))
+        assert all(c.op == "all_reduce" and c.reduce_op == "SUM" and c.api is None
+                   for c in buckets)
+        # BatchNorm buffers are broadcast in every forward, from root 0.
+        buffers = [c for c in trace.collectives if c.label == "ddp.buffers"]
+        assert {c.iteration for c in buffers} == set(range(1, steps + 1))
+        assert all(c.op == "broadcast" and c.root == 0 for c in buffers)
+        rebuild = [c for c in trace.collectives if c.label == "ddp.rebuild_buckets"]
+        assert rebuild and {c.iteration for c in rebuild} == {2}
+        assert [c.dtypes for c in rebuild] == [["int32"], ["int32"]]
+        # The side group's barrier and the object collective are the script's own.
+        side = [c for c in trace.collectives if c.group != "0"]
+        assert [(c.op, c.label, c.seq) for c in side] == [("barrier", "user", 1)]
+        assert len(trace.groups) == 2
+        objs = [c for c in trace.collectives if c.api == "all_gather_object"]
+        assert [c.op for c in objs] == ["all_gather", "all_gather"]
+        assert all(c.state == "completed" for c in trace.collectives)
+        assert trace.finished and trace.ddp and trace.ddp[0]["broadcast_buffers"] is True
+        # Every record points at the script's own line.
+        assert all(c.site and c.site.file.endswith("ddp_steps.py") for c in trace.collectives)
+        loss_line = [c.site.line for c in buckets]
+        assert set(loss_line) == {_line_of(SCRIPTS / "ddp_steps.py", "loss.backward()")}
+    sigs = [[_signature(c) for c in run.ranks[r].collectives] for r in (0, 1)]
+    assert sigs[0] == sigs[1]
+
+
+def _line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.timeout(120)
+def test_find_unused_parameters_used_map_is_labelled(tmp_path: Path) -> None:
+    job = run_job(tmp_path, SCRIPTS / "ddp_steps.py", "--steps", "2", "--find-unused")
+    assert job.returncode == 0, job.stderr
+    trace = job.run().ranks[0]
+    unused = [c for c in trace.collectives if c.label == "ddp.unused_params"]
+    assert [c.iteration for c in unused] == [1, 2]
+    assert all(c.dtypes == ["int32"] and c.op == "all_reduce" for c in unused)
+    assert trace.ddp[0]["find_unused_parameters"] is True
+
+
+@pytest.mark.timeout(180)
+def test_final_parameters_are_bit_identical_with_and_without_ddpdoctor(tmp_path: Path) -> None:
+    plain_out, doc_out = tmp_path / "plain.pt", tmp_path / "doctor.pt"
+    plain = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", "0", str(SCRIPTS / "ddp_steps.py"), "--steps", "5",
+         "--out", str(plain_out)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert plain.returncode == 0 or plain_out.exists(), plain.stderr[-2000:]
+    job = run_job(tmp_path / "doc", SCRIPTS / "ddp_steps.py", "--steps", "5", "--out",
+                  str(doc_out))
+    assert doc_out.exists(), job.stderr
+    a, b = torch.load(plain_out), torch.load(doc_out)
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.timeout(120)
+def test_spawn_script_runs_unmodified_under_python_launcher(tmp_path: Path) -> None:
+    job = run_job(tmp_path, EXAMPLES / "seed001_uneven.py", "--case", "1",
+                  options=("--launcher", "python"))
+    assert job.returncode == 0, job.stderr
+    assert sorted(p.name for p in job.logdir.glob("rank-*.jsonl")) == ["rank-0.jsonl",
+                                                                      "rank-1.jsonl"]
+    run = job.run()
+    labels = {r: Counter(c.label for c in t.collectives) for r, t in run.ranks.items()}
+    # Rank 0 runs out of inputs first and shadows rank 1's last iteration through join().
+    assert labels[0]["join.shadow_bucket"] >= 1 and labels[0]["join.num_nonjoined"] >= 1
+    assert labels[1]["join.notify"] >= 1 and labels[1]["join.shadow_bucket"] == 0
+    assert all(t.finished for t in run.ranks.values())
+
+
+@pytest.mark.timeout(120)
+def test_sigkilled_rank_leaves_a_readable_trace_ending_at_its_last_collective(
+        tmp_path: Path) -> None:
+    logdir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir), "--grace", "1",
+         "--hang-timeout", "5", str(SCRIPTS / "long_loop.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        victim = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and victim is None:
+            time.sleep(0.2)
+            path = logdir / "rank-1.jsonl"
+            if path.exists() and path.read_text().count('"collective"') >= 20:
+                start = next(json.loads(l) for l in path.read_text().splitlines()
+                             if '"process_start"' in l)
+                victim = start["pid"]
+        assert victim is not None, "rank 1 never got going"
+        os.kill(victim, signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        leftovers = kill_job_processes(logdir)
+    assert not leftovers
+    assert proc.returncode != 0
+    trace = read_rank(logdir / "rank-1.jsonl")
+    assert trace.exit is None and trace.collectives
+    assert trace.collectives[-1].op == "all_reduce"
+    assert trace.damaged_lines == 0
+    assert len(trace.collectives) >= 20
+
+
+@pytest.mark.timeout(120)
+def test_teardown_abort_after_finishing_is_a_warning_not_a_failure(tmp_path: Path) -> None:
+    job = run_job(tmp_path, SCRIPTS / "teardown_abort.py")
+    run = job.run()
+    assert run.ranks[1].finished
+    pid = run.ranks[1].process["pid"]
+    assert "Aborted" in (job.logdir / f"fault-{pid}.txt").read_text()
+    assert job.returncode == 0, job.stderr
+    assert "teardown" in job.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("argv, message", [
+    (["run", "does_not_exist.py"], "script not found"),
+    (["run", "--nproc-per-node", "zero", "x.py"], "Invalid value"),
+    (["run", "--bogus-option", "x.py"], "No such option"),
+    (["diff", "/nonexistent/logs"], "no such file or folder"),
+])
+def test_bad_input_gives_one_clear_line_and_no_traceback(tmp_path: Path, argv: list[str],
+                                                         message: str) -> None:
+    proc = ddpdoctor(*argv, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_syntax_error_in_script_is_reported_before_anything_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import torch\nfor x in range(3)\n    print(x)\n")
+    proc = ddpdoctor("run", "--logdir", str(tmp_path / "logs"), str(bad), cwd=tmp_path)
+    assert proc.returncode == 2
+    assert f"{bad}:2: syntax error" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists()

@@ -1,0 +1,174 @@
+"""Every known cause is recognised on a hand-built run of its story; the catalogue is sound."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.knowledge import catalog
+from ddpdoctor.knowledge.rules import RULES
+
+from . import scenarios
+from .factories import TraceBuilder, make_run
+
+
+@pytest.mark.parametrize("scenario, verdict, kind, cause, ranks", [
+    (scenarios.seed000_nograd, "diverged", "callsite_divergence",
+     "rank_conditional_ddp_forward", [0, 1]),
+    (scenarios.eval_at_end_only, "diverged", "missing_collective",
+     "rank_conditional_ddp_forward", [0, 1]),
+    (scenarios.seed001_case2, "diverged", "missing_collective", "uneven_inputs", [0, 1]),
+    (scenarios.seed001_case3, "diverged", "missing_collective", "uneven_inputs", [0, 1]),
+    (scenarios.seed001_case4, "diverged", "op_mismatch", "collective_inside_join", [0, 1]),
+    (scenarios.seed001_case5, "diverged", "op_mismatch", "uneven_inputs", [0, 1]),
+    (scenarios.uneven_loop_without_ddp, "diverged", "missing_collective", "uneven_inputs",
+     [0, 1]),
+    (scenarios.logging_reduce_on_rank0, "diverged", "op_mismatch",
+     "rank_conditional_collective", [0, 1]),
+    (scenarios.checkpoint_barrier_on_rank0, "diverged", "missing_collective",
+     "rank_conditional_collective", [0, 1]),
+    (scenarios.seed003_crash, "crashed", "rank_crashed", "rank_crashed", [0, 1]),
+    (scenarios.group_inversion, "diverged", "wait_cycle", "group_order_inversion", [0, 1]),
+    (scenarios.rank_dependent_shape, "diverged", "shape_mismatch", "rank_dependent_shape",
+     [0, 1]),
+    (scenarios.broadcast_root_mismatch, "diverged", "root_mismatch", "broadcast_root_mismatch",
+     [0, 1]),
+    (scenarios.reduce_op_mismatch, "diverged", "reduce_op_mismatch",
+     "rank_dependent_reduce_op", [0, 1]),
+    (scenarios.model_mismatch, "diverged", "shape_mismatch", "ddp_model_mismatch", [0, 1]),
+])
+def test_cause_is_recognised(scenario, verdict, kind, cause, ranks) -> None:
+    report = diagnose(scenario())
+    root = report.root
+    assert (report.verdict, root.kind, root.cause) == (verdict, kind, cause), root.summary
+    assert sorted(root.ranks) == ranks
+    assert root.advice == catalog.get(cause).fix
+
+
+@pytest.mark.parametrize("scenario", [
+    lambda: scenarios.seed001_join_healthy(False),
+    lambda: scenarios.seed001_join_healthy(True),
+])
+def test_join_cases_1_and_6_are_clean(scenario) -> None:
+    report = diagnose(scenario())
+    assert report.verdict == "clean" and report.findings == []
+
+
+def test_seed000_names_both_lines_and_the_broadcast_buffers_flag() -> None:
+    root = diagnose(scenarios.seed000_nograd()).root
+    assert root.ranks[0].site.function == "evaluate" and root.ranks[1].site.function == "main"
+    assert any("evaluate()" in e for e in root.evidence)
+    assert any("broadcast_buffers=True" in e for e in root.evidence)
+    assert "model.module(x)" in root.advice
+
+
+def test_uneven_inputs_evidence_counts_iterations() -> None:
+    root = diagnose(scenarios.seed001_case5()).root
+    assert root.ranks[0].op == "barrier" and root.ranks[1].label == "ddp.bucket"
+    assert root.evidence == ["DDP iterations per rank: rank 0: 5, rank 1: 6"]
+
+
+def test_collective_inside_join_names_the_user_line_and_the_join_step() -> None:
+    root = diagnose(scenarios.seed001_case4()).root
+    assert root.ranks[1].label == "user" and root.ranks[1].site.line == 22
+    assert root.ranks[0].label == "join.num_nonjoined"
+    assert "join" in root.evidence[0] and "barrier" in root.evidence[0]
+
+
+def test_follow_on_findings_share_the_root_cause() -> None:
+    report = diagnose(scenarios.seed001_case2())
+    assert [f.kind for f in report.findings] == ["missing_collective", "rank_exited_early",
+                                                 "rank_crashed"]
+    assert {f.cause for f in report.findings} == {"uneven_inputs"}
+
+
+def test_crash_summary_says_where_the_others_were_left() -> None:
+    root = diagnose(scenarios.seed003_crash()).root
+    assert root.ranks[1].site.line == 8 and root.ranks[1].state == "exception"
+    assert root.ranks[0].label == "ddp.bucket" and root.ranks[0].site.line == 21
+    assert "rank 0 was left waiting in DDP gradient bucket 0 of iteration 3" in root.summary
+
+
+def test_catalogue_has_every_rule_cause_and_complete_entries() -> None:
+    causes = catalog.causes()
+    for cause_id, _rule in RULES:
+        assert cause_id in causes
+    for required in ("rank_conditional_ddp_forward", "uneven_inputs", "collective_inside_join",
+                     "rank_conditional_collective", "rank_crashed", "group_order_inversion",
+                     "rank_dependent_shape", "broadcast_root_mismatch", "gloo_teardown_abort"):
+        assert required in causes
+    for cause in causes.values():
+        assert cause.title and len(cause.explanation) > 80 and len(cause.fix) > 40
+
+
+def test_catalogue_is_read_with_safe_load_once(monkeypatch) -> None:
+    calls = []
+    real = yaml.safe_load
+    monkeypatch.setattr(yaml, "safe_load", lambda text: calls.append(1) or real(text))
+    catalog.causes.cache_clear()
+    try:
+        for _ in range(3):
+            assert catalog.get("uneven_inputs") is not None
+        assert calls == [1]
+    finally:
+        catalog.causes.cache_clear()
+
+
+# -- the source settles what the trace cannot ---------------------------------------------------
+TRAIN_SCRIPT = '''\
+import torch.distributed as dist
+
+
+def main(model, loader, rank):
+    for epoch in range(3):
+        for x in loader:
+            loss = model(x).sum()
+            loss.backward()
+        if rank == 0:
+            save(model)
+            dist.barrier()
+    dist.all_reduce(total)
+'''
+
+
+def _script_run(tmp_path, rank0_line: int, rank0_op: str):
+    path = tmp_path / "train.py"
+    path.write_text(TRAIN_SCRIPT)
+    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+    for b in bs:
+        b.ddp_init(line=4)
+        for _ in range(4):
+            b.forward(line=7).backward(line=8)
+    bs[0].user(rank0_op, line=rank0_line).pend_last()
+    bs[1].forward(line=7).pend_last()
+    return make_run(*bs, stopped_for_hang=True)
+
+
+def test_barrier_under_rank_test_is_rank_conditional_not_uneven(tmp_path) -> None:
+    root = diagnose(_script_run(tmp_path, 11, "barrier")).root
+    assert root.kind == "op_mismatch" and root.cause == "rank_conditional_collective"
+    assert "train.py:9 `if rank == 0:`" in root.evidence[0]
+
+
+def test_collective_after_the_loop_with_more_iterations_elsewhere_is_uneven(tmp_path) -> None:
+    root = diagnose(_script_run(tmp_path, 12, "all_reduce")).root
+    assert root.kind == "op_mismatch" and root.cause == "uneven_inputs"
+
+
+def test_ddp_forward_called_under_rank_test_is_named(tmp_path) -> None:
+    path = tmp_path / "train.py"
+    path.write_text("def main():\n    for x in data:\n        model(x)\n"
+                    "    if rank == 0:\n        evaluate(model)\n\n\n"
+                    "def evaluate(model):\n    model(x)\n")
+    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+    for b in bs:
+        b.ddp_init(line=1).train(2)
+    bs[0].forward(line=9, function="evaluate", grad=False)
+    for c in bs[0].trace.collectives[-2:]:  # called from main() line 5
+        c.stack.append(bs[0].site(5, "main"))
+    bs[0].pend_last()
+    bs[1].finish()
+    root = diagnose(make_run(*bs)).root
+    assert root.cause == "rank_conditional_ddp_forward"
+    assert any("train.py:4 `if rank == 0:`" in e for e in root.evidence)

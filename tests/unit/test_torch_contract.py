@@ -1,0 +1,73 @@
+"""The torch behaviours the recorder relies on, checked against the installed torch.
+
+If one of these fails on a new torch release, the recorder's labels or hooks need updating
+(and ``torch_hooks.SUPPORTED`` widened only then).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ddpdoctor.runtime import labels, torch_hooks
+
+
+def _module_file(suffix: str) -> str:
+    return os.path.join(os.path.dirname(torch.__file__), *suffix.split("/"))
+
+
+@pytest.mark.parametrize("rule", labels._RULES, ids=lambda r: f"{r[1]}->{r[3]}")
+def test_every_label_rule_names_a_function_that_exists(rule: tuple) -> None:
+    suffix, function, text, _label, _prio = rule
+    path = _module_file(suffix)
+    source = open(path).read()
+    if function != "*":
+        assert f"def {function}(" in source, f"{function} not in {suffix}"
+    if text is not None:
+        body = source.split(f"def {function}(", 1)[1].split("\n    def ", 1)[0]
+        assert text in body
+
+
+def test_installed_torch_is_supported() -> None:
+    assert torch_hooks.supported(torch.__version__)
+    assert not torch_hooks.supported("2.12.1")
+    assert not torch_hooks.supported("3.0.0")
+
+
+def test_c10d_returns_a_python_process_group_from_a_backend_creator() -> None:
+    # _new_process_group_helper keeps a ProcessGroup subclass returned by a plugin's creator.
+    source = inspect.getsource(dist.distributed_c10d._new_process_group_helper)
+    assert "issubclass(type(backend_class), ProcessGroup)" in source
+
+
+def test_python_process_group_methods_the_recorder_overrides_exist() -> None:
+    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+
+    for name in ("allreduce", "broadcast", "barrier", "allgather", "reduce", "reduce_scatter",
+                 "alltoall", "all_to_all_single", "gather", "scatter", "send", "recv",
+                 "all_gather_single", "reduce_scatter_single"):
+        assert hasattr(dist.ProcessGroup, name)
+        assert name in RecordingProcessGroup.__dict__
+    for inner in ("allreduce", "broadcast", "barrier", "allgather", "_allgather_base",
+                  "reduce", "reduce_scatter", "_reduce_scatter_base", "alltoall",
+                  "alltoall_base", "gather", "scatter", "send", "recv", "recv_anysource"):
+        assert hasattr(dist.ProcessGroupGloo, inner)
+
+
+def test_ddp_methods_the_recorder_wraps_exist() -> None:
+    from torch.nn.parallel import distributed as ddp_mod
+
+    ddp = ddp_mod.DistributedDataParallel
+    assert callable(ddp._pre_forward)
+    assert callable(ddp_mod._DDPJoinHook.main_hook)
+    for attr in ("broadcast_buffers", "find_unused_parameters", "bucket_bytes_cap",
+                 "static_graph", "gradient_as_bucket_view"):
+        assert attr in inspect.getsource(ddp.__init__)
+    import importlib
+
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    assert list(inspect.signature(spawn._wrap).parameters) == ["fn", "i", "args", "error_file"]
