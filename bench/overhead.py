@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ddpdoctor.launcher import free_port
+
 HERE = Path(__file__).resolve().parent
 LOOP = HERE / "ddp_loop.py"
 
@@ -91,7 +93,7 @@ def _job(doctor: bool, mode: str, steps: int) -> float:
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", logdir, *script]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", "0", *script]
+               "--master-port", str(free_port()), *script]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     line = next((l for l in out.stdout.splitlines() if l.startswith("BENCH ")), None)
     if line is None:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpdoctor.trace.reader import load_run, read_rank
+from ddpdoctor.launcher import free_port
+from ddpdoctor.trace.reader import read_rank
 
 from .jobs import EXAMPLES, REPO, SCRIPTS, ddpdoctor, kill_job_processes, run_job
 
@@ -87,7 +88,7 @@ def test_final_parameters_are_bit_identical_with_and_without_ddpdoctor(tmp_path:
     plain_out, doc_out = tmp_path / "plain.pt", tmp_path / "doctor.pt"
     plain = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-port", "0", str(SCRIPTS / "ddp_steps.py"), "--steps", "5",
+         "--master-port", str(free_port()), str(SCRIPTS / "ddp_steps.py"), "--steps", "5",
          "--out", str(plain_out)],
         capture_output=True, text=True, timeout=120, cwd=REPO)
     assert plain.returncode == 0 or plain_out.exists(), plain.stderr[-2000:]

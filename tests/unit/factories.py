@@ -226,6 +226,12 @@ class TraceBuilder:
         self.trace.exit = {"kind": "exit", "t": self.clock.tick(), "status": "exception"}
         return self
 
+    def sys_exit(self, code: int = 1) -> TraceBuilder:
+        """The script called sys.exit(code) with a non-zero code."""
+        self.trace.exit = {"kind": "exit", "t": self.clock.tick(), "status": "failed",
+                           "code": code}
+        return self
+
     def fail_last(self) -> TraceBuilder:
         """The last collective failed (its peer went away)."""
         self.trace.collectives[-1].state = "failed"

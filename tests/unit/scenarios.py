@@ -138,6 +138,17 @@ def logging_reduce_on_rank0() -> Run:
     return make_run(*bs, stopped_for_hang=True)
 
 
+def logging_reduce_no_buffers() -> Run:
+    """The same with a model without buffers: its first forward issues nothing, so rank 1's
+    next collective is the bucket rebuild of iteration 2, from the forward line."""
+    bs = _linear()
+    for b in bs:
+        b.step((2,), buffers=False)
+    bs[0].user("reduce", root=0, reduce_op="SUM", line=60).pend_last()
+    bs[1].forward(buffers=False).pend_last()
+    return make_run(*bs, stopped_for_hang=True)
+
+
 def checkpoint_barrier_on_rank0() -> Run:
     """``if rank == 0: torch.save(...); dist.barrier()`` at the end; rank 1 finished."""
     bs = ranks(2)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -25,6 +27,8 @@ from .factories import TraceBuilder, make_run
     (scenarios.uneven_loop_without_ddp, "diverged", "missing_collective", "uneven_inputs",
      [0, 1]),
     (scenarios.logging_reduce_on_rank0, "diverged", "op_mismatch",
+     "rank_conditional_collective", [0, 1]),
+    (scenarios.logging_reduce_no_buffers, "diverged", "op_mismatch",
      "rank_conditional_collective", [0, 1]),
     (scenarios.checkpoint_barrier_on_rank0, "diverged", "missing_collective",
      "rank_conditional_collective", [0, 1]),
@@ -172,3 +176,10 @@ def test_ddp_forward_called_under_rank_test_is_named(tmp_path) -> None:
     root = diagnose(make_run(*bs)).root
     assert root.cause == "rank_conditional_ddp_forward"
     assert any("train.py:4 `if rank == 0:`" in e for e in root.evidence)
+
+
+def test_catalogue_examples_exist() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for cause in catalog.causes().values():
+        if cause.example:
+            assert (root / cause.example).is_file(), cause.example

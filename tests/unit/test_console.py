@@ -48,7 +48,7 @@ def test_diverged_report_shows_verdict_ranks_lines_code_cause_and_fix(tmp_path) 
     assert catalog.get("rank_conditional_ddp_forward").title in text
     assert "Fix:" in text and "model.module(x)" in text
     assert "Also found" in text and "missing_collective" in text
-    assert "Last matched before it: #15" in text
+    assert "Last matched before it: #15: DDP gradient bucket 0 of iteration 3 on ranks 0, 1" in text
 
 
 def test_follow_ons_are_one_line_each() -> None:

@@ -353,3 +353,19 @@ def test_crash_inside_the_diverged_collective_is_a_follow_on() -> None:
     assert report.root.kind == "callsite_divergence"
     crash = next(f for f in report.findings if f.kind == "rank_crashed")
     assert crash.follow_on and crash.cause == "rank_conditional_ddp_forward"
+
+
+def test_sys_exit_with_a_non_zero_code_is_a_crash() -> None:
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init(buffers=False).train(2, buffers=False)
+    bs[1].sys_exit(3)
+    bs[0].step(buffers=False).pend_last()
+    report = diag(*bs, stopped_for_hang=True)
+    assert report.verdict == "crashed"
+    root = report.root
+    assert root.kind == "rank_crashed" and root.ranks[1].state == "failed"
+    assert "Rank 1 called sys.exit(3)" in root.summary
+    assert report.ranks[1].status == "failed"
+    missing = next(f for f in report.findings if f.kind == "missing_collective")
+    assert missing.follow_on and missing.cause == "rank_crashed"

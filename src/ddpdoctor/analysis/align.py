@@ -138,6 +138,7 @@ def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
     table = interner.ids
     table_get = table.get
     site_of = interner.site
+    sites_get = interner.site_cache.get
     reducing = REDUCING_OPS
     join_labels = JOIN_EXIT_LABELS
     for rank, trace in run.ranks.items():
@@ -169,10 +170,13 @@ def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
             op, reduce_op, label = c.op, c.reduce_op, c.label
             if reduce_op is None and op in reducing:
                 reduce_op = "SUM"
+            stack = c.stack
+            hit = sites_get(id(stack))
+            sk = hit[1] if hit is not None and hit[0] is stack else site_of(c)
             shapes, dtypes = c.shapes, c.dtypes  # one tensor: the cheap, unambiguous form
             key = (op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
                    dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
-                   c.root, label, site_of(c))
+                   c.root, label, sk)
             fid = table_get(key)
             if fid is None:
                 fid = table[key] = len(table)

@@ -27,6 +27,8 @@ def where_text(state: RankState) -> str:
     if state.status == rs.KILLED:
         return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
             else state.crash_text
+    if state.status == rs.FAILED:
+        return f"{state.crash_text} after {iteration_text(state.iterations)}"
     w = state.waiting
     if w is not None:
         return (f"is blocked in {describe(w)} ({group_text(w.group)}, #{w.seq}) at "
@@ -44,7 +46,7 @@ def elsewhere_detail(state: RankState) -> RankDetail:
     if state.status == rs.MISSING:
         d.state = "no trace"
         return d
-    if state.status in (rs.EXCEPTION, rs.KILLED):
+    if state.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED):
         d.state = state.status
         d.site = state.crash_site
         return d
@@ -81,7 +83,7 @@ def left_detail(state: RankState) -> RankDetail:
     if failed is not None:
         return failed
     where = state.where
-    if state.status in (rs.EXCEPTION, rs.KILLED, rs.MISSING) or where is None:
+    if state.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED, rs.MISSING) or where is None:
         return elsewhere_detail(state)
     d = collective_detail(where)
     if state.status == rs.FINISHED:

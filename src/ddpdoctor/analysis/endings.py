@@ -19,7 +19,8 @@ from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_
 
 def _primary_crashes(states: dict[int, RankState]) -> set[int]:
     """Ranks whose crash is a cause rather than a consequence."""
-    raised = {r for r, s in states.items() if s.status == rs.EXCEPTION and not s.comm_error}
+    raised = {r for r, s in states.items()
+              if (s.status == rs.EXCEPTION and not s.comm_error) or s.status == rs.FAILED}
     if raised:
         return raised
     killed = {r for r, s in states.items() if s.status == rs.KILLED}
@@ -57,6 +58,9 @@ def _crash_head(ranks: list[int], s: RankState) -> str:
     if s.status == rs.EXCEPTION:
         at = f" at {site_text(s.crash_site)}" if s.crash_site else ""
         return f"{who} raised {s.crash_text}{at} during {it}"
+    if s.status == rs.FAILED:
+        at = f" (last collective at {site_text(s.crash_site)})" if s.crash_site else ""
+        return f"{who} {s.crash_text}{at} during {it}"
     return f"{who} {where_text(s) if len(ranks) == 1 else 'were ' + s.crash_text} during {it}"
 
 

@@ -18,6 +18,7 @@ from ddpdoctor.trace.model import Collective, RankTrace, Run, Site
 
 FINISHED = "finished"
 EXCEPTION = "exception"
+FAILED = "failed"  # sys.exit() with a non-zero code
 KILLED = "killed"
 HUNG = "hung"
 UNFINISHED = "unfinished"
@@ -65,7 +66,7 @@ class RankState:
 
     @property
     def crashed(self) -> bool:
-        return self.status in (EXCEPTION, KILLED)
+        return self.status in (EXCEPTION, FAILED, KILLED)
 
     @property
     def where(self) -> Collective | None:
@@ -171,17 +172,20 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         state.crash_site = user_frame(frames, files)
         state.crash_text = f"{exc.get('type', 'Exception')}: {short_message(exc.get('message'))}"
         state.end_t = float(exc.get("t", state.end_t) or state.end_t)
+    elif exit_status == schema.EXIT_FAILED:
+        state.status = FAILED
+        exit_code = (trace.exit or {}).get("code") or code
+        state.crash_text = f"called sys.exit({exit_code})"
+        state.end_t = float((trace.exit or {}).get("t", state.end_t) or state.end_t)
     elif run.stopped_for_hang:
         state.status = HUNG
-    elif (code is not None and code != 0) or exit_status == schema.EXIT_STOPPED:
+    elif code is not None and code != 0:
         state.status = KILLED
-        if code is not None and code < 0:
+        if code < 0:
             state.crash_text = f"killed by {signal_name(code)} (exit code {code})"
-        elif code:
+        else:
             state.crash_text = (f"exited with code {code} without a Python exception "
                                 f"(os._exit, or a fatal error in native code)")
-        else:
-            state.crash_text = "stopped by a signal"
     elif trace.hang or state.pending:
         state.status = HUNG
     if state.crash_site is None and state.crashed:

@@ -71,15 +71,15 @@ class Interner:
     def __init__(self) -> None:
         self.ids: dict[tuple, int] = {}
         self.keys: list[tuple] = []
-        self._sites: dict[int, tuple[list, SiteKey | None]] = {}
+        self.site_cache: dict[int, tuple[list, SiteKey | None]] = {}
 
     def site(self, c: Collective) -> SiteKey | None:
         stack = c.stack
-        hit = self._sites.get(id(stack))
+        hit = self.site_cache.get(id(stack))
         if hit is not None and hit[0] is stack:
             return hit[1]
         key = site_key(stack[0]) if stack else None
-        self._sites[id(stack)] = (stack, key)
+        self.site_cache[id(stack)] = (stack, key)
         return key
 
 

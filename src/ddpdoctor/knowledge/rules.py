@@ -4,8 +4,8 @@ Each rule looks at one finding together with the aligned traces, the ranks' endi
 recorded DDP flags, and returns evidence sentences when its cause explains the finding (None
 otherwise). :data:`RULES` is tried in order; the first match wins, so the more specific
 patterns come first (a crash explains a missing collective before anything else does; a join
-collective beats uneven inputs; a DDP forward from a line other ranks never ran beats uneven
-inputs; a collective the source shows under ``if rank == 0:`` beats uneven inputs). Where
+collective beats uneven inputs; a collective the source shows under ``if rank == 0:`` and a
+DDP forward from a function other ranks never ran DDP from beat uneven inputs). Where
 the script is readable here, :mod:`ddpdoctor.knowledge.source` settles what the trace cannot:
 whether a collective sits under a rank test, or after the training loop.
 """
@@ -148,6 +148,8 @@ def _ddp_position(f: Finding) -> tuple[dict[int, RankDetail], list[int]] | None:
 
 
 def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """A DDP collective issued from a function the other ranks never ran DDP from (seed 000's
+    ``evaluate()``), or one the source shows under ``if rank == 0:``."""
     found = _ddp_position(f)
     if found is None:
         return None
@@ -156,18 +158,22 @@ def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | N
         key = site_key(d.site)
         if key is None:
             continue
+        test = _rank_test(d)
         strangers = [o for o in f.ranks if o != r and ctx.states[o].trace is not None
-                     and key not in ctx.ddp_sites(o)]
+                     and (key[0], key[2]) not in {(k[0], k[2]) for k in ctx.ddp_sites(o)}]
+        if not strangers and not test:
+            continue
         if strangers:
-            evidence = [f"rank {r} ran a DDP forward/backward at {site_text(d.site)}, a line "
-                        f"from which {rank_list(strangers)} never ran one"]
-            test = _rank_test(d)
-            if test:
-                evidence.append(f"it runs under {test}")
-            if ctx.ddp_flags().get("broadcast_buffers"):
-                evidence.append("broadcast_buffers=True: every DDP forward broadcasts the "
-                                "module buffers, even under torch.no_grad()")
-            return evidence
+            evidence = [f"rank {r} ran a DDP forward/backward at {site_text(d.site)}, a "
+                        f"function from which {rank_list(strangers)} never ran one"]
+        else:
+            evidence = [f"rank {r} ran a DDP forward/backward at {site_text(d.site)}"]
+        if test:
+            evidence.append(f"it runs under {test}")
+        if ctx.ddp_flags().get("broadcast_buffers"):
+            evidence.append("broadcast_buffers=True: every DDP forward broadcasts the "
+                            "module buffers, even under torch.no_grad()")
+        return evidence
     return None
 
 
@@ -269,8 +275,8 @@ RULES: list[tuple[str, Rule]] = [
     ("rank_crashed", _rank_crashed),
     ("group_order_inversion", _group_order_inversion),
     ("collective_inside_join", _collective_inside_join),
-    ("rank_conditional_ddp_forward", _rank_conditional_ddp_forward),
     ("rank_conditional_collective", _collective_under_rank_test),
+    ("rank_conditional_ddp_forward", _rank_conditional_ddp_forward),
     ("uneven_inputs", _uneven_inputs),
     ("rank_conditional_collective", _rank_conditional_collective),
     ("rank_dependent_shape", _rank_dependent_shape),

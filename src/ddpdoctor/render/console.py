@@ -116,10 +116,9 @@ def _context_line(f: Finding) -> str | None:
     parts: dict[tuple, list[int]] = {}
     for r, d in sorted(f.context.items()):
         parts.setdefault((d.op, d.label, d.note, _short_site(d.site)), []).append(r)
-    shown = "; ".join(f"{rank_list(rs_)}: {label}, {note} ({site})"
-                      for (_op, label, note, site), rs_ in list(parts.items())[:3])
-    op = next(iter(f.context.values())).op
-    return f"Last matched before it: #{f.context_seq} {op} — {shown}"
+    shown = "; ".join(f"{note} on {rank_list(rs_)} ({site})"
+                      for (_op, _label, note, site), rs_ in list(parts.items())[:3])
+    return f"Last matched before it: #{f.context_seq}: {shown}"
 
 
 def _labelled(rows: list[tuple[str, Text | str, str]]) -> Table:

@@ -25,10 +25,13 @@ def _tensors(value: Any) -> list:
     if value is None:
         return []
     if isinstance(value, (list, tuple)):
-        out = []
-        for item in value:
-            out.extend(_tensors(item))
-        return out
+        try:  # the common case: a flat list of tensors
+            return [(t.shape, t.dtype) for t in value]
+        except AttributeError:
+            out = []
+            for item in value:
+                out.extend(_tensors(item))
+            return out
     return [(value.shape, value.dtype)]
 
 

@@ -63,6 +63,7 @@ class TraceWriter:
         self._queue: collections.deque = collections.deque()
         self._pending: list[CollectiveRecord] = []
         self._stacks: dict[tuple, int] = {}
+        self._static: dict[tuple, str] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._failed = False
@@ -131,12 +132,34 @@ class TraceWriter:
             self._write_lines(lines)
 
     def _encode_collective(self, rec: CollectiveRecord, lines: list[str], now: float) -> None:
+        # What repeats from iteration to iteration (group, op, label, shapes, call stack, ...)
+        # is encoded once and cached; only the per-call fields are formatted each time.
+        key = (rec.group, rec.op, rec.label, rec.api, rec.reduce_op, rec.root, rec.peer,
+               rec.stack, tuple(rec.tensors))
+        static = self._static.get(key)
+        if static is None:
+            static = self._static[key] = self._encode_static(rec, lines)
+        state = _work_state(rec.work)
+        extra = ""
+        if rec.p2p_seq is not None:
+            extra += f', "p2p_seq": {rec.p2p_seq}'
+        if rec.bucket is not None:
+            extra += f', "bucket": {rec.bucket}'
+        lines.append(f'{{"kind": "collective", "id": {rec.id}, "rank": {self.rank}, '
+                     f'"seq": {"null" if rec.seq is None else rec.seq}, '
+                     f'"iteration": {rec.iteration}, "t": {rec.t:.6f}, "state": "{state}"'
+                     f'{extra}, {static}}}')
+        if state == schema.PENDING:
+            self._pending.append(rec)
+        else:
+            rec.work = state
+
+    def _encode_static(self, rec: CollectiveRecord, lines: list[str]) -> str:
         stack_id = self._stacks.get(rec.stack)
         if stack_id is None:
             stack_id = self._stacks[rec.stack] = len(self._stacks)
             frames = [{"file": f, "line": n, "function": fn} for f, n, fn in rec.stack]
             lines.append(json.dumps({"kind": schema.STACK, "id": stack_id, "frames": frames}))
-        state = _work_state(rec.work)
         shapes, dtypes, numel = [], [], 0
         for shape, dtype in rec.tensors:
             shapes.append(list(shape))
@@ -145,23 +168,15 @@ class TraceWriter:
             for d in shape:
                 n *= d
             numel += n
-        out = {"kind": schema.COLLECTIVE, "id": rec.id, "rank": self.rank, "group": rec.group,
-               "seq": rec.seq, "op": rec.op, "label": rec.label, "shapes": shapes,
-               "dtypes": dtypes, "numel": numel, "t": round(rec.t, 6), "stack": stack_id,
-               "state": state}
-        if rec.p2p_seq is not None:
-            out["p2p_seq"] = rec.p2p_seq
+        out = {"group": rec.group, "op": rec.op, "label": rec.label, "shapes": shapes,
+               "dtypes": dtypes, "numel": numel, "stack": stack_id}
         if rec.reduce_op is not None:
             out["reduce_op"] = getattr(rec.reduce_op, "name", str(rec.reduce_op))
-        for key in ("api", "root", "peer", "bucket", "iteration"):
-            value = getattr(rec, key)
+        for name in ("api", "root", "peer"):
+            value = getattr(rec, name)
             if value is not None:
-                out[key] = value
-        lines.append(json.dumps(out))
-        if state == schema.PENDING:
-            self._pending.append(rec)
-        else:
-            rec.work = state
+                out[name] = value
+        return json.dumps(out)[1:-1]
 
     def _write_lines(self, lines: list[str]) -> None:
         data = ("\n".join(lines) + "\n").encode("utf-8", "replace")

@@ -1,0 +1,71 @@
+"""Every example in examples/ runs under ``ddpdoctor run`` and gets the diagnosis it documents.
+
+Each example's docstring ends with an ``Expected diagnosis`` block (one per ``--case`` for
+seed 001); source lines the diagnosis must point at carry a ``# ddpdoctor: <marker>`` comment.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from .jobs import EXAMPLES, marker_line, run_job
+
+_BLOCK = re.compile(r"Expected diagnosis(?: \(case (\d+)\))?:\n((?:[ \t]+\w+:.*\n)+)")
+# Scripts that start their own workers with mp.spawn run under --launcher python.
+_SPAWNING = {"seed001_uneven.py"}
+
+
+def _cases() -> list:
+    cases = []
+    for path in sorted(EXAMPLES.glob("*.py")):
+        for case, body in _BLOCK.findall(path.read_text()):
+            fields = dict(line.strip().split(":", 1) for line in body.strip().splitlines())
+            expected = {k.strip(): v.strip().split()[0] for k, v in fields.items()}
+            args = ("--case", case) if case else ()
+            cases.append(pytest.param(path, args, expected,
+                                      id=path.stem + (f"-case{case}" if case else "")))
+    return cases
+
+
+def test_every_example_documents_its_expected_diagnosis() -> None:
+    documented = {p.values[0].name for p in _cases()}
+    assert documented == {p.name for p in EXAMPLES.glob("*.py")}
+
+
+def _none(value: str) -> bool:
+    return value in ("none", "-")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("path, args, expected", _cases())
+def test_example_diagnosis(tmp_path: Path, path: Path, args: tuple, expected: dict) -> None:
+    options = ("--launcher", "python") if path.name in _SPAWNING else ()
+    job = run_job(tmp_path, path, *args, options=options, hang_timeout=5)
+    report = job.report
+    assert report is not None, job.stderr[-3000:]
+    assert report["verdict"] == expected["verdict"], job.stderr[-3000:]
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    if _none(expected["finding"]):
+        assert not errors, errors
+        assert job.returncode == 0, job.stderr[-3000:]
+        return
+    assert job.returncode != 0
+    root = report["findings"][0]
+    assert root["kind"] == expected["finding"], root["summary"]
+    assert root["cause"] == (None if _none(expected["cause"]) else expected["cause"])
+    wanted = {int(r) for r in expected["ranks"].split(",")}
+    if root["kind"] == "rank_crashed":
+        crashed = {int(r) for r, d in root["ranks"].items()
+                   if d["state"] in ("exception", "failed")}
+        assert crashed == wanted, root["ranks"]
+    else:
+        assert {int(r) for r in root["ranks"]} == wanted
+    sites = {(Path(d["site"]["file"]).name, d["site"]["line"])
+             for d in root["ranks"].values() if d.get("site")}
+    for marker in expected["lines"].split(","):
+        assert (path.name, marker_line(path, marker)) in sites, (marker, sites)
+    # The console report names the cause and the source lines too.
+    assert root["cause"] is None or root["cause"] in job.stderr
