@@ -31,8 +31,13 @@ class Launcher(str, Enum):
     python = "python"
 
 
+def _say(message: str) -> None:
+    """One status line on stderr, never wrapped (logs and tests grep for it)."""
+    err.print(f"ddpdoctor: {message}", markup=False, soft_wrap=True)
+
+
 def _fail(message: str, code: int = doctor.EXIT_USAGE) -> None:
-    err.print(f"ddpdoctor: error: {message}", markup=False)
+    _say(f"error: {message}")
     raise typer.Exit(code)
 
 
@@ -101,39 +106,38 @@ def run(
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:
         _fail(str(exc))
-    err.print(f"ddpdoctor: recording to {log_path}", markup=False)
+    _say(f"recording to {log_path}")
     try:
         outcome = doctor.run(opts, log_path, _status_printer(opts))
     except UsageError as exc:
         _fail(str(exc))
     job = outcome.job
     if job.hang:
-        err.print(f"ddpdoctor: hang detected: no rank progressed for {opts.hang_timeout:g}s; "
-                  f"stacks collected from {len(job.acks)} rank(s), job stopped", markup=False)
+        _say(f"hang detected: no rank progressed for {opts.hang_timeout:g}s; "
+             f"stacks collected from {len(job.acks)} rank(s), job stopped")
     elif job.interrupted:
-        err.print("ddpdoctor: interrupted: job stopped, logs kept", markup=False)
+        _say("interrupted: job stopped, logs kept")
     if outcome.report is not None:
         console_report.render(outcome.report, err)
         if json_out:
             json_out.write_text(json.dumps(json_report.to_dict(outcome.report), indent=2))
     elif outcome.read_error:
-        err.print(f"ddpdoctor: no diagnosis: {outcome.read_error}", markup=False)
+        _say(f"no diagnosis: {outcome.read_error}")
     if outcome.teardown_only:
-        err.print(f"ddpdoctor: warning: every rank finished its script, but the job exited with "
-                  f"code {job.exit_code} during interpreter teardown (a known gloo/DDP abort at "
-                  f"exit); not a divergence", markup=False)
-    err.print(f"ddpdoctor: logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})",
-              markup=False)
+        _say(f"warning: every rank finished its script, but the job exited with code "
+             f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
+             f"not a divergence")
+    _say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
 
 
 def _status_printer(opts: RunOptions):
     def show(progress: JobProgress, event: str) -> None:
         if event == "stall":
-            err.print(f"ddpdoctor: warning: no collective for {opts.stall_timeout:g}s and none "
-                      f"pending (long compute or I/O?) — {progress.summary_line()}", markup=False)
+            _say(f"warning: no collective for {opts.stall_timeout:g}s and none "
+                      f"pending (long compute or I/O?) — {progress.summary_line()}")
         elif event == "status":
-            err.print(f"ddpdoctor: {progress.summary_line()}", markup=False)
+            _say(progress.summary_line())
     return show
 
 

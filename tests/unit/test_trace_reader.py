@@ -100,3 +100,14 @@ def test_folders_of_several_nodes_merge_by_rank(tmp_path: Path) -> None:
     _write(b / "rank-2.jsonl", 2, [{"kind": "process_start", "rank": 2, "world_size": 3}])
     run = load_run([a, b])
     assert sorted(run.ranks) == [0, 2] and run.world_size == 3 and run.missing_ranks == [1]
+
+
+def test_fault_files_give_the_signal_of_a_rank(tmp_path: Path) -> None:
+    _write(tmp_path / "rank-0.jsonl", 0, [{"kind": "process_start", "rank": 0, "pid": 41,
+                                           "world_size": 2}])
+    _write(tmp_path / "rank-1.jsonl", 1, [{"kind": "process_start", "rank": 1, "pid": 42,
+                                           "world_size": 2}])
+    (tmp_path / "fault-41.txt").write_text("Fatal Python error: Segmentation fault\n\n"
+                                           "Current thread 0x1 (most recent call first):\n")
+    (tmp_path / "fault-42.txt").write_text("")
+    assert load_run([tmp_path]).exit_codes == {0: -11}

@@ -18,6 +18,10 @@ from ddpdoctor.trace.model import Collective, Group, RankTrace, Run, Site
 
 MAX_LINE = 4 * 1024 * 1024
 
+# What Python's faulthandler writes for each fatal signal, and the exit code it means.
+_FAULT_SIGNALS = {"Segmentation fault": -11, "Aborted": -6, "Floating point exception": -8,
+                  "Bus error": -7, "Illegal instruction": -4}
+
 
 class TraceError(Exception):
     """The input cannot be read as ddpdoctor traces; the message says why, in one line."""
@@ -135,6 +139,29 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict) -> bool:
     return True
 
 
+def fault_signal(path: Path) -> int | None:
+    """The signal exit code recorded in a faulthandler file (``fault-<pid>.txt``), if any."""
+    try:
+        text = path.read_text(errors="replace")[:4096]
+    except OSError:
+        return None
+    for name, code in _FAULT_SIGNALS.items():
+        if f"Fatal Python error: {name}" in text:
+            return code
+    return None
+
+
+def _fault_codes(ranks: dict[int, RankTrace]) -> dict[int, int]:
+    codes = {}
+    for rank, trace in ranks.items():
+        pid = (trace.process or {}).get("pid")
+        if isinstance(pid, int):
+            code = fault_signal(Path(trace.path).parent / f"fault-{pid}.txt")
+            if code is not None:
+                codes[rank] = code
+    return codes
+
+
 def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     """Load the traces under ``paths`` (folders or files, e.g. one folder per node)."""
     files = _trace_files(list(paths))
@@ -165,4 +192,5 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
                          f"while writing); skipped")
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
-    return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files], notes=notes)
+    return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files], notes=notes,
+               exit_codes=_fault_codes(ranks))
