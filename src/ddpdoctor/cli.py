@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
+import time
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from ddpdoctor import __version__, doctor
 from ddpdoctor.launcher import RunOptions, UsageError
@@ -131,14 +134,39 @@ def run(
     raise typer.Exit(outcome.exit_code)
 
 
-def _status_printer(opts: RunOptions):
+def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
+    """Progress while the job runs: a compact table on a terminal, plain lines in CI logs."""
+
     def show(progress: JobProgress, event: str) -> None:
         if event == "stall":
-            _say(f"warning: no collective for {opts.stall_timeout:g}s and none "
-                      f"pending (long compute or I/O?) — {progress.summary_line()}")
-        elif event == "status":
-            _say(progress.summary_line())
+            _say(f"warning: no collective completed for {opts.stall_timeout:g}s and none is "
+                 f"pending (long compute or I/O?) - {progress.summary_line()}")
+        elif event == "status" and progress.ranks:
+            if err.is_terminal:
+                err.print(_status_table(progress))
+            else:
+                _say(progress.summary_line())
+
     return show
+
+
+def _status_table(progress: JobProgress) -> Table:
+    now = time.time()
+    table = Table(box=None, padding=(0, 1), header_style="dim", title_justify="left",
+                  title=f"ddpdoctor: {time.strftime('%H:%M:%S')}", title_style="dim")
+    for column in ("rank", "iter", "done", "last op", "since progress"):
+        table.add_column(column)
+    ranks = sorted(progress.ranks)
+    for rank in ranks[:8]:
+        p = progress.ranks[rank]
+        waiting = p.oldest_pending()
+        since = f"{now - p.last_progress:.0f}s" + (f", waiting in {waiting[1]}"
+                                                   if waiting else "")
+        table.add_row(str(rank), str(p.iteration), str(p.completed), p.last_op or "-",
+                      since if p.status == "running" else p.status)
+    if len(ranks) > 8:
+        table.add_row("...", "", "", f"{len(ranks) - 8} more ranks", "")
+    return table
 
 
 @app.command()

@@ -9,6 +9,7 @@ from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.details import left_detail
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.trace.model import Site
 
 CLEAN = "clean"
 DIVERGED = "diverged"
@@ -28,13 +29,14 @@ class RankSummary:
     last: RankDetail | None = None
     exit_code: int | None = None
     detail: str = ""
+    hang_stack: list[Site] = field(default_factory=list)  # user frames, innermost first
 
     @classmethod
     def of(cls, state: RankState) -> RankSummary:
         last = left_detail(state) if state.where is not None else None
         return cls(rank=state.rank, status=state.status, iterations=state.iterations,
                    collectives=state.collectives, last=last, exit_code=state.exit_code,
-                   detail=state.crash_text)
+                   detail=state.crash_text, hang_stack=list(state.hang_stack))
 
 
 @dataclass

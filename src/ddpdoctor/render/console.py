@@ -193,6 +193,26 @@ def _unfinished(report: Report, console: Console) -> None:
         console.print(f"  … and {len(rows) - MAX_ROWS} more (see --json)", markup=False)
 
 
+def _hang_stacks(report: Report, console: Console) -> None:
+    """Where each rank's main thread was when the hang was detected (user frames)."""
+    rows = [r for r in report.ranks if r.hang_stack]
+    if not rows:
+        return
+    console.print()
+    console.print(Text("Stacks at the hang (main thread, your code, innermost last):",
+                       style="bold"))
+    for r in rows[:MAX_ROWS]:
+        console.print(Text(f"  rank {r.rank}:", style="bold"))
+        for site in reversed(r.hang_stack[:6]):
+            console.print(f"      {site_text(site)}", markup=False, highlight=False)
+        code = code_line(r.hang_stack[0])
+        if code:
+            console.print(Text(f"      {r.hang_stack[0].line} | ", style="dim")
+                          + Text(code, style="cyan"))
+    if len(rows) > MAX_ROWS:
+        console.print(f"  … and {len(rows) - MAX_ROWS} more (see --json)", markup=False)
+
+
 def render(report: Report, console: Console) -> None:
     """Print ``report`` on ``console`` (works without a terminal and without colour)."""
     _headline(report, console)
@@ -204,6 +224,7 @@ def render(report: Report, console: Console) -> None:
         _folded(report.findings[1:], console)
     else:
         _folded(report.findings, console)
+    _hang_stacks(report, console)
     if report.notes:
         console.print()
         console.print(Text("Notes:", style="bold"))

@@ -55,7 +55,8 @@ def _finding(f: Finding) -> dict[str, Any]:
 def _rank(r: RankSummary) -> dict[str, Any]:
     return {"status": r.status, "iterations": r.iterations, "collectives": r.collectives,
             "exit_code": r.exit_code, "detail": r.detail,
-            "last": _detail(r.last) if r.last is not None else None}
+            "last": _detail(r.last) if r.last is not None else None,
+            "hang_stack": [_site(s) for s in r.hang_stack]}
 
 
 def to_dict(report: Report) -> dict[str, Any]:

@@ -1,0 +1,109 @@
+"""``ddpdoctor run`` notices hangs in seconds, collects every rank's stack and stops the job."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.trace.reader import load_run
+
+from .jobs import EXAMPLES, REPO, SCRIPTS, kill_job_processes, marker_line, run_job
+
+HANG_TIMEOUT = 5
+GRACE = 2
+# Interpreter and torch start-up, rendezvous and the diagnosis itself, on a 2-core machine.
+SLACK = 20
+
+HANGS = [
+    pytest.param("seed001_uneven.py", ("--case", "4"), ("--launcher", "python"),
+                 {0: "case4_join", 1: "case4_barrier"}, "collective_inside_join", id="join-barrier"),
+    pytest.param("seed001_uneven.py", ("--case", "5"), ("--launcher", "python"),
+                 {0: "case5_barrier", 1: "case5_backward"}, "uneven_inputs", id="uneven-barrier"),
+    pytest.param("rank0_only_barrier.py", (), (), {0: "rank0_barrier", 1: "train_backward"},
+                 "rank_conditional_collective", id="rank0-barrier"),
+    pytest.param("group_order_inversion.py", (), (), {0: "rank0_first", 1: "rank1_first"},
+                 "group_order_inversion", id="cross-group"),
+]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("example, args, options, stuck_at, cause", HANGS)
+def test_hang_is_stopped_within_the_timeout_with_each_ranks_stack(
+        tmp_path: Path, example: str, args: tuple, options: tuple, stuck_at: dict,
+        cause: str) -> None:
+    path = EXAMPLES / example
+    started = time.monotonic()
+    job = run_job(tmp_path, path, *args, options=options, hang_timeout=HANG_TIMEOUT)
+    elapsed = time.monotonic() - started
+    assert job.returncode == 3, job.stderr[-3000:]
+    assert "hang detected" in job.stderr
+    assert elapsed < HANG_TIMEOUT + GRACE + SLACK, elapsed
+    report = job.report
+    assert report["findings"][0]["cause"] == cause
+    if cause == "group_order_inversion":
+        assert report["findings"][0]["kind"] == "wait_cycle"
+    for rank, marker in stuck_at.items():
+        stack = report["ranks"][str(rank)]["hang_stack"]
+        assert stack, f"rank {rank} has no stack"
+        assert Path(stack[0]["file"]).name == example
+        assert stack[0]["line"] == marker_line(path, marker)
+    assert "Stacks at the hang" in job.stderr
+    # Every rank wrote its evidence into its own trace before the job was stopped.
+    run = job.run()
+    assert all(t.hang and t.hang["pending"] for t in run.ranks.values())
+
+
+@pytest.mark.timeout(120)
+def test_crash_names_the_exception_its_line_and_where_the_others_were_left(
+        tmp_path: Path) -> None:
+    path = EXAMPLES / "seed003_crash.py"
+    job = run_job(tmp_path, path)
+    assert job.returncode == 1
+    root = job.report["findings"][0]
+    assert root["kind"] == "rank_crashed"
+    assert "ValueError: Simulated error in process 1" in root["summary"]
+    crashed = root["ranks"]["1"]
+    assert crashed["site"]["line"] == marker_line(path, "raise_error")
+    survivor = root["ranks"]["0"]
+    assert survivor["op"] == "all_reduce" and survivor["label"] == "ddp.bucket"
+    assert survivor["site"]["line"] == marker_line(path, "train_backward")
+    assert "left waiting" in root["summary"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Path,
+                                                                    sig: int) -> None:
+    logdir = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir), "--grace", "2",
+         "--json", str(tmp_path / "report.json"), str(SCRIPTS / "long_loop.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            trace = logdir / "rank-1.jsonl"
+            if trace.exists() and trace.read_text().count('"collective"') >= 10:
+                break
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        leftovers = kill_job_processes(logdir)
+    assert not leftovers
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted" in err
+    run = load_run([logdir])
+    assert sorted(run.ranks) == [0, 1]
+    assert all(len(t.collectives) >= 10 for t in run.ranks.values())
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"] != "clean"
