@@ -97,6 +97,12 @@ class JobProgress:
             if prog.pending.pop(rec.get("id"), None) is not None:
                 prog.completed += 1
                 prog.last_progress = now
+        elif kind == schema.INIT:
+            # Waiting in init_process_group counts as waiting in a collective (key 0).
+            if rec.get("state") == schema.PENDING:
+                prog.pending[0] = (now, "init_process_group")
+            elif prog.pending.pop(0, None) is not None:
+                prog.last_progress = now
         elif kind == schema.EXCEPTION:
             prog.status = "exception"
         elif kind == schema.EXIT:

@@ -107,3 +107,14 @@ def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Pat
     assert all(len(t.collectives) >= 10 for t in run.ranks.values())
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] != "clean"
+
+
+@pytest.mark.timeout(120)
+def test_rank_that_never_reaches_init_process_group(tmp_path: Path) -> None:
+    path = SCRIPTS / "late_rank.py"
+    job = run_job(tmp_path, path, hang_timeout=HANG_TIMEOUT)
+    assert job.returncode == 3, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["kind"] == "init_incomplete" and root["cause"] == "rank_never_initialised"
+    assert root["ranks"]["0"]["site"]["line"] == marker_line(path, "init")
+    assert root["ranks"]["1"]["site"]["line"] == marker_line(path, "stuck_before_init")

@@ -369,3 +369,22 @@ def test_sys_exit_with_a_non_zero_code_is_a_crash() -> None:
     assert report.ranks[1].status == "failed"
     missing = next(f for f in report.findings if f.kind == "missing_collective")
     assert missing.follow_on and missing.cause == "rank_crashed"
+
+
+def test_rank_stuck_before_init_process_group_is_named_with_its_stack() -> None:
+    from ddpdoctor.analysis import diagnose
+    from ddpdoctor.trace.model import RankTrace, Run, Site
+
+    waiting = RankTrace(rank=0, process={"world_size": 2}, init="pending",
+                        hang={"threads": [{"main": True, "frames": [
+                            {"file": "/job/train.py", "line": 15, "function": "<module>"}]}]})
+    late = RankTrace(rank=1, process={"world_size": 2},
+                     hang={"threads": [{"main": True, "frames": [
+                         {"file": "/job/train.py", "line": 14, "function": "<module>"},
+                         {"file": "/job/train.py", "line": 10, "function": "load_data"}]}]})
+    report = diagnose(Run(ranks={0: waiting, 1: late}, world_size=2, stopped_for_hang=True))
+    root = report.root
+    assert root.kind == "init_incomplete" and root.cause == "rank_never_initialised"
+    assert root.ranks[0].op == "init_process_group" and root.ranks[1].op is None
+    assert root.ranks[1].site == Site("/job/train.py", 10, "load_data")
+    assert "never reached it" in root.summary and report.verdict == "diverged"

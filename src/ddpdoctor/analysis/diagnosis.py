@@ -7,7 +7,12 @@ from __future__ import annotations
 from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment, align
-from ddpdoctor.analysis.endings import crash_findings, exited_early_findings, teardown_findings
+from ddpdoctor.analysis.endings import (
+    crash_findings,
+    exited_early_findings,
+    init_findings,
+    teardown_findings,
+)
 from ddpdoctor.analysis.finding import Finding
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
@@ -39,6 +44,7 @@ GENERIC_ADVICE = {
     fk.RANK_CRASHED: "Fix the failure on the rank that crashed first; the others only lost "
                      "their peer.",
     fk.RANK_EXITED_EARLY: "Every rank must issue the same collectives before it exits.",
+    fk.INIT_INCOMPLETE: "Every rank must call init_process_group; see where the late rank was.",
     fk.TEARDOWN_ABORT: "Nothing to fix in the training; call dist.destroy_process_group() at "
                        "the end of the script.",
 }
@@ -57,6 +63,7 @@ def collect_findings(run: Run, alignment: Alignment, states: dict[int, RankState
     out.extend(crash_findings(states))
     out.extend(exited_early_findings(alignment, states))
     out.extend(teardown_findings(states))
+    out.extend(init_findings(states))
     return out
 
 

@@ -12,7 +12,7 @@ from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.details import (
     elsewhere_detail, failed_in_detail, left_detail, where_text)
-from ddpdoctor.analysis.finding import ERROR, WARNING, Finding
+from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
 
@@ -155,3 +155,31 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary,
                     {r: left_detail(states[r]) for r in ranks}, cause="gloo_teardown_abort",
                     t=min(states[r].end_t for r in ranks))]
+
+
+def init_findings(states: dict[int, RankState]) -> list[Finding]:
+    """Ranks waiting in init_process_group for ranks that never got there."""
+    def init_of(s: RankState) -> str | None:
+        return s.trace.init if s.trace is not None else None
+
+    waiting = [r for r, s in sorted(states.items()) if init_of(s) == "pending"]
+    absent = [r for r, s in sorted(states.items())
+              if init_of(s) is None and not s.collectives and s.status != rs.FINISHED]
+    if not waiting or not absent:
+        return []
+    details: dict[int, RankDetail] = {}
+    for r in waiting + absent:
+        s = states[r]
+        stack = s.hang_stack
+        where = "waiting in init_process_group" if r in waiting else (
+            "never reached init_process_group" if s.trace is not None else "left no trace")
+        details[r] = RankDetail(rank=r, op="init_process_group" if r in waiting else None,
+                                site=stack[0] if stack else None,
+                                state="waiting" if r in waiting else "not reached", note=where,
+                                stack=stack)
+    late = absent[0]
+    at = f" (it was at {site_text(details[late].site)})" if details[late].site else ""
+    summary = (f"{rank_list(waiting).capitalize()} waited in init_process_group for "
+               f"{rank_list(absent)}, which never reached it{at}.")
+    return [Finding(fk.INIT_INCOMPLETE, ERROR, None, None, summary, details,
+                    cause="rank_never_initialised")]

@@ -118,6 +118,10 @@ def boot() -> None:
     sys.meta_path.insert(0, _TorchImportHook())
     sys.excepthook = _excepthook
     sys.exit = _recording_exit
+    if _is_torchrun_worker():
+        # Open the trace now: a rank stuck before init_process_group (data loading, a
+        # deadlock in user code) is then visible, and its watchdog can report its stack.
+        _ensure_trace()
     atexit.register(_at_exit)
     os.register_at_fork(after_in_child=_after_fork_in_child)
     if not faulthandler.is_enabled():

@@ -36,10 +36,6 @@ class Recorder:
         self.logdir = logdir
         self.run_id = run_id
         self.labeler = StackLabeler([os.path.dirname(os.path.dirname(__file__))])
-
-    def set_internal_dirs(self, dirs: list[str]) -> None:
-        """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
-        self.labeler = StackLabeler(dirs)
         self.writer: TraceWriter | None = None
         self.rank: int | None = None
         self.iteration = 0
@@ -51,28 +47,46 @@ class Recorder:
         self.exit_code: int | None = None
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
+    def set_internal_dirs(self, dirs: list[str]) -> None:
+        """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
+        self.labeler = StackLabeler(dirs)
+
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, rank: int, world_size: int, backend: str | None) -> None:
-        """Open this rank's trace; called once the rank is known (``init_process_group``)."""
-        if self.writer is not None:
-            return
-        self.rank = rank
-        path = os.path.join(self.logdir, schema.trace_filename(rank, self.attempt))
-        self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt), rank)
-        self.writer.put(self._process_start(rank, world_size, backend))
-        for rec in self._early:
-            self.writer.put(rec)
-        self._early.clear()
-        self.watchdog = Watchdog(self, self.logdir, rank)
+        """Open this rank's trace once its rank is known (start-up or ``init_process_group``).
+
+        Called again when the process group is up, with the backend: a second
+        ``process_start`` then completes the first (readers keep the last one).
+        """
+        if self.writer is None:
+            self.rank = rank
+            path = os.path.join(self.logdir, schema.trace_filename(rank, self.attempt))
+            self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt), rank)
+            self.writer.put(self._process_start(rank, world_size, backend))
+            for rec in self._early:
+                self.writer.put(rec)
+            self._early.clear()
+            self.watchdog = Watchdog(self, self.logdir, rank)
+        elif backend is not None:
+            self.writer.put(self._process_start(rank, world_size, backend))
 
     def _process_start(self, rank: int, world_size: int, backend: str | None) -> dict:
         torch = sys.modules.get("torch")
         return {"kind": schema.PROCESS_START, "t": _now(), "rank": rank,
                 "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
-                "world_size": world_size, "host": socket.gethostname(), "pid": os.getpid(),
+                "world_size": world_size if world_size > 0 else
+                int(os.environ.get("WORLD_SIZE", "0") or 0) or None, "host": socket.gethostname(), "pid": os.getpid(),
                 "torch": getattr(torch, "__version__", None), "python": sys.version.split()[0],
                 "backend": backend, "argv": list(sys.argv),
                 "env": {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}}
+
+    def init_started(self, backend: str | None) -> None:
+        self.emit({"kind": schema.INIT, "t": _now(), "state": schema.PENDING,
+                   "backend": backend})
+
+    def init_done(self, ok: bool) -> None:
+        self.emit({"kind": schema.INIT, "t": _now(),
+                   "state": schema.COMPLETED if ok else schema.FAILED})
 
     def emit(self, record: dict) -> None:
         """Queue a rare record (not a collective); kept in memory until the trace opens."""

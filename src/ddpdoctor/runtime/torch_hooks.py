@@ -124,10 +124,21 @@ def _wrap_init(real: Callable) -> Callable:
         if _backend_override:
             backend = _backend_override
         recording = _recordable(backend)
-        result = real(PLUGIN if recording else backend, *args, **kwargs)
+        rank = kwargs.get("rank", -1)
+        if rank is None or rank < 0:
+            rank = int(os.environ.get("RANK", "-1"))
+        if rank >= 0:  # known before the rendezvous: a rank stuck in it is visible
+            _recorder.start(rank, int(kwargs.get("world_size", -1) or -1), None)
+        _recorder.init_started(str(backend) if backend is not None else None)
+        try:
+            result = real(PLUGIN if recording else backend, *args, **kwargs)
+        except BaseException:
+            _recorder.init_done(False)
+            raise
         pg = dist.distributed_c10d._get_default_group()
         name = "gloo" if recording else str(dist.get_backend())
         _recorder.start(dist.get_rank(), dist.get_world_size(), name)
+        _recorder.init_done(True)
         if recording:
             _finish_group(pg)
         else:

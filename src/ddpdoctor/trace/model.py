@@ -75,6 +75,7 @@ class RankTrace:
     exception: dict | None = None
     hang: dict | None = None
     exit: dict | None = None
+    init: str | None = None  # state of init_process_group: pending, completed or failed
     warnings: list[str] = field(default_factory=list)
     damaged_lines: int = 0
     truncated: bool = False

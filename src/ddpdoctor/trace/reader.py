@@ -130,6 +130,8 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict) -> bool:
             trace.exit = rec
         elif kind == schema.WARNING:
             trace.warnings.append(str(rec.get("message", "")))
+        elif kind == schema.INIT:
+            trace.init = str(rec.get("state"))
         elif kind in (schema.PROGRESS, schema.HEADER):
             pass
         else:

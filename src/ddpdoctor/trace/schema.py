@@ -24,6 +24,7 @@ HANG = "hang"
 EXIT = "exit"
 WARNING = "warning"
 PROGRESS = "progress"
+INIT = "init"  # init_process_group entered (state pending) and left (completed / failed)
 
 # Collective states.
 PENDING = "pending"

@@ -1,0 +1,234 @@
+"""Synthetic DDP traces at scale, written in the real trace format: ``python bench/synth.py``.
+
+``python bench/synth.py OUT --ranks 256 --collectives 50000`` writes ``OUT/rank-<N>.jsonl`` for
+every rank, byte for byte as :mod:`ddpdoctor.runtime.writer` writes them (the same key order,
+spacing and number formats; ``tests/unit/test_synth.py`` checks the lines against the writer).
+Each rank runs a DDP-like job:
+
+* construction: the parameter-shape check (all-gather + broadcast) and the parameter sync;
+* iteration 1: the buffer broadcasts (float32 running stats + int64 counter) and one gradient
+  bucket; iteration 2: the two bucket-rebuild broadcasts, then :data:`BUCKETS` buckets per
+  iteration from there on;
+* a user ``all_reduce`` (loss logging, AVG) every :data:`LOG_EVERY` iterations; every
+  :data:`PENDING_EVERY` iterations the first bucket is still running when written, so its
+  completion arrives later as a ``state`` record, as on a real rank;
+* one injected divergence: rank ``--diverge-rank`` alone evaluates through the DDP wrapper
+  once, about ``--diverge-at`` of the way through (seed 000's story). Its two extra buffer
+  broadcasts come from ``evaluate()``; from then on it is two collectives ahead of every other
+  rank, ends blocked in its last two (pending, no ``exit`` record), while the others finish.
+
+Ranks other than the diverging one record identical collective sequences (their times and
+ranks differ), which is what a real job of identical ranks looks like.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpdoctor.trace import schema
+
+SCRIPT = "/work/job/train.py"
+BUCKETS = 5
+LOG_EVERY = 100
+PENDING_EVERY = 50
+BUCKET_SIZES = [272_448, 264_192, 263_168, 262_656, 140_800]
+FIRST_BUCKET = sum(BUCKET_SIZES)
+PARAMS = FIRST_BUCKET + 1024 + 3
+
+# Call stacks as the labeller records them: (file, line, function), first the user's frame.
+_MAIN = (SCRIPT, 88, "main")
+_MOD = (SCRIPT, 92, "<module>")
+STACKS = {
+    "init": ((SCRIPT, 41, "main"), _MOD),
+    "fwd": ((SCRIPT, 57, "train_step"), _MAIN, _MOD),
+    "bwd": ((SCRIPT, 58, "train_step"), _MAIN, _MOD),
+    "log": ((SCRIPT, 63, "log_loss"), _MAIN, _MOD),
+    "eval": ((SCRIPT, 71, "evaluate"), _MAIN, _MOD),
+}
+
+
+@dataclass(frozen=True)
+class Op:
+    """The static part of one collective (what the writer caches per distinct collective)."""
+
+    op: str
+    label: str
+    shapes: tuple
+    dtypes: tuple
+    stack: str
+    reduce_op: str | None = None
+    root: int | None = None
+    api: str | None = None
+    group: str = "0"
+
+
+def static_json(op: Op, stack_id: int) -> str:
+    """The static fields of a collective line, exactly as ``TraceWriter._encode_static``."""
+    numel = 0
+    for shape in op.shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        numel += n
+    out = {"group": op.group, "op": op.op, "label": op.label,
+           "shapes": [list(s) for s in op.shapes], "dtypes": list(op.dtypes), "numel": numel,
+           "stack": stack_id}
+    if op.reduce_op is not None:
+        out["reduce_op"] = op.reduce_op
+    for name in ("api", "root"):
+        value = getattr(op, name)
+        if value is not None:
+            out[name] = value
+    return json.dumps(out)[1:-1]
+
+
+def collective_line(rank: int, cid: int, seq: int, iteration: int, t: float, state: str,
+                    bucket: int | None, static: str) -> str:
+    """One collective line, exactly as ``TraceWriter._encode_collective`` formats it."""
+    extra = "" if bucket is None else f', "bucket": {bucket}'
+    return (f'{{"kind": "collective", "id": {cid}, "rank": {rank}, "seq": {seq}, '
+            f'"iteration": {iteration}, "t": {t:.6f}, "state": "{state}"{extra}, {static}}}')
+
+
+BUF_F = Op("broadcast", "ddp.buffers", ((1024,),), ("float32",), "fwd", root=0)
+BUF_I = Op("broadcast", "ddp.buffers", ((1,),), ("int64",), "fwd", root=0)
+EVAL_F = Op("broadcast", "ddp.buffers", ((1024,),), ("float32",), "eval", root=0)
+EVAL_I = Op("broadcast", "ddp.buffers", ((1,),), ("int64",), "eval", root=0)
+REBUILD = (Op("broadcast", "ddp.rebuild_buckets", ((BUCKETS + 4,),), ("int32",), "fwd", root=0),
+           Op("broadcast", "ddp.rebuild_buckets", ((BUCKETS,),), ("int32",), "fwd", root=0))
+INIT = (Op("all_gather", "ddp.init.verify_params", ((1,),), ("int64",), "init"),
+        Op("broadcast", "ddp.init.verify_params", ((22,),), ("int64",), "init", root=0),
+        Op("broadcast", "ddp.init.sync_params", ((PARAMS,),), ("float32",), "init", root=0),
+        Op("broadcast", "ddp.init.sync_params", ((1,),), ("int64",), "init", root=0))
+FIRST = Op("all_reduce", "ddp.bucket", ((FIRST_BUCKET,),), ("float32",), "bwd", reduce_op="SUM")
+BUCKET_OPS = tuple(Op("all_reduce", "ddp.bucket", ((n,),), ("float32",), "bwd", reduce_op="SUM")
+                   for n in BUCKET_SIZES)
+LOG = Op("all_reduce", "user", ((1,),), ("float32",), "log", reduce_op="AVG", api="all_reduce")
+
+
+def schedule(n: int, diverge: bool, diverge_at: float) -> list[tuple[Op, int, int | None]]:
+    """(op, iteration, bucket) of a rank's first ``n`` collectives (``n + 2`` when it diverges:
+    the evaluation adds two)."""
+    out: list[tuple[Op, int, int | None]] = [(op, 0, None) for op in INIT]
+    out += [(BUF_F, 1, None), (BUF_I, 1, None), (FIRST, 1, 0)]
+    out += [(REBUILD[0], 2, None), (REBUILD[1], 2, None)]
+    iteration = 2
+    eval_at = int(n * diverge_at) if diverge else -1
+    evaluated = False
+    while len(out) < n:
+        out += [(BUF_F, iteration, None), (BUF_I, iteration, None)]
+        out += [(op, iteration, b) for b, op in enumerate(BUCKET_OPS)]
+        if iteration % LOG_EVERY == 0:
+            out.append((LOG, iteration, None))
+        iteration += 1
+        if not evaluated and 0 <= eval_at <= len(out):
+            # the DDP forward of evaluate(): a forward, so the iteration count moves on
+            out += [(EVAL_F, iteration, None), (EVAL_I, iteration, None)]
+            iteration += 1
+            evaluated = True
+    return out[:n + 2] if diverge else out[:n]
+
+
+def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
+               diverge_at: float, t0: float) -> list[str]:
+    """Every line of one rank's trace file."""
+    lines = [json.dumps(schema.header(rank, run_id, 0))]
+    lines.append(json.dumps({
+        "kind": schema.PROCESS_START, "t": t0, "rank": rank, "local_rank": rank % 8,
+        "world_size": world, "host": f"node{rank // 8}", "pid": 10_000 + rank,
+        "torch": "2.13.0+cpu", "python": "3.11.7", "backend": "gloo",
+        "argv": [SCRIPT], "env": {"RANK": str(rank), "WORLD_SIZE": str(world)}}))
+    lines.append(json.dumps({"kind": schema.GROUP, "t": t0, "group": "0", "desc": "default_pg",
+                             "ranks": list(range(world)), "size": world, "group_rank": rank,
+                             "backend": "gloo"}))
+    stack_ids: dict[str, int] = {}
+    statics: dict[Op, str] = {}
+    sched = schedule(n, diverge, diverge_at)
+    t = t0 + 1.0 + rank * 1e-5
+    deferred: list[str] = []
+    ddp_logged = False
+    for cid, (op, iteration, bucket) in enumerate(sched, start=1):
+        static = statics.get(op)
+        if static is None:
+            sid = stack_ids.get(op.stack)
+            if sid is None:
+                sid = stack_ids[op.stack] = len(stack_ids)
+                frames = [{"file": f, "line": ln, "function": fn} for f, ln, fn in STACKS[op.stack]]
+                lines.append(json.dumps({"kind": schema.STACK, "id": sid, "frames": frames}))
+            static = statics[op] = static_json(op, sid)
+        if not ddp_logged and iteration == 1:
+            lines.append(json.dumps({
+                "kind": schema.DDP_INIT, "t": t, "index": 0, "module": "Net",
+                "broadcast_buffers": True, "find_unused_parameters": False,
+                "bucket_cap_mb": 1.0, "static_graph": False, "gradient_as_bucket_view": False,
+                "parameters": 12, "buffers": 3, "device_ids": [], "group": "0",
+                "site": {"file": SCRIPT, "line": 41, "function": "main"}}))
+            ddp_logged = True
+        t += 0.0011
+        last = diverge and cid > len(sched) - 2
+        pending = last or (bucket == 0 and iteration % PENDING_EVERY == 0)
+        lines.append(collective_line(rank, cid, cid, iteration, t, "pending" if pending
+                                     else "completed", bucket, static))
+        if deferred:
+            lines.extend(deferred)
+            deferred.clear()
+        if pending and not last:
+            deferred.append(json.dumps({"kind": schema.STATE, "id": cid, "state": "completed",
+                                        "t": round(t + 0.0009, 6)}))
+    lines.extend(deferred)
+    if not diverge:
+        lines.append(json.dumps({"kind": schema.EXIT, "t": t + 0.5, "status": "finished",
+                                 "code": 0}))
+    return lines
+
+
+def generate(out: str | os.PathLike, ranks: int, collectives: int, diverge_rank: int | None = None,
+             diverge_at: float = 0.6, run_id: str = "synth") -> dict:
+    """Write ``ranks`` trace files of ``collectives`` collectives each into ``out``.
+
+    Returns what was written: files, bytes, collective records, the diverging rank and the
+    sequence number of its first extra collective."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    if diverge_rank is None:
+        diverge_rank = ranks // 3
+    t0 = 1_790_000_000.0
+    total = 0
+    first_extra = None
+    for rank in range(ranks):
+        diverge = rank == diverge_rank
+        lines = rank_lines(rank, ranks, collectives, run_id, diverge, diverge_at, t0)
+        data = ("\n".join(lines) + "\n").encode()
+        (path / schema.trace_filename(rank)).write_bytes(data)
+        total += len(data)
+        if diverge:
+            sched = schedule(collectives, True, diverge_at)
+            first_extra = next(i for i, (op, _, _) in enumerate(sched, start=1) if op is EVAL_F)
+    return {"files": ranks, "bytes": total, "collectives": ranks * collectives,
+            "diverge_rank": diverge_rank, "diverge_seq": first_extra}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", help="folder to write rank-<N>.jsonl into")
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--collectives", type=int, default=50_000, help="per rank")
+    parser.add_argument("--diverge-rank", type=int, default=None,
+                        help="the rank that evaluates alone (default: ranks // 3)")
+    parser.add_argument("--diverge-at", type=float, default=0.6)
+    args = parser.parse_args()
+    t0 = time.perf_counter()
+    info = generate(args.out, args.ranks, args.collectives, args.diverge_rank, args.diverge_at)
+    print(f"wrote {info['files']} traces, {info['bytes'] / 1e6:.1f} MB, "
+          f"{info['bytes'] / info['collectives']:.0f} bytes per collective, "
+          f"divergence on rank {info['diverge_rank']} at #{info['diverge_seq']} "
+          f"({time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
