@@ -89,6 +89,13 @@ def run(
     grace: float = typer.Option(5.0, "--grace", min=0.0,
                                 help="Seconds between SIGTERM and SIGKILL when stopping the job."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
+    cpu: bool = typer.Option(
+        False, "--cpu",
+        help="Run a script written for CUDA/NCCL on the CPU, unmodified: gloo, CUDA devices "
+             "mapped to the CPU (docs/cpu-mode.md); --nproc-per-node defaults to 2."),
+    max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", min=1,
+        help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0)."),
 ) -> None:
     """Run SCRIPT under torchrun with every rank recorded; diagnose a hang, crash or divergence.
 
@@ -104,7 +111,7 @@ def run(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
         master_port=master_port, max_restarts=max_restarts,
         logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
-        stall_timeout=stall_timeout, grace=grace)
+        stall_timeout=stall_timeout, grace=grace, cpu=cpu, max_steps=max_steps)
     try:
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:
@@ -183,7 +190,7 @@ def diff(
         print(json.dumps(json_report.to_dict(report), indent=2))
     else:
         console_report.render(report, Console(highlight=False))
-    raise typer.Exit(doctor.EXIT_PROBLEM if report.has_errors else doctor.EXIT_OK)
+    raise typer.Exit(doctor.EXIT_OK if report.verdict == "clean" else doctor.EXIT_PROBLEM)
 
 
 def main() -> None:

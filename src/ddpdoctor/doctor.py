@@ -19,7 +19,8 @@ from pathlib import Path
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis.report import Report
-from ddpdoctor.launcher import JobResult, RunOptions, check_script, make_logdir, run_job
+from ddpdoctor.launcher import (
+    JobResult, RunOptions, check_options, check_script, make_logdir, run_job)
 from ddpdoctor.progress import JobProgress
 from ddpdoctor.trace.reader import TraceError, load_run
 
@@ -47,7 +48,8 @@ def diff(paths: Iterable[str]) -> Report:
 
 
 def prepare_run(opts: RunOptions) -> Path:
-    """Validate the script and create the log folder (raises UsageError)."""
+    """Validate the options and the script and create the log folder (raises UsageError)."""
+    check_options(opts)
     check_script(opts)
     return make_logdir(opts.logdir)
 

@@ -56,6 +56,8 @@ class RunOptions:
     stall_timeout: float | None = None
     grace: float = 5.0
     status_every: float = 10.0
+    cpu: bool = False  # run a CUDA/NCCL script on the CPU with gloo (runtime/cpu_mode.py)
+    max_steps: int | None = None  # stop every rank at the start of DDP iteration N+1
 
 
 @dataclass
@@ -90,6 +92,15 @@ def check_script(opts: RunOptions) -> None:
         raise UsageError(f"cannot read {opts.script}: {exc}") from None
 
 
+def check_options(opts: RunOptions) -> None:
+    """Refuse contradictory options (one line, no traceback)."""
+    if opts.cpu and opts.backend and opts.backend.lower() != "gloo":
+        raise UsageError(f"--cpu runs on gloo; it cannot be combined with --backend "
+                         f"{opts.backend}")
+    if opts.max_steps is not None and opts.max_steps < 1:
+        raise UsageError("--max-steps must be at least 1")
+
+
 def default_nproc() -> int:
     """Visible GPUs (without importing torch), else 2."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -102,6 +113,23 @@ def default_nproc() -> int:
     except OSError:
         count = 0
     return count or 2
+
+
+def nproc(opts: RunOptions) -> int:
+    """Processes per node: as asked, else 2 in CPU mode, else the visible GPUs (or 2)."""
+    if opts.nproc_per_node:
+        return opts.nproc_per_node
+    return 2 if opts.cpu else default_nproc()
+
+
+def stop_timeout(opts: RunOptions) -> float:
+    """How long a rank stopped by ``--max-steps`` waits for the others: half the hang timeout.
+
+    A peer that does not come is blocked elsewhere (the ranks diverged); once the stopped rank
+    has left, that peer's collective fails with a lost connection well before the hang
+    timeout, and the job ends as a divergence (exit 1) within seconds rather than as a hang.
+    """
+    return opts.hang_timeout / 2
 
 
 def free_port() -> int:
@@ -136,7 +164,7 @@ def build_command(opts: RunOptions) -> list[str]:
     if opts.launcher == "python":
         return [sys.executable, *target, *opts.args]
     cmd = [sys.executable, "-m", "torch.distributed.run",
-           "--nproc-per-node", str(opts.nproc_per_node or default_nproc())]
+           "--nproc-per-node", str(nproc(opts))]
     for flag, value in (("--nnodes", opts.nnodes), ("--node-rank", opts.node_rank),
                         ("--rdzv-backend", opts.rdzv_backend),
                         ("--rdzv-endpoint", opts.rdzv_endpoint),
@@ -161,6 +189,14 @@ def build_env(opts: RunOptions, logdir: Path, run_id: str) -> dict[str, str]:
     environ[rank_env.RUN_ID] = run_id
     if opts.backend:
         environ[rank_env.BACKEND] = opts.backend
+    if opts.cpu:
+        environ[rank_env.CPU] = "1"
+        environ[rank_env.BACKEND] = "gloo"
+        environ[rank_env.CPU_DEVICES] = str(nproc(opts))
+        environ["CUDA_VISIBLE_DEVICES"] = ""  # torch itself must not find a GPU either
+    if opts.max_steps is not None:
+        environ[rank_env.MAX_STEPS] = str(opts.max_steps)
+        environ[rank_env.STOP_TIMEOUT] = f"{stop_timeout(opts):g}"
     if opts.launcher == "python":
         environ.setdefault("MASTER_ADDR", opts.master_addr or "127.0.0.1")
         if opts.master_port is not None:

@@ -9,12 +9,18 @@ positions that actually differ are examined field by field. Per group the first 
 *warning* before it (matching collectives issued from different code) are kept; the cascade
 after the first error is not reported. Point-to-point operations (``seq`` is None) are paired
 per (sender, receiver) in ``p2p_seq`` order.
+
+Ranks read by the compact reader (:class:`~ddpdoctor.trace.compact.CollectiveLog`) are never
+walked collective by collective: their few distinct static parts are interned, their
+per-collective codes mapped to ids at C speed (one shared list for all ranks whose codes are
+identical), and a rank's collectives are decoded only at the positions examined.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import finding as fk
@@ -22,6 +28,7 @@ from ddpdoctor.analysis.signature import (
     DTYPE, FREE_SHAPE_OPS, JOIN_EXIT_LABELS, KEY_LABEL, KEY_SITE, LABEL, OP, REDUCE_OP, ROOT,
     SHAPE, Interner, hard_difference, reduce_op_of, site_key, soft_difference)
 from ddpdoctor.analysis.terms import REDUCING_OPS
+from ddpdoctor.trace.compact import CollectiveLog, GroupView
 from ddpdoctor.trace.model import Collective, Run
 
 DEFAULT_GROUP = "0"
@@ -68,7 +75,7 @@ class GroupAlignment:
 
     name: str
     members: list[int]
-    sequences: dict[int, list[Collective | None]]
+    sequences: dict[int, Sequence[Collective | None]]
     classes: list[list[int]] = field(default_factory=list)
     first_error: Divergence | None = None
     first_warning: Divergence | None = None
@@ -94,6 +101,14 @@ class Alignment:
     join_sites: dict[int, set] = field(default_factory=dict)
     ids: dict[str, dict[int, list[int]]] = field(default_factory=dict)
     keys: list[tuple] = field(default_factory=list)
+    _distinct: dict[int, tuple[list[int], set[int]]] = field(default_factory=dict, repr=False)
+
+    def _distinct_ids(self, ids: list[int]) -> set[int]:
+        """``set(ids)``, computed once per list (ranks with identical sequences share one)."""
+        hit = self._distinct.get(id(ids))
+        if hit is None or hit[0] is not ids:
+            hit = self._distinct[id(ids)] = (ids, set(ids))
+        return hit[1]
 
     def site_keys(self, rank: int, labels: frozenset[str] | None = None,
                   group: str | None = None) -> set:
@@ -104,7 +119,7 @@ class Alignment:
         for name, per_rank in self.ids.items():
             if group is not None and name != group:
                 continue
-            for fid in set(per_rank.get(rank, ())):
+            for fid in self._distinct_ids(per_rank.get(rank, [])):
                 if fid >= 0:
                     key = keys[fid]
                     if labels is None or key[KEY_LABEL] in labels:
@@ -141,7 +156,11 @@ def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
     sites_get = interner.site_cache.get
     reducing = REDUCING_OPS
     join_labels = JOIN_EXIT_LABELS
+    shared: dict[tuple, list[int]] = {}
     for rank, trace in run.ranks.items():
+        if isinstance(trace.collectives, CollectiveLog):
+            _collect_log(rank, trace.collectives, interner, seqs, ids, p2p, join_sites, shared)
+            continue
         mine: dict[str, list] = {}
         mine_ids: dict[str, list[int]] = {}
         last_group = None
@@ -191,6 +210,49 @@ def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
             seqs.setdefault(name, {})[rank] = group_list
             ids.setdefault(name, {})[rank] = mine_ids[name]
     return seqs, ids, p2p, join_sites
+
+
+def full_key(c: Collective, site: tuple | None) -> tuple:
+    """The interned full key of ``c`` (see :class:`~ddpdoctor.analysis.signature.Interner`);
+    the same key :func:`_collect` builds inline."""
+    reduce_op = c.reduce_op
+    if reduce_op is None and c.op in REDUCING_OPS:
+        reduce_op = "SUM"
+    shapes, dtypes = c.shapes, c.dtypes
+    return (c.op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
+            dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
+            c.root, c.label, site)
+
+
+def _collect_log(rank: int, log: CollectiveLog, interner: Interner, seqs: dict, ids: dict,
+                 p2p: dict, join_sites: dict[int, set], shared: dict[tuple, list[int]]) -> None:
+    """:func:`_collect` for a compactly read rank: per distinct static part, not per
+    collective."""
+    table = interner.ids
+    to_id: list[int] = []
+    for proto in log.protos:
+        key = full_key(proto, interner.site(proto))
+        fid = table.get(key)
+        if fid is None:
+            fid = table[key] = len(table)
+            interner.keys.append(key)
+        to_id.append(fid)
+        if proto.label in JOIN_EXIT_LABELS and not (proto.peer is not None
+                                                   or proto.op == "recv_anysource"):
+            sk = site_key(proto.site)
+            if sk is not None:
+                join_sites.setdefault(rank, set()).add(sk)
+    for name, (codes, ordinals) in log.groups.items():
+        memo = (id(codes), tuple(to_id))
+        hit = shared.get(memo)
+        if hit is None or hit[0] is not codes:
+            hit = shared[memo] = (codes, list(map(to_id.__getitem__, codes)))
+        seqs.setdefault(name, {})[rank] = GroupView(log, ordinals, len(codes))
+        ids.setdefault(name, {})[rank] = hit[1]
+    for k in log.p2p_ordinals:
+        c = log[k]
+        if c.peer is not None:
+            p2p.setdefault(c.group, {}).setdefault(rank, []).append(c)
 
 
 def _memberships(run: Run, names: set[str]) -> dict[str, dict[int, list[int]]]:
@@ -304,15 +366,23 @@ def _align_group(g: GroupAlignment, ids: dict[int, list[int]], traced: list[int]
     # Group ranks by identical id sequences: bucket by a hash of the sequence (no copy is
     # kept), then confirm with a C-speed list comparison against the bucket's first rank.
     buckets: dict[tuple[int, int], list[list[int]]] = {}
+    by_object: dict[int, list[int]] = {}  # ranks sharing one id list need no hashing
+    empty: list[int] = []
     for r in traced:
-        seq_ids = ids.get(r, [])
+        seq_ids = ids.get(r, empty)
+        cls = by_object.get(id(seq_ids))
+        if cls is not None:
+            cls.append(r)
+            continue
         bucket = buckets.setdefault((len(seq_ids), hash(tuple(seq_ids))), [])
         for cls in bucket:
-            if ids.get(cls[0], []) == seq_ids:
+            if ids.get(cls[0], empty) == seq_ids:
                 cls.append(r)
                 break
         else:
-            bucket.append([r])
+            cls = [r]
+            bucket.append(cls)
+        by_object[id(seq_ids)] = cls
     classes = [cls for bucket in buckets.values() for cls in bucket]
     g.classes = sorted(classes, key=lambda rs: (-len(rs), rs[0]))
     if len(g.classes) < 2:

@@ -18,6 +18,8 @@ def where_text(state: RankState) -> str:
     """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
     if state.status == rs.MISSING:
         return "left no trace"
+    if state.status == rs.FINISHED and state.max_steps is not None:
+        return max_steps_text(state.max_steps)
     if state.status == rs.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
         return f"finished its script{code} after {iteration_text(state.iterations)}"
@@ -38,6 +40,11 @@ def where_text(state: RankState) -> str:
         return (f"was still running, outside any collective (last: {describe(state.last)} at "
                 f"{site_text(state.last.site)})")
     return "was still running, before its first collective"
+
+
+def max_steps_text(steps: int) -> str:
+    """'was stopped by --max-steps 2 at the start of iteration 3'."""
+    return f"was stopped by --max-steps {steps} at the start of iteration {steps + 1}"
 
 
 def elsewhere_detail(state: RankState) -> RankDetail:
@@ -88,7 +95,9 @@ def left_detail(state: RankState) -> RankDetail:
     d = collective_detail(where)
     if state.status == rs.FINISHED:
         d.state = "finished"
-        d.note = f"finished its script; last collective: {d.note}"
+        ended = "finished its script" if state.max_steps is None else \
+            max_steps_text(state.max_steps).replace("was stopped", "stopped")
+        d.note = f"{ended}; last collective: {d.note}"
     if state.hang_stack:
         d.stack = state.hang_stack
     return d

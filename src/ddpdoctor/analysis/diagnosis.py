@@ -18,6 +18,7 @@ from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
 from ddpdoctor.analysis.report import RankSummary, Report, verdict_of
+from ddpdoctor.analysis.terms import rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.knowledge.rules import RuleContext, recognise
@@ -94,6 +95,13 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
             notes.extend(f"rank {r}: {w}" for w in s.trace.warnings)
     if run.ranks and not any(t.collectives for t in run.ranks.values()):
         notes.append("no collective was recorded on any rank")
+    stopped: dict[int, list[int]] = {}
+    for r, s in states.items():
+        if s.max_steps is not None:
+            stopped.setdefault(s.max_steps, []).append(r)
+    for steps, ranks in sorted(stopped.items()):
+        notes.append(f"{rank_list(ranks)} {'was' if len(ranks) == 1 else 'were'} stopped by "
+                     f"--max-steps {steps} at the start of iteration {steps + 1}")
     return notes
 
 

@@ -11,7 +11,7 @@ from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.details import (
-    elsewhere_detail, failed_in_detail, left_detail, where_text)
+    elsewhere_detail, failed_in_detail, left_detail, max_steps_text, where_text)
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
@@ -133,7 +133,9 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     first = states[early[0]]
     who = rank_list(early).capitalize()
     its = "its script" if len(early) == 1 else "their scripts"
-    summary = (f"{who} finished {its} after {iteration_text(first.iterations)} while "
+    ended = (f"finished {its} after {iteration_text(first.iterations)}"
+             if first.max_steps is None else max_steps_text(first.max_steps))
+    summary = (f"{who} {ended} while "
                f"{rank_list(waiting)} still {'waits' if len(waiting) == 1 else 'wait'} in "
                f"{describe(w0)} ({group_text(w0.group)}, #{w0.seq}) at {site_text(w0.site)}.")
     details = {r: left_detail(states[r]) for r in early + waiting}

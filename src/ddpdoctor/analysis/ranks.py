@@ -2,7 +2,8 @@
 
 A rank is judged by what it recorded first (its ``exit`` and ``exception`` records) and by the
 launcher's exit codes second, so a rank that finished its script and then aborted in teardown
-(gloo + DDP on torch 2.13) counts as finished, with a teardown abort noted. An exception that
+(gloo + DDP on torch 2.13) counts as finished, with a teardown abort noted. A rank stopped by
+``--max-steps`` (exit status ``max_steps``) counts as finished too, with ``max_steps`` set. An exception that
 merely reports a vanished peer or a timeout ("Connection closed by peer") is marked
 ``comm_error``: it is a consequence of another rank's problem, not a cause.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.compact import incomplete, stacks_of
 from ddpdoctor.trace.model import Collective, RankTrace, Run, Site
 
 FINISHED = "finished"
@@ -58,6 +60,7 @@ class RankState:
     teardown_abort: bool = False
     end_t: float = 0.0
     hang_stack: list[Site] = field(default_factory=list)
+    max_steps: int | None = None  # stopped by --max-steps after this many DDP iterations
 
     @property
     def waiting(self) -> Collective | None:
@@ -115,11 +118,8 @@ def user_frame(frames: list[dict], user_files: set[str]) -> Site | None:
 def _user_files(run: Run) -> set[str]:
     files: set[str] = set()
     for trace in run.ranks.values():
-        seen: set[int] = set()
-        for c in trace.collectives:
-            if c.stack and id(c.stack) not in seen:
-                seen.add(id(c.stack))
-                files.update(s.file for s in c.stack)
+        for stack in stacks_of(trace.collectives):
+            files.update(s.file for s in stack)
     return files
 
 
@@ -151,7 +151,11 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         state.iterations = max((c.iteration or 0) for c in colls[-64:])
         state.end_t = max(max(c.t, c.t_end or 0.0) for c in colls[-8:])
     exit_status = (trace.exit or {}).get("status")
-    if trace.finished:
+    if exit_status == schema.EXIT_MAX_STEPS:
+        steps = (trace.exit or {}).get("steps")
+        state.max_steps = steps if isinstance(steps, int) else state.iterations
+        state.iterations = max(state.iterations, state.max_steps)
+    if trace.finished or state.max_steps is not None:
         state.status = FINISHED
         state.teardown_abort = code is not None and code < 0
         if state.teardown_abort:
@@ -161,7 +165,7 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         return state
     # A blocked rank waits in one of its last collectives; an incomplete one further back
     # is an async op never waited for, not where the rank is.
-    state.pending = [c for c in colls[-PENDING_WINDOW:] if c.state != schema.COMPLETED]
+    state.pending = incomplete(colls, PENDING_WINDOW)
     state.hang_stack = _hang_stack(trace.hang)
     if trace.exception:
         exc = trace.exception

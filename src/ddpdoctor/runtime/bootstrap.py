@@ -102,6 +102,20 @@ def _recording_exit(status: object = None) -> None:
     _real_exit(status)
 
 
+_real_os_exit = os._exit
+
+
+def _flushing_os_exit(status: int) -> None:
+    """``os._exit`` that first writes what the rank recorded (it skips atexit handlers)."""
+    try:
+        if _recorder is not None:
+            _recorder.exit_code = status
+            _recorder.flush()
+    except Exception:
+        pass
+    _real_os_exit(status)
+
+
 def _after_fork_in_child() -> None:
     # A forked child (DataLoader worker) must not write into its parent's trace.
     _recorder.writer = None
@@ -118,6 +132,7 @@ def boot() -> None:
     sys.meta_path.insert(0, _TorchImportHook())
     sys.excepthook = _excepthook
     sys.exit = _recording_exit
+    os._exit = _flushing_os_exit
     if _is_torchrun_worker():
         # Open the trace now: a rank stuck before init_process_group (data loading, a
         # deadlock in user code) is then visible, and its watchdog can report its stack.

@@ -3,3 +3,7 @@
 LOGDIR = "DDPDOCTOR_LOGDIR"
 RUN_ID = "DDPDOCTOR_RUN_ID"
 BACKEND = "DDPDOCTOR_BACKEND"
+CPU = "DDPDOCTOR_CPU"  # "1": map CUDA to the CPU in every rank (runtime/cpu_mode.py)
+CPU_DEVICES = "DDPDOCTOR_CPU_DEVICES"  # what torch.cuda.device_count() answers in CPU mode
+MAX_STEPS = "DDPDOCTOR_MAX_STEPS"  # N: stop every rank at the start of DDP iteration N+1
+STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the others

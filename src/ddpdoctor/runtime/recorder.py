@@ -149,8 +149,8 @@ class Recorder:
     def warn(self, message: str) -> None:
         self.emit({"kind": schema.WARNING, "t": _now(), "message": message})
 
-    def close(self, status: str | None = None) -> None:
-        """Write the exit record and stop the writer (atexit)."""
+    def close(self, status: str | None = None, extra: dict | None = None) -> None:
+        """Write the exit record (with ``extra`` fields) and stop the writer (atexit)."""
         if self._closed:
             return
         self._closed = True
@@ -159,7 +159,7 @@ class Recorder:
                 schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
         if self.writer is not None:
             self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": status,
-                                "code": self.exit_code or 0}])
+                                "code": self.exit_code or 0, **(extra or {})}])
 
     def flush(self) -> None:
         if self.writer is not None:

@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from ddpdoctor.runtime import env, max_steps
 from ddpdoctor.runtime.recorder import Recorder
 
 SUPPORTED = ("2.13.",)
@@ -41,6 +42,11 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
     global _recorder, _backend_override
     import torch
 
+    if os.environ.get(env.CPU) == "1":
+        # CPU mode first: the job cannot run without it, recorded or not.
+        from ddpdoctor.runtime import cpu_mode
+
+        cpu_mode.install()
     if not supported(torch.__version__):
         sys.stderr.write(f"ddpdoctor: torch {torch.__version__} is not supported by the recorder "
                          f"(supported: {', '.join(s + 'x' for s in SUPPORTED)}); the job runs "
@@ -49,6 +55,7 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
     _recorder = recorder
     _backend_override = backend_override
     recorder.set_internal_dirs(list(_internal_prefixes()))
+    max_steps.configure_from_env()
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -204,11 +211,13 @@ def _patch_ddp() -> None:
 
     @functools.wraps(real_pre)
     def _pre_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        max_steps.check(_recorder)  # --max-steps: stop before iteration N+1 issues anything
         _recorder.next_iteration()
         return real_pre(self, *args, **kwargs)
 
     @functools.wraps(real_main_hook)
     def main_hook(self: Any) -> None:
+        max_steps.check(_recorder)
         _recorder.next_iteration()
         real_main_hook(self)
 

@@ -6,6 +6,7 @@ These are plain dataclasses so that tests can build runs by hand (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -70,7 +71,9 @@ class RankTrace:
     attempt: int = 0
     process: dict | None = None
     groups: dict[str, Group] = field(default_factory=dict)
-    collectives: list[Collective] = field(default_factory=list)
+    # A list when built by hand (tests); the reader stores a compact, lazily decoded
+    # ddpdoctor.trace.compact.CollectiveLog: a read-only Sequence[Collective] either way.
+    collectives: Sequence[Collective] = field(default_factory=list)
     ddp: list[dict] = field(default_factory=list)
     exception: dict | None = None
     hang: dict | None = None

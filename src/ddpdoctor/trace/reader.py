@@ -4,6 +4,12 @@ A rank killed mid-write leaves a cut-off last line; a full disk or a crash can l
 Such lines are counted and skipped, never fatal. What is fatal (no traces, a foreign file, a
 newer format, ranks of different runs mixed) raises :class:`TraceError` with one clear line.
 JSON only: nothing read is ever unpickled or evaluated.
+
+Files in the writer's exact layout take the fast path of :mod:`ddpdoctor.trace.compact`:
+collective lines are interned by their repeating part instead of being decoded one by one,
+and a rank's collectives become a compact, lazily decoded
+:class:`~ddpdoctor.trace.compact.CollectiveLog`. Any other file is decoded record by record;
+both paths build the same collectives.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.compact import NotCompact, collective_from, read_compact
 from ddpdoctor.trace.model import Collective, Group, RankTrace, Run, Site
 
 MAX_LINE = 4 * 1024 * 1024
@@ -50,8 +57,9 @@ def _site(frame: dict) -> Site:
                 str(frame.get("function", "?")))
 
 
-def read_rank(path: Path) -> RankTrace:
-    """Read one rank's trace file."""
+def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
+    """Read one rank's trace file (``pool`` lets ranks with identical collective sequences
+    share one copy of it)."""
     try:
         data = path.read_bytes()
     except OSError as exc:
@@ -69,9 +77,17 @@ def read_rank(path: Path) -> RankTrace:
     if not isinstance(version, int) or version > schema.VERSION:
         raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
                          f"version {schema.VERSION} and older: upgrade ddpdoctor")
-    trace = RankTrace(rank=int(head.get("rank", -1)), path=str(path),
-                      run_id=str(head.get("run_id", "")), attempt=int(head.get("attempt", 0)),
-                      truncated=truncated)
+    def fresh() -> RankTrace:
+        return RankTrace(rank=int(head.get("rank", -1)), path=str(path),
+                         run_id=str(head.get("run_id", "")),
+                         attempt=int(head.get("attempt", 0)), truncated=truncated)
+
+    trace = fresh()
+    try:
+        read_compact(trace, lines, truncated, _parse, _apply, pool)
+        return trace
+    except NotCompact:
+        trace = fresh()
     stacks: dict[int, list[Site]] = {}
     by_id: dict[int, Collective] = {}
     for i, raw in enumerate(lines[1:], start=2):
@@ -96,15 +112,7 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict) -> bool:
     kind = rec.get("kind")
     try:
         if kind == schema.COLLECTIVE:
-            c = Collective(
-                rank=trace.rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
-                op=str(rec["op"]), label=str(rec.get("label", "user")),
-                shapes=list(rec.get("shapes", [])), dtypes=list(rec.get("dtypes", [])),
-                numel=int(rec.get("numel", 0)), reduce_op=rec.get("reduce_op"),
-                root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
-                api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
-                t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
-                stack=stacks.get(rec.get("stack"), []))
+            c = collective_from(trace.rank, rec, stacks)
             trace.collectives.append(c)
             by_id[c.id] = c
         elif kind == schema.STATE:
@@ -169,8 +177,9 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     files = _trace_files(list(paths))
     ranks: dict[int, RankTrace] = {}
     notes: list[str] = []
+    pool: dict = {}
     for path in files:
-        trace = read_rank(path)
+        trace = read_rank(path, pool)
         other = ranks.get(trace.rank)
         if other is not None:
             if other.attempt == trace.attempt:

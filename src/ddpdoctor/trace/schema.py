@@ -35,6 +35,7 @@ FAILED = "failed"
 EXIT_FINISHED = "finished"
 EXIT_EXCEPTION = "exception"
 EXIT_FAILED = "failed"  # sys.exit() with a non-zero code
+EXIT_MAX_STEPS = "max_steps"  # stopped by --max-steps at the start of iteration N+1
 
 TRACE_GLOB = "rank-*.jsonl"
 

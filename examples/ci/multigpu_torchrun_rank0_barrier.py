@@ -1,0 +1,144 @@
+"""The multi-GPU torchrun script of ``multigpu_torchrun_style.py`` with a barrier inside ``if rank == 0:``.
+
+CUDA/NCCL only, no CPU branch, like its healthy twin; the one change: rank 0 waits in
+``dist.barrier()`` after writing its snapshot ("make sure the file is there before anyone
+goes on"), inside the ``if self.global_rank == 0`` block, so rank 1 never calls it and starts
+the next epoch. Cause id: ``rank_conditional_collective``. Fix: call the barrier on every
+rank, after the ``if`` block.
+
+Run (CI, no GPU):
+    ddpdoctor run --cpu --max-steps 2 --junit report.xml examples/ci/multigpu_torchrun_rank0_barrier.py
+
+Observed on gloo (torch 2.13 CPU, 2 ranks, ``--cpu --max-steps 2``): epoch 0 (iterations 1-2)
+matches; rank 0 saves its snapshot and waits in the barrier; rank 1 reaches the start of
+iteration 3, where ``--max-steps 2`` stops it. Rank 0 never comes: rank 1 waits half the hang
+timeout, leaves, and rank 0's barrier fails with "Connection closed by peer": exit 1 within
+seconds (without ``--max-steps``: rank 0's barrier meets rank 1's next gradient all-reduce,
+and the job hangs - exit 3, as it hangs on NCCL).
+
+Expected diagnosis:
+  verdict: diverged
+  finding: missing_collective
+  cause: rank_conditional_collective
+  ranks: 0,1
+  lines: rank0_barrier
+"""
+import argparse
+import os
+import tempfile
+
+import torch
+import torch.nn.functional as F
+import torch.distributed as dist
+from torch.distributed import all_reduce, destroy_process_group, init_process_group
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+class RandomDataset(Dataset):
+    def __init__(self, size):
+        generator = torch.Generator().manual_seed(0)
+        self.data = [(torch.rand(20, generator=generator), torch.randint(0, 4, (1,), generator=generator).item())
+                     for _ in range(size)]
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        return self.data[index]
+
+
+def ddp_setup():
+    assert torch.cuda.is_available(), "this script needs GPUs"
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    init_process_group(backend="nccl")
+
+
+class Trainer:
+    def __init__(self, model, train_data, optimizer, save_every, snapshot_path):
+        self.local_rank = int(os.environ["LOCAL_RANK"])
+        self.global_rank = int(os.environ["RANK"])
+        self.model = model.to(self.local_rank)
+        self.train_data = train_data
+        self.optimizer = optimizer
+        self.save_every = save_every
+        self.epochs_run = 0
+        self.snapshot_path = snapshot_path
+        if os.path.exists(snapshot_path):
+            self._load_snapshot(snapshot_path)
+        self.model = DDP(self.model, device_ids=[self.local_rank], bucket_cap_mb=0.01)
+
+    def _load_snapshot(self, snapshot_path):
+        snapshot = torch.load(snapshot_path, map_location=f"cuda:{self.local_rank}")
+        self.model.load_state_dict(snapshot["MODEL_STATE"])
+        self.epochs_run = snapshot["EPOCHS_RUN"]
+        print(f"Resuming training from snapshot at epoch {self.epochs_run}", flush=True)
+
+    def _run_batch(self, source, targets):
+        self.optimizer.zero_grad()
+        output = self.model(source)  # ddpdoctor: train_forward
+        loss = F.cross_entropy(output, targets)
+        loss.backward()  # ddpdoctor: train_backward
+        self.optimizer.step()
+        return loss.detach()
+
+    def _run_epoch(self, epoch):
+        self.train_data.sampler.set_epoch(epoch)
+        totals = torch.zeros(2).cuda()
+        for source, targets in self.train_data:
+            source = source.to(self.local_rank, non_blocking=True)
+            targets = targets.to(self.local_rank, non_blocking=True)
+            loss = self._run_batch(source, targets)
+            step = torch.tensor([loss.item(), 1.0], device=f"cuda:{self.local_rank}")
+            all_reduce(step)  # ddpdoctor: loss_allreduce
+            totals += step
+        if self.global_rank == 0:
+            print(f"[GPU{self.global_rank}] epoch {epoch} | steps {len(self.train_data)} "
+                  f"| mean loss {totals[0].item() / max(totals[1].item(), 1.0):.4f}", flush=True)
+
+    def _save_snapshot(self, epoch):
+        snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epoch + 1}
+        torch.save(snapshot, self.snapshot_path)
+        print(f"epoch {epoch}: snapshot saved", flush=True)
+
+    def train(self, max_epochs):
+        for epoch in range(self.epochs_run, max_epochs):
+            self._run_epoch(epoch)
+            if self.global_rank == 0 and epoch % self.save_every == 0:
+                self._save_snapshot(epoch)
+                # BUG: only rank 0 waits for the snapshot; rank 1 never calls this barrier.
+                dist.barrier()  # ddpdoctor: rank0_barrier
+
+
+def load_train_objs():
+    train_set = RandomDataset(64)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    return train_set, model, optimizer
+
+
+def prepare_dataloader(dataset, batch_size):
+    return DataLoader(dataset, batch_size=batch_size, pin_memory=True, shuffle=False,
+                      sampler=DistributedSampler(dataset))
+
+
+def main(save_every, total_epochs, batch_size, snapshot_path):
+    ddp_setup()
+    print(f"rank {os.environ['RANK']}: {torch.cuda.device_count()} GPUs, using cuda:{torch.cuda.current_device()}", flush=True)
+    dataset, model, optimizer = load_train_objs()
+    train_data = prepare_dataloader(dataset, batch_size)
+    trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
+    trainer.train(total_epochs)
+    destroy_process_group()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="multi-GPU training job (torchrun)")
+    parser.add_argument("--total-epochs", type=int, default=4)
+    parser.add_argument("--save-every", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=16, help="input batch size on each device")
+    parser.add_argument("--snapshot-path", help="default: a file in the temporary folder, one per job",
+                        default=os.path.join(tempfile.gettempdir(), f"ddpdoctor_ci_snapshot_{os.environ.get('MASTER_PORT')}.pt"))
+    args = parser.parse_args()
+    main(args.save_every, args.total_epochs, args.batch_size, args.snapshot_path)

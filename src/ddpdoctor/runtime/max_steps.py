@@ -1,0 +1,123 @@
+"""``--max-steps N``: every rank ends cleanly at the start of DDP iteration N+1.
+
+The DDP hooks call :func:`check` at the start of every DDP forward (and join shadow
+iteration), before it is counted and before DDP issues any collective of it. Once N
+iterations are done the rank stops there:
+
+1. stdout and stderr are flushed, and the trace gets its ``exit`` record with status
+   ``max_steps`` (``code`` 0, ``steps`` N), flushed and closed;
+2. the rank waits, through the default group's c10d store (no collective, nothing recorded),
+   until every rank of the world has reached the same point. Every rank has by then completed
+   every collective it issued, so no message is left in flight: leaving cannot break a peer's
+   collective. A rank that does not come within ``DDPDOCTOR_STOP_TIMEOUT`` seconds (half the
+   launcher's hang timeout) is blocked elsewhere - the ranks diverged: the stopped rank leaves
+   anyway, the blocked peer's collective fails with a lost connection, and the job ends as a
+   divergence within seconds instead of a hang;
+3. the rank's own child processes (DataLoader workers) are terminated and the process ends
+   with ``os._exit(0)``: no ``destroy_process_group``, no interpreter teardown, hence none of
+   gloo's aborts at exit. The script's code after the stop point - ``finally`` blocks,
+   ``atexit`` handlers, the rest of the script - does not run.
+
+Standard library and torch only: this runs inside every rank.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from typing import Any
+
+from ddpdoctor.runtime import env
+from ddpdoctor.trace import schema
+
+DEFAULT_STOP_TIMEOUT = 15.0
+_POLL = 0.02
+
+_limit: int | None = None
+_timeout: float = DEFAULT_STOP_TIMEOUT
+
+
+def configure(limit: int | None, timeout: float | None = None) -> None:
+    """Set the step limit (None: no limit) and how long a stopping rank waits for the others."""
+    global _limit, _timeout
+    _limit = limit if limit is not None and limit >= 0 else None
+    if timeout is not None and timeout > 0:
+        _timeout = timeout
+
+
+def configure_from_env() -> int | None:
+    """Read ``DDPDOCTOR_MAX_STEPS`` / ``DDPDOCTOR_STOP_TIMEOUT``; returns the limit."""
+    raw = os.environ.get(env.MAX_STEPS, "").strip()
+    limit = int(raw) if raw.isdigit() else None
+    try:
+        timeout = float(os.environ.get(env.STOP_TIMEOUT, "") or DEFAULT_STOP_TIMEOUT)
+    except ValueError:
+        timeout = DEFAULT_STOP_TIMEOUT
+    configure(limit, timeout)
+    return limit
+
+
+def limit() -> int | None:
+    """The configured step limit."""
+    return _limit
+
+
+def check(recorder: Any) -> None:
+    """Stop this rank if it has done its N iterations (call before counting a new one)."""
+    if _limit is not None and recorder is not None and recorder.iteration >= _limit:
+        stop(recorder)
+
+
+def stop(recorder: Any) -> None:
+    """End this rank now: exit record, wait for the other ranks, ``os._exit(0)``."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    try:
+        recorder.close(schema.EXIT_MAX_STEPS, {"steps": _limit})
+    except Exception:
+        pass
+    try:
+        wait_for_peers(_timeout, getattr(recorder, "run_id", "") or "")
+    except Exception:
+        pass  # the store went away: a peer that hosted it has stopped already
+    _end_children()
+    os._exit(0)
+
+
+def wait_for_peers(timeout: float, run_id: str) -> bool:
+    """Wait until every rank of the world reached its stop point; False after ``timeout``."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return True
+    world = dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    key = f"ddpdoctor/max_steps/{run_id}/{attempt}"
+    arrived = store.add(key, 1)
+    deadline = time.monotonic() + timeout
+    while arrived < world:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_POLL)
+        arrived = store.add(key, 0)
+    return True
+
+
+def _end_children() -> None:
+    children = multiprocessing.active_children()
+    for child in children:
+        try:
+            child.terminate()
+        except Exception:
+            pass
+    for child in children:
+        try:
+            child.join(1.0)
+        except Exception:
+            pass

@@ -1,0 +1,426 @@
+"""The fast path of the trace reader: a rank's collectives kept compact, materialised on demand.
+
+A long job writes tens of thousands of collective lines per rank that differ only in their
+ids, times and states: the part the writer caches (group, op, label, tensors, stack; see
+``TraceWriter._encode_collective``) repeats. :func:`read_compact` therefore reads a trace file
+written in the writer's exact layout without decoding every line: each collective line is
+reduced to the bytes from its ``"state"`` field to its end, which are interned (one dict
+lookup per line), and only the first line of every distinct tail is decoded and checked
+field by field against the layout. What a rank keeps is a :class:`CollectiveLog`: one
+prototype :class:`~ddpdoctor.trace.model.Collective` per distinct static part, a list of small
+ints (which prototype each collective is, shared by every rank whose list is identical) and a
+sparse index of line offsets. A full ``Collective`` (its id, seq, iteration, time, state) is
+decoded from its line only when the analysis asks for it: around a divergence, at the end of
+a rank, for point-to-point pairing.
+
+Anything outside the layout (keys in another order, a collective line that decodes but does
+not match, a redefined stack) raises :class:`NotCompact` and the reader falls back to decoding
+every line; damaged lines are counted as the record-by-record reader counts them. The checks
+that make the positions trustworthy: the first and last collective of each group carry
+``id`` equal to their position in the file and ``seq`` equal to their position in the group,
+so no collective line was lost or repeated. (Two threads issuing on one group at once could
+write two sequence numbers in swapped order; such a trace is read in file order.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate, islice
+from typing import overload
+
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.model import Collective, RankTrace, Site
+
+COLLECTIVE_PREFIX = b'{"kind": "collective", "id": '
+_PREFIX_LEN = len(COLLECTIVE_PREFIX)
+STATE_MARK = b'"state": "'
+_STATE_PREFIX = b'{"kind": "state", "id": '
+_STATE_LINE = re.compile(
+    rb'\{"kind": "state", "id": (\d+), "state": "([a-z_]+)", "t": (-?\d+(?:\.\d+)?)\}')
+# The fields before "state" in the writer's layout, in order; the rest of the line is the tail.
+_HEAD_FIELDS = ["kind", "id", "rank", "seq", "iteration", "t"]
+_VARIABLE_TAIL = ("state", "bucket", "p2p_seq")
+_TAIL_FIELDS = frozenset(_VARIABLE_TAIL) | {"group", "op", "label", "shapes", "dtypes", "numel",
+                                            "stack", "reduce_op", "api", "root", "peer"}
+_BLOCK = 64  # lines per entry of the sparse offset index
+_STATE_CODES = {schema.COMPLETED: 0, schema.PENDING: 1, schema.FAILED: 2}
+
+
+class NotCompact(Exception):
+    """The file is not in the writer's exact layout: read it record by record instead."""
+
+
+def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:
+    """A :class:`Collective` from a decoded ``collective`` record (raises KeyError, TypeError or
+    ValueError on a malformed one). The one place both reading paths build collectives."""
+    return Collective(
+        rank=rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
+        op=str(rec["op"]), label=str(rec.get("label", "user")),
+        shapes=list(rec.get("shapes", [])), dtypes=list(rec.get("dtypes", [])),
+        numel=int(rec.get("numel", 0)), reduce_op=rec.get("reduce_op"),
+        root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
+        api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
+        t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
+        stack=stacks.get(rec.get("stack"), []))
+
+
+def is_p2p(c: Collective) -> bool:
+    """Point-to-point: the recording group gives these a ``p2p_seq`` instead of a ``seq``."""
+    return c.peer is not None or c.op == "recv_anysource"
+
+
+class GroupView(Sequence):
+    """One rank's collectives in one group, by position (``seq - 1``), materialised lazily."""
+
+    def __init__(self, log: CollectiveLog, ordinals: list[int] | None, length: int) -> None:
+        self._log = log
+        self._ordinals = ordinals  # position -> index in the rank's log; None: the same
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(index)
+        return self._log[index if self._ordinals is None else self._ordinals[index]]
+
+
+class CollectiveLog(Sequence):
+    """A rank's collectives in file order, read compactly; a read-only ``Sequence[Collective]``.
+
+    ``protos`` holds one prototype per distinct static part (variable fields left at their
+    defaults) and ``codes`` which prototype each collective is. Indexing decodes that
+    collective's line from the file (cached), with its later ``state`` record applied, exactly
+    as the record-by-record reader would have built it.
+    """
+
+    def __init__(self, path: str, rank: int, protos: list[Collective], codes: list[int],
+                 stacks: dict[int, list[Site]]) -> None:
+        self.path = path
+        self.rank = rank
+        self.protos = protos
+        self.codes = codes
+        self.stacks = stacks
+        self.groups: dict[str, tuple[list[int], list[int] | None]] = {}
+        self.p2p_ordinals: list[int] = []
+        self.incomplete_ordinals: list[int] = []
+        self._others = array("q")  # per non-collective line: collectives before it
+        self._sparse = array("q")  # byte offset of every _BLOCK-th line
+        self._state_ids = array("q")
+        self._state_t: list[object] = []
+        self._state_words: list[str] = []
+        self._cache: dict[int, Collective] = {}
+
+    # -- Sequence ---------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    @overload
+    def __getitem__(self, index: int) -> Collective: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Collective]: ...
+
+    def __getitem__(self, index):
+        n = len(self.codes)
+        if isinstance(index, slice):
+            wanted = range(*index.indices(n))
+            self._load([k for k in wanted if k not in self._cache])
+            return [self._cache[k] for k in wanted]
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(index)
+        c = self._cache.get(index)
+        if c is None:
+            self._load([index])
+            c = self._cache[index]
+        return c
+
+    def __iter__(self) -> Iterator[Collective]:
+        for start in range(0, len(self.codes), 4096):
+            yield from self[start:start + 4096]
+
+    # -- what the analysis asks for ----------------------------------------------------------
+    def incomplete(self, window: int) -> list[Collective]:
+        """The collectives among the last ``window`` that never completed, in order."""
+        first = max(0, len(self.codes) - window)
+        ordinals = self.incomplete_ordinals[bisect_left(self.incomplete_ordinals, first):]
+        return [c for c in (self[k] for k in ordinals) if c.state != schema.COMPLETED]
+
+    def used_stacks(self) -> list[list[Site]]:
+        """The distinct call stacks of this rank's collectives."""
+        return [p.stack for p in self.protos]
+
+    # -- decoding ---------------------------------------------------------------------------
+    def line_index(self, ordinal: int) -> int:
+        """Line number (0 = header) of the ``ordinal``-th collective."""
+        return 1 + ordinal + bisect_right(self._others, ordinal)
+
+    def _load(self, ordinals: list[int]) -> None:
+        if not ordinals:
+            return
+        want = {self.line_index(k): k for k in ordinals}
+        first, last = min(want), max(want)
+        start = self._sparse[first // _BLOCK]
+        block_end = last // _BLOCK + 1
+        end = self._sparse[block_end] if block_end < len(self._sparse) else None
+        with open(self.path, "rb") as fh:
+            fh.seek(start)
+            data = fh.read() if end is None else fh.read(end - start)
+        lines = data.split(b"\n")
+        base = (first // _BLOCK) * _BLOCK
+        for line_no, k in want.items():
+            raw = lines[line_no - base] if line_no - base < len(lines) else b""
+            self._cache[k] = self._decode(raw, k)
+
+    def _decode(self, raw: bytes, ordinal: int) -> Collective:
+        try:
+            rec = json.loads(raw.decode("utf-8"))
+            c = collective_from(self.rank, rec, self.stacks) \
+                if rec.get("kind") == schema.COLLECTIVE else None
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+            c = None
+        if c is None:
+            # A line whose variable head is damaged: what its tail says, at its position.
+            p = self.protos[self.codes[ordinal]]
+            c = Collective(rank=self.rank, id=ordinal + 1, group=p.group, seq=None, op=p.op,
+                           label=p.label, shapes=p.shapes, dtypes=p.dtypes, numel=p.numel,
+                           reduce_op=p.reduce_op, root=p.root, peer=p.peer, api=p.api,
+                           stack=p.stack)
+        ids = self._state_ids
+        i = bisect_right(ids, c.id)
+        if i and ids[i - 1] == c.id:  # the last state record of this id wins
+            c.state = self._state_words[i - 1]
+            c.t_end = self._state_t[i - 1]
+        return c
+
+
+def _sparse_offsets(lines: list[bytes]) -> array:
+    """Byte offset of every :data:`_BLOCK`-th line."""
+    ends = list(accumulate(map(len, lines)))  # sum of lengths of lines[:i + 1]
+    return array("q", [0] + [ends[i - 1] + i for i in range(_BLOCK, len(lines), _BLOCK)])
+
+
+class _Reader:
+    """One pass over a rank's lines; see :func:`read_compact`."""
+
+    def __init__(self, trace: RankTrace, lines: list[bytes], truncated: bool,
+                 parse: Callable[[bytes], object], apply: Callable[..., bool]) -> None:
+        self.trace = trace
+        self.lines = lines
+        self.truncated = truncated
+        self.parse = parse
+        self.apply = apply
+        self.stacks: dict[int, list[Site]] = {}
+        self.tails: dict[bytes, int] = {}
+        self.tail_proto: list[int] = []
+        self.tail_state: list[str] = []
+        self.protos: list[Collective] = []
+        self.proto_ids: dict[str, int] = {}
+        self.others = array("q")
+        self.state_ids: list[int] = []
+        self.state_words: list[str] = []
+        self.state_t: list[object] = []
+
+    def run(self) -> list[int]:
+        tails_get = self.tails.get
+        codes: list[int] = []
+        append = codes.append
+        others = self.others
+        other = self._other
+        new_tail = self._new_tail
+        prefix, mark, plen = COLLECTIVE_PREFIX, STATE_MARK, _PREFIX_LEN
+        for line in islice(self.lines, 1, None):
+            if line[:plen] == prefix:
+                tail = line[line.find(mark, plen):]
+                code = tails_get(tail)
+                if code is None:
+                    code = new_tail(tail, line)
+                    if code < 0:
+                        others.append(len(codes))
+                        continue
+                append(code)
+            else:
+                others.append(len(codes))
+                other(line, len(codes))
+        return codes
+
+    def _damaged(self, line: bytes) -> None:
+        if not (self.truncated and line is self.lines[-1]):  # a cut-off last line is expected
+            self.trace.damaged_lines += 1
+
+    def _new_tail(self, tail: bytes, line: bytes) -> int:
+        """Intern a tail not seen before; -1 when the line is damaged."""
+        rec = self.parse(line)
+        if not isinstance(rec, dict):
+            self._damaged(line)
+            return -1
+        tail_rec = self.parse(b"{" + tail) if tail.startswith(STATE_MARK) else None
+        if (not isinstance(tail_rec, dict) or list(rec)[:len(_HEAD_FIELDS)] != _HEAD_FIELDS
+                or list(rec)[len(_HEAD_FIELDS):] != list(tail_rec)
+                or not set(tail_rec) <= _TAIL_FIELDS or rec.get("stack") not in self.stacks
+                and "stack" in rec):
+            raise NotCompact("collective line outside the writer's layout")
+        try:
+            proto = collective_from(self.trace.rank, {**tail_rec, "id": 0}, self.stacks)
+        except (KeyError, TypeError, ValueError):
+            raise NotCompact("malformed collective") from None
+        static = {k: v for k, v in tail_rec.items() if k not in _VARIABLE_TAIL}
+        canon = json.dumps(static, sort_keys=True)
+        pid = self.proto_ids.get(canon)
+        if pid is None:
+            pid = self.proto_ids[canon] = len(self.protos)
+            proto.state, proto.bucket, proto.p2p_seq = schema.COMPLETED, None, None
+            self.protos.append(proto)
+        code = self.tails[tail] = len(self.tail_proto)
+        self.tail_proto.append(pid)
+        self.tail_state.append(str(tail_rec["state"]))
+        return code
+
+    def _other(self, line: bytes, count: int) -> None:
+        if line[:len(_STATE_PREFIX)] == _STATE_PREFIX:
+            m = _STATE_LINE.fullmatch(line)
+            if m is not None:
+                t = m[3]
+                self._state(int(m[1]), m[2].decode(), float(t) if b"." in t else int(t),
+                            count, line)
+                return
+        rec = self.parse(line)
+        if not isinstance(rec, dict):
+            self._damaged(line)
+            return
+        kind = rec.get("kind")
+        if kind == schema.COLLECTIVE:
+            raise NotCompact("collective line outside the writer's layout")
+        if kind == schema.STATE:
+            cid = rec.get("id")
+            if isinstance(cid, int) and not isinstance(cid, bool):
+                self._state(cid, str(rec.get("state")), rec.get("t"), count, line)
+            else:
+                self._damaged(line)
+            return
+        if kind == schema.STACK and rec.get("id") in self.stacks:
+            raise NotCompact("stack redefined")
+        if not self.apply(self.trace, rec, self.stacks, {}):
+            self._damaged(line)
+
+    def _state(self, cid: int, word: str, t: object, count: int, line: bytes) -> None:
+        if not 1 <= cid <= count:  # no such collective (yet): the other reader's damage too
+            self._damaged(line)
+            return
+        self.state_ids.append(cid)
+        self.state_words.append(word)
+        self.state_t.append(t)
+
+
+def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
+                 parse: Callable[[bytes], object], apply: Callable[..., bool],
+                 pool: dict | None = None) -> None:
+    """Fill ``trace`` from ``lines`` (line 0, the header, already read), its collectives as a
+    :class:`CollectiveLog`. ``parse`` and ``apply`` decode and fold the other records as the
+    record-by-record reader does. ``pool`` shares identical code lists between ranks. Raises
+    :class:`NotCompact` when the file is not in the writer's layout."""
+    reader = _Reader(trace, lines, truncated, parse, apply)
+    tail_codes = reader.run()
+    tail_proto = reader.tail_proto
+    codes = list(map(tail_proto.__getitem__, tail_codes))
+    if pool is not None and codes:
+        key = array("i", codes).tobytes()
+        shared = pool.get(key)
+        if shared is None:
+            pool[key] = codes
+        else:
+            codes = shared
+    log = CollectiveLog(trace.path, trace.rank, reader.protos, codes, reader.stacks)
+    log._others = reader.others
+    log._sparse = _sparse_offsets(lines)
+    # Later state records, sorted by id (stable: the last record of an id comes last).
+    order = sorted(range(len(reader.state_ids)), key=reader.state_ids.__getitem__)
+    log._state_ids = array("q", [reader.state_ids[i] for i in order])
+    log._state_words = [reader.state_words[i] for i in order]
+    log._state_t = [reader.state_t[i] for i in order]
+    _index(log, tail_codes, reader)
+    _check(log, lines, reader.parse)
+    trace.collectives = log
+
+
+def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
+    """Per-group positions, point-to-point ops and collectives that never completed."""
+    protos, codes = log.protos, log.codes
+    p2p = {i for i, p in enumerate(protos) if is_p2p(p)}
+    names = {p.group for i, p in enumerate(protos) if i not in p2p}
+    if p2p:
+        log.p2p_ordinals = [k for k, c in enumerate(codes) if c in p2p]
+    if len(names) == 1 and not p2p:
+        log.groups[names.pop()] = (codes, None)
+    else:
+        for name in names:
+            members = {i for i, p in enumerate(protos) if p.group == name and i not in p2p}
+            ordinals = [k for k, c in enumerate(codes) if c in members]
+            log.groups[name] = ([codes[k] for k in ordinals], ordinals)
+    unfinished = {i for i, s in enumerate(reader.tail_state) if s != schema.COMPLETED}
+    candidates = set()
+    if unfinished:
+        candidates.update(k for k, c in enumerate(tail_codes) if c in unfinished)
+    candidates.update(cid - 1 for cid in log._state_ids)
+    incomplete = []
+    ids, words = log._state_ids, log._state_words
+    for k in sorted(candidates):
+        i = bisect_right(ids, k + 1)
+        word = words[i - 1] if i and ids[i - 1] == k + 1 else reader.tail_state[tail_codes[k]]
+        if word != schema.COMPLETED:
+            incomplete.append(k)
+    log.incomplete_ordinals = incomplete
+
+
+def _check(log: CollectiveLog, lines: list[bytes], parse: Callable[[bytes], object]) -> None:
+    """The first and last collective of each group sit where their id and seq say: no line
+    was lost or repeated. Point-to-point lines are decoded here (the pairing needs them all)."""
+    def record(k: int) -> dict:
+        rec = parse(lines[log.line_index(k)])
+        if not isinstance(rec, dict) or rec.get("id") != k + 1:
+            raise NotCompact("collective ids out of order")
+        return rec
+
+    for name, (group_codes, ordinals) in log.groups.items():
+        n = len(group_codes)
+        for pos in (0, n - 1):
+            k = pos if ordinals is None else ordinals[pos]
+            if record(k).get("seq") != pos + 1:
+                raise NotCompact(f"group {name}: sequence numbers out of order")
+    if log.codes:
+        record(0)
+        record(len(log.codes) - 1)
+    for k in log.p2p_ordinals:
+        rec = record(k)
+        if rec.get("seq") is not None:
+            raise NotCompact("point-to-point op with a sequence number")
+        log._cache[k] = log._decode(lines[log.line_index(k)], k)
+
+
+def incomplete(collectives: Sequence[Collective], window: int) -> list[Collective]:
+    """The collectives among the last ``window`` of a rank that never completed."""
+    if isinstance(collectives, CollectiveLog):
+        return collectives.incomplete(window)
+    return [c for c in collectives[-window:] if c.state != schema.COMPLETED]
+
+
+def stacks_of(collectives: Sequence[Collective]) -> list[list[Site]]:
+    """The distinct call stacks of a rank's collectives."""
+    if isinstance(collectives, CollectiveLog):
+        return collectives.used_stacks()
+    seen: dict[int, list[Site]] = {}
+    for c in collectives:
+        if id(c.stack) not in seen:
+            seen[id(c.stack)] = c.stack
+    return list(seen.values())

@@ -1,0 +1,116 @@
+"""Faults during ``ddpdoctor run`` never cost the evidence, and ddpdoctor does no harm to the job."""
+
+from __future__ import annotations
+
+import os
+import resource
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.trace.reader import load_run
+
+from .jobs import REPO, SCRIPTS, ddpdoctor, kill_job_processes, marker_line, run_job
+
+
+@pytest.mark.timeout(120)
+def test_segfault_is_named_with_the_signal_and_faulthandler_output_kept(tmp_path: Path) -> None:
+    job = run_job(tmp_path, SCRIPTS / "rank_dies.py", "--how", "segfault")
+    assert job.returncode == 1
+    root = job.report["findings"][0]
+    assert root["kind"] == "rank_crashed"
+    assert "SIGSEGV" in root["summary"]
+    pid = job.run().ranks[1].process["pid"]
+    fault = (job.logdir / f"fault-{pid}.txt").read_text()
+    assert "Segmentation fault" in fault
+    assert f"rank_dies.py\", line {marker_line(SCRIPTS / 'rank_dies.py', 'segfault')}" in fault
+
+
+@pytest.mark.timeout(120)
+def test_os_exit_leaves_a_trace_without_an_exit_record(tmp_path: Path) -> None:
+    job = run_job(tmp_path, SCRIPTS / "rank_dies.py", "--how", "exit")
+    assert job.returncode == 1
+    run = job.run()
+    assert run.ranks[1].exit is None and len(run.ranks[1].collectives) == 4
+    root = job.report["findings"][0]
+    assert root["kind"] in ("rank_crashed", "missing_collective")
+    assert job.report["ranks"]["1"]["status"] in ("killed", "unfinished")
+
+
+@pytest.mark.timeout(120)
+def test_exit_code_stdout_stderr_and_user_sitecustomize_pass_through(tmp_path: Path) -> None:
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text(
+        "import os\nos.environ['USER_SITECUSTOMIZE_RAN'] = 'yes'\n")
+    env = {"PYTHONPATH": os.pathsep.join([str(user_site), str(REPO / "src")])}
+    logdir = tmp_path / "logs"
+    proc = ddpdoctor("run", "--launcher", "python", "--logdir", str(logdir),
+                     str(SCRIPTS / "passthrough.py"), env=env)
+    kill_job_processes(logdir)
+    assert proc.returncode == 7, proc.stderr[-3000:]
+    assert "to stdout: sum 2.0" in proc.stdout
+    assert "sitecustomize marker: yes" in proc.stdout
+    assert "to stderr: marker" in proc.stderr
+    trace = load_run([logdir]).ranks[0]
+    assert len(trace.collectives) == 1 and trace.exit["code"] == 7
+
+
+@pytest.mark.timeout(60)
+def test_unwritable_log_folder_is_one_clear_error(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.access(locked, os.W_OK):  # root ignores permissions: use a path under a file
+        target = tmp_path / "a_file" / "logs"
+        (tmp_path / "a_file").write_text("")
+    else:
+        target = locked / "logs"
+    proc = ddpdoctor("run", "--logdir", str(target), str(SCRIPTS / "long_loop.py"))
+    assert proc.returncode == 2
+    assert "cannot use log folder" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_full_disk_stops_recording_not_the_job(tmp_path: Path) -> None:
+    logdir = tmp_path / "logs"
+    limit = 64 * 1024
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir),
+             "--hang-timeout", "10", str(SCRIPTS / "long_loop.py")],
+            capture_output=True, text=True, timeout=100, cwd=REPO, preexec_fn=small_files)
+    finally:
+        leftovers = kill_job_processes(logdir)
+    assert not leftovers
+    assert "recording stopped, the job goes on" in proc.stderr
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    run = load_run([logdir])
+    assert all(t.collectives for t in run.ranks.values())
+    assert all(Path(t.path).stat().st_size <= limit for t in run.ranks.values())
+
+
+@pytest.mark.timeout(120)
+def test_traces_are_private_and_hold_only_allow_listed_environment(tmp_path: Path) -> None:
+    env = {"SECRET_TOKEN": "hunter2-do-not-record"}
+    logdir = tmp_path / "logs"
+    proc = ddpdoctor("run", "--logdir", str(logdir), str(SCRIPTS / "ddp_steps.py"),
+                     "--steps", "2", env=env)
+    kill_job_processes(logdir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert stat.S_IMODE(logdir.stat().st_mode) == 0o700
+    for trace in logdir.glob("rank-*.jsonl"):
+        assert stat.S_IMODE(trace.stat().st_mode) == 0o600
+        assert "hunter2" not in trace.read_text()
+    env_keys = set(load_run([logdir]).ranks[0].process["env"])
+    assert env_keys <= {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                        "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
+                        "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}

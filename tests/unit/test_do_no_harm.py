@@ -1,0 +1,74 @@
+"""The recorder never breaks the user's collective, and nothing read is unpickled or evaluated."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+from ddpdoctor.runtime.recorder import Recorder
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "ddpdoctor"
+
+
+class _Backend:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def allreduce(self, *args: object) -> str:
+        self.calls += 1
+        return "work"
+
+
+class _BrokenRecorder(Recorder):
+    def record(self, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("recorder bug")
+
+
+def test_a_recorder_error_disables_recording_and_the_collective_still_runs(
+        tmp_path: Path, capsys) -> None:
+    recorder = _BrokenRecorder(str(tmp_path), "run")
+    recorder.start(0, 1, "gloo")
+    backend = _Backend()
+    pg = RecordingProcessGroup(backend, None, 0, 1, "0", recorder)
+    opts = dist.AllreduceOptions()
+    assert pg.allreduce([torch.ones(2)], opts) == "work"
+    assert pg.allreduce([torch.ones(2)], opts) == "work"
+    assert backend.calls == 2
+    err = capsys.readouterr().err
+    assert err.count("recording disabled") == 1 and "recorder bug" in err
+    recorder.close()
+
+
+def test_a_backend_error_reaches_the_user_and_is_recorded_as_failed(tmp_path: Path) -> None:
+    class Failing(_Backend):
+        def allreduce(self, *args: object) -> str:
+            raise RuntimeError("Connection closed by peer")
+
+    recorder = Recorder(str(tmp_path), "run")
+    recorder.start(0, 1, "gloo")
+    pg = RecordingProcessGroup(Failing(), None, 0, 1, "0", recorder)
+    try:
+        pg.allreduce([torch.ones(2)], dist.AllreduceOptions())
+    except RuntimeError as exc:
+        assert "Connection closed" in str(exc)
+    else:
+        raise AssertionError("the backend's error was swallowed")
+    recorder.close()
+    text = (tmp_path / "rank-0.jsonl").read_text()
+    assert '"state": "failed"' in text
+
+
+def test_no_module_unpickles_or_evaluates() -> None:
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + [getattr(node, "module", "") or ""]
+                assert not any(n.split(".")[0] in ("pickle", "marshal", "shelve")
+                               for n in names), path
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                assert node.func.id not in ("eval", "exec"), path
