@@ -186,3 +186,26 @@ def test_syntax_error_in_script_is_reported_before_anything_starts(tmp_path: Pat
     assert f"{bad}:2: syntax error" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.timeout(120)
+def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) -> None:
+    job = run_job(tmp_path, SCRIPTS / "all_ops.py")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean"
+    for rank, trace in job.run().ranks.items():
+        ops = [(c.op, c.api) for c in trace.collectives]
+        assert ops == [
+            ("all_reduce", "all_reduce"), ("broadcast", "broadcast"), ("reduce", "reduce"),
+            ("all_gather", "all_gather"), ("all_gather_into_tensor", "all_gather_into_tensor"),
+            ("reduce_scatter_tensor", "reduce_scatter_tensor"),
+            ("all_to_all_single", "all_to_all_single"), ("gather", "gather"),
+            ("scatter", "scatter"), ("barrier", "barrier"),
+            ("send" if rank == 0 else "recv", "send" if rank == 0 else "recv"),
+            ("all_gather", "all_gather_object"), ("all_gather", "all_gather_object")]
+        by_op = {c.op: c for c in trace.collectives}
+        assert by_op["broadcast"].root == 1 and by_op["reduce"].root == 0
+        assert by_op["reduce"].reduce_op == "SUM" and by_op["scatter"].root == 0
+        p2p = by_op["send" if rank == 0 else "recv"]
+        assert p2p.seq is None and p2p.p2p_seq == 1 and p2p.peer == 1 - rank
+        assert [c.seq for c in trace.collectives if c.seq is not None] == list(range(1, 13))

@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ddpdoctor.runtime.recorder import Recorder
-from ddpdoctor.runtime.writer import ISSUING
+from ddpdoctor.trace import schema
 
 
 def _tensors(value: Any) -> list:
@@ -55,17 +55,21 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     # -- recording --------------------------------------------------------------------------
     def _issue(self, op: str, method: str, args: tuple, tensors: Any = None,
-               reduce_op: Any = None, root: int | None = None, peer: int | None = None) -> Any:
+               reduce_op: Any = None, root: int | None = None, peer: int | None = None,
+               p2p: bool = False) -> Any:
+        """Record ``op``, then run ``method`` of the wrapped backend with ``args``."""
         rec = None
         if self._enabled and self._recorder.writer is not None:
             try:
-                if peer is None and op not in ("recv_anysource",):
-                    self._seq += 1
-                    seq, p2p = self._seq, None
-                else:
+                # Collectives and point-to-point ops are numbered apart: p2p ops pair up
+                # between two ranks, not across the group.
+                if p2p:
                     self._p2p_seq += 1
-                    seq, p2p = None, self._p2p_seq
-                rec = self._recorder.record(self._name, seq, p2p, op, _tensors(tensors),
+                    seq, p2p_seq = None, self._p2p_seq
+                else:
+                    self._seq += 1
+                    seq, p2p_seq = self._seq, None
+                rec = self._recorder.record(self._name, seq, p2p_seq, op, _tensors(tensors),
                                             reduce_op, root, peer, sys._getframe(2))
             except Exception as exc:  # never let recording break the user's collective
                 self._enabled = False
@@ -75,7 +79,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
             work = getattr(self._inner, method)(*args)
         except BaseException:
             if rec is not None:
-                rec.work = "failed"
+                rec.work = schema.FAILED
             raise
         if rec is not None:
             rec.work = work
@@ -162,13 +166,13 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, *args: Any) -> Any:
-        return self._issue("send", "send", args, args[0], peer=args[1])
+        return self._issue("send", "send", args, args[0], peer=args[1], p2p=True)
 
     def recv(self, *args: Any) -> Any:
-        return self._issue("recv", "recv", args, args[0], peer=args[1])
+        return self._issue("recv", "recv", args, args[0], peer=args[1], p2p=True)
 
     def recv_anysource(self, *args: Any) -> Any:
-        return self._issue("recv_anysource", "recv_anysource", args, args[0])
+        return self._issue("recv_anysource", "recv_anysource", args, args[0], p2p=True)
 
     # -- coalescing brackets: forwarded, not recorded ----------------------------------------
     def _start_coalescing(self, *args: Any) -> Any:
@@ -177,5 +181,3 @@ class RecordingProcessGroup(dist.ProcessGroup):
     def _end_coalescing(self, *args: Any) -> Any:
         return self._inner._end_coalescing(*args)
 
-
-__all__ = ["RecordingProcessGroup", "ISSUING"]

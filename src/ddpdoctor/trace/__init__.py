@@ -1,0 +1,1 @@
+"""The trace format (schema), its in-memory model and its reader."""

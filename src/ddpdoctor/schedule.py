@@ -1,0 +1,313 @@
+"""The collective schedule of a job: what it issues at start-up and in one training iteration.
+
+``ddpdoctor schedule save LOGDIR schedule.yaml`` keeps it; ``ddpdoctor schedule compare`` and
+``ddpdoctor run --expect-schedule`` fail when a change adds, removes or reshapes a collective
+(an all-reduce added to the training loop, a changed gradient-bucket layout, a new group).
+
+A schedule has two parts per rank, both lists of collectives in issue order, each entry
+``group``, ``op``, ``label``, ``shapes``, ``dtypes`` (compared) and ``at`` (the source line,
+``file:line`` with the file's base name: shown, never compared):
+
+* ``init``: everything issued before the first DDP forward (DDP construction included);
+* ``iteration``: everything issued during one steady-state iteration: DDP iteration 2, the
+  first with the bucket layout DDP settles on after its rebuild (iteration 1 when the run had
+  only one). Whatever the script issues between two forwards belongs to the iteration before.
+
+Ranks with identical schedules share one entry. Save and compare runs of the same command
+(e.g. the same ``--max-steps``): a run cut shorter than the saved iteration differs. Pure
+functions on a loaded :class:`~ddpdoctor.trace.model.Run`; YAML through ``yaml.safe_dump`` /
+``yaml.safe_load``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ddpdoctor.analysis.terms import rank_list
+from ddpdoctor.trace.model import Collective, Run
+
+FORMAT = "ddpdoctor-schedule"
+VERSION = 1
+STEADY_ITERATION = 2
+SECTIONS = ("init", "iteration")
+
+
+class ScheduleError(Exception):
+    """A schedule file that cannot be used; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One collective of a schedule."""
+
+    group: str
+    op: str
+    label: str
+    shapes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    at: str = ""  # where it was issued (file base name:line); informative, not compared
+
+    @property
+    def key(self) -> tuple:
+        """What a comparison looks at."""
+        return (self.group, self.op, self.label, self.shapes, self.dtypes)
+
+    def text(self) -> str:
+        """'all_reduce ddp.bucket float32[410] (group 0)'."""
+        tensors = " + ".join(f"{d}[{', '.join(str(n) for n in s)}]"
+                             for s, d in zip(self.shapes, self.dtypes))
+        group = "" if self.group == "0" else f" (group {self.group})"
+        return f"{self.op} {self.label}" + (f" {tensors}" if tensors else "") + group
+
+
+@dataclass
+class RankSchedule:
+    """The schedule of one or more ranks that issued exactly the same collectives."""
+
+    ranks: list[int]
+    init: list[Entry] = field(default_factory=list)
+    iteration: list[Entry] = field(default_factory=list)
+
+    def section(self, name: str) -> list[Entry]:
+        return self.init if name == "init" else self.iteration
+
+
+@dataclass
+class Schedule:
+    """A job's collective schedule."""
+
+    world_size: int
+    iteration: int | None  # which DDP iteration ``iteration`` lists (None: no DDP forward)
+    groups: dict[str, list[int]] = field(default_factory=dict)  # group name -> member ranks
+    ranks: list[RankSchedule] = field(default_factory=list)
+
+    def of_rank(self, rank: int) -> RankSchedule | None:
+        return next((r for r in self.ranks if rank in r.ranks), None)
+
+
+# -- from a run ------------------------------------------------------------------------------
+def _entry(c: Collective) -> Entry:
+    site = c.site
+    at = f"{site.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{site.line}" if site else ""
+    return Entry(group=c.group, op=c.op, label=c.label,
+                 shapes=tuple(tuple(int(n) for n in s) for s in c.shapes),
+                 dtypes=tuple(str(d) for d in c.dtypes), at=at)
+
+
+def steady_iteration(run: Run) -> int | None:
+    """The iteration a schedule lists: 2 when the run got that far, else 1, else None."""
+    reached = max((c.iteration or 0 for t in run.ranks.values() for c in t.collectives),
+                  default=0)
+    reached = max([reached] + [int((t.exit or {}).get("steps") or 0)
+                               for t in run.ranks.values()])
+    if reached <= 0:
+        return None
+    return min(reached, STEADY_ITERATION)
+
+
+def from_run(run: Run) -> Schedule:
+    """The schedule of a loaded run (every rank's traces)."""
+    it = steady_iteration(run)
+    groups: dict[str, list[int]] = {}
+    per_rank: list[tuple[int, list[Entry], list[Entry]]] = []
+    for rank in sorted(run.ranks):
+        trace = run.ranks[rank]
+        for name, group in trace.groups.items():
+            groups.setdefault(name, list(group.ranks))
+        colls = [c for c in trace.collectives if c.seq is not None or c.p2p_seq is not None]
+        init = [_entry(c) for c in colls if (c.iteration or 0) == 0]
+        steady = [_entry(c) for c in colls if it is not None and c.iteration == it]
+        per_rank.append((rank, init, steady))
+    merged: list[RankSchedule] = []
+    for rank, init, steady in per_rank:
+        keys = ([e.key for e in init], [e.key for e in steady])
+        same = next((m for m in merged if ([e.key for e in m.init],
+                                           [e.key for e in m.iteration]) == keys), None)
+        if same is not None:
+            same.ranks.append(rank)
+        else:
+            merged.append(RankSchedule([rank], init, steady))
+    return Schedule(world_size=run.world_size, iteration=it,
+                    groups=dict(sorted(groups.items(), key=lambda kv: _group_order(kv[0]))),
+                    ranks=merged)
+
+
+def _group_order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+# -- YAML ------------------------------------------------------------------------------------
+def _entry_dict(e: Entry) -> dict[str, Any]:
+    out: dict[str, Any] = {"group": e.group, "op": e.op, "label": e.label,
+                           "shapes": [list(s) for s in e.shapes], "dtypes": list(e.dtypes)}
+    if e.at:
+        out["at"] = e.at
+    return out
+
+
+def to_yaml(schedule: Schedule) -> str:
+    """The schedule as a YAML document (``yaml.safe_dump``)."""
+    data = {
+        "format": FORMAT,
+        "version": VERSION,
+        "world_size": schedule.world_size,
+        "iteration": schedule.iteration,
+        "groups": {name: list(ranks) for name, ranks in schedule.groups.items()},
+        "schedules": [{"ranks": list(r.ranks),
+                       "init": [_entry_dict(e) for e in r.init],
+                       "iteration": [_entry_dict(e) for e in r.iteration]}
+                      for r in schedule.ranks],
+    }
+    header = ("# ddpdoctor collective schedule: what the job issues before its first DDP forward\n"
+              "# (init) and during one steady-state DDP iteration. Check a run against it with\n"
+              "#   ddpdoctor run --expect-schedule FILE ...   or   ddpdoctor schedule compare "
+              "FILE LOGDIR\n")
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+
+
+def _parse_entry(raw: Any, where: str) -> Entry:
+    if not isinstance(raw, dict):
+        raise ScheduleError(f"{where}: expected a mapping with group, op, label, shapes, dtypes")
+    try:
+        shapes = tuple(tuple(int(n) for n in s) for s in raw.get("shapes") or [])
+        dtypes = tuple(str(d) for d in raw.get("dtypes") or [])
+        return Entry(group=str(raw["group"]), op=str(raw["op"]), label=str(raw["label"]),
+                     shapes=shapes, dtypes=dtypes, at=str(raw.get("at") or ""))
+    except KeyError as exc:
+        raise ScheduleError(f"{where}: missing {exc.args[0]!r}") from None
+    except (TypeError, ValueError):
+        raise ScheduleError(f"{where}: shapes must be lists of integers") from None
+
+
+def from_yaml(text: str, source: str = "schedule") -> Schedule:
+    """Parse a schedule written by :func:`to_yaml`; raises :class:`ScheduleError`."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ScheduleError(f"{source}: not valid YAML{line}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ScheduleError(f"{source}: not a ddpdoctor schedule (written by "
+                            f"'ddpdoctor schedule save')")
+    version = data.get("version")
+    if not isinstance(version, int) or version > VERSION:
+        raise ScheduleError(f"{source}: schedule version {version!r}; this ddpdoctor reads "
+                            f"version {VERSION} and older")
+    try:
+        world = int(data.get("world_size") or 0)
+        it = data.get("iteration")
+        it = None if it is None else int(it)
+        groups = {str(k): [int(r) for r in v] for k, v in (data.get("groups") or {}).items()}
+    except (TypeError, ValueError, AttributeError):
+        raise ScheduleError(f"{source}: bad world_size, iteration or groups") from None
+    ranks = []
+    for i, raw in enumerate(data.get("schedules") or []):
+        if not isinstance(raw, dict) or not isinstance(raw.get("ranks"), list):
+            raise ScheduleError(f"{source}: schedules[{i}] needs a list of ranks")
+        entry = RankSchedule([int(r) for r in raw["ranks"]])
+        for name in SECTIONS:
+            items = raw.get(name) or []
+            if not isinstance(items, list):
+                raise ScheduleError(f"{source}: schedules[{i}].{name} must be a list")
+            entry.section(name).extend(_parse_entry(e, f"{source}: schedules[{i}].{name}[{j}]")
+                                       for j, e in enumerate(items))
+        ranks.append(entry)
+    return Schedule(world_size=world, iteration=it, groups=groups, ranks=ranks)
+
+
+def load(path: str | Path) -> Schedule:
+    """Read a schedule file; raises :class:`ScheduleError` with one line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScheduleError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ScheduleError(f"{path}: not a text file") from None
+    return from_yaml(text, str(path))
+
+
+def save(schedule: Schedule, path: str | Path) -> None:
+    """Write a schedule file; raises :class:`ScheduleError` with one line."""
+    try:
+        Path(path).write_text(to_yaml(schedule), encoding="utf-8")
+    except OSError as exc:
+        raise ScheduleError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+# -- comparing -------------------------------------------------------------------------------
+def _where(section: str, iteration: int | None) -> str:
+    return "init" if section == "init" else f"iteration {iteration}"
+
+
+def _section_diff(expected: list[Entry], actual: list[Entry], label: str) -> list[str]:
+    lines: list[str] = []
+    matcher = difflib.SequenceMatcher(a=[e.key for e in expected], b=[e.key for e in actual],
+                                      autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "equal":
+            continue
+        old, new = expected[i1:i2], actual[j1:j2]
+        if tag == "replace" and len(old) == len(new) and all(
+                (a.group, a.op, a.label) == (b.group, b.op, b.label) for a, b in zip(old, new)):
+            for k, (a, b) in enumerate(zip(old, new)):
+                lines.append(f"{label} #{j1 + k + 1}: reshaped {a.text()} -> "
+                             f"{b.text().split(' ', 2)[2] if b.shapes else b.text()}"
+                             + (f"  ({b.at})" if b.at else ""))
+            continue
+        for k, e in enumerate(old):
+            lines.append(f"{label} #{i1 + k + 1}: removed {e.text()}"
+                         + (f"  (was {e.at})" if e.at else ""))
+        for k, e in enumerate(new):
+            lines.append(f"{label} #{j1 + k + 1}: added {e.text()}"
+                         + (f"  ({e.at})" if e.at else ""))
+    return lines
+
+
+def compare(expected: Schedule, actual: Schedule) -> list[str]:
+    """How ``actual`` differs from ``expected``, one line each; empty when it does not.
+
+    Positions (``#n``) count collectives within the section, 1-based, in the actual run
+    (in the expected schedule for a removed one). Ranks that differ the same way share lines.
+    """
+    out: list[str] = []
+    if expected.world_size != actual.world_size:
+        out.append(f"world size: {expected.world_size} expected, {actual.world_size} in this run")
+    if expected.iteration != actual.iteration:
+        out.append(f"the schedule lists iteration {expected.iteration}; this run reached "
+                   f"{'no DDP iteration' if actual.iteration is None else 'only iteration ' + str(actual.iteration)}"
+                   f" (compare runs of the same command, e.g. the same --max-steps)")
+    for name in sorted(set(expected.groups) | set(actual.groups), key=_group_order):
+        want, got = expected.groups.get(name), actual.groups.get(name)
+        if want is None:
+            out.append(f"group {name}: added (ranks {got})")
+        elif got is None:
+            out.append(f"group {name}: removed (was ranks {want})")
+        elif sorted(want) != sorted(got):
+            out.append(f"group {name}: ranks {want} expected, {got} in this run")
+    by_diff: dict[tuple[str, ...], list[int]] = {}
+    ranks = sorted({r for s in actual.ranks for r in s.ranks}
+                   | {r for s in expected.ranks for r in s.ranks})
+    for rank in ranks:
+        want_s, got_s = expected.of_rank(rank), actual.of_rank(rank)
+        if want_s is None or got_s is None:
+            lines = ("not in the saved schedule",) if want_s is None else ("no trace in this run",)
+            by_diff.setdefault(lines, []).append(rank)
+            continue
+        lines = []
+        for section in SECTIONS:
+            label = _where(section, actual.iteration if section != "init" else None)
+            lines += _section_diff(want_s.section(section), got_s.section(section), label)
+        if lines:
+            by_diff.setdefault(tuple(lines), []).append(rank)
+    for lines, rs_ in by_diff.items():
+        out.append(f"{rank_list(rs_)}:")
+        out.extend(f"  {line}" for line in lines[:40])
+        if len(lines) > 40:
+            out.append(f"  ... and {len(lines) - 40} more differences")
+    return out
