@@ -9,3 +9,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "/e2e/" in str(item.fspath):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(autouse=True)
+def _no_ci_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jobs started by a test must not append to the CI server's own step summary."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)

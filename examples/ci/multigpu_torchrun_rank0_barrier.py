@@ -12,9 +12,9 @@ Run (CI, no GPU):
 Observed on gloo (torch 2.13 CPU, 2 ranks, ``--cpu --max-steps 2``): epoch 0 (iterations 1-2)
 matches; rank 0 saves its snapshot and waits in the barrier; rank 1 reaches the start of
 iteration 3, where ``--max-steps 2`` stops it. Rank 0 never comes: rank 1 waits half the hang
-timeout, leaves, and rank 0's barrier fails with "Connection closed by peer": exit 1 within
-seconds (without ``--max-steps``: rank 0's barrier meets rank 1's next gradient all-reduce,
-and the job hangs - exit 3, as it hangs on NCCL).
+timeout, leaves, and rank 0's barrier fails with "Connection closed by peer": exit 1 after
+~9 s with ``--hang-timeout 5`` (without ``--max-steps``: rank 0's barrier meets rank 1's next
+gradient all-reduce, and the job hangs - exit 3, as it hangs on NCCL).
 
 Expected diagnosis:
   verdict: diverged

@@ -15,8 +15,10 @@ Run (CI, no GPU):
 
 Observed on gloo (torch 2.13 CPU, 2 ranks, ``--cpu``): 4 epochs of 2 steps; with
 ``--max-steps 2`` both ranks stop at the start of iteration 3 (after epoch 0 and rank 0's
-snapshot), ~5 s, exit 0. Per step: gradient all-reduces of two buckets after DDP's rebuild
-(``bucket_cap_mb=0.01``) and one all-reduce of the loss total (float32[2]).
+snapshot), ~5 s, exit 0. Before the first step: DDP's construction (all-gather int64[1],
+broadcasts int64[12] and float32[1604]); per step: one gradient bucket all-reduce
+(float32[1604]), the bucket-rebuild broadcasts on iteration 2, and the all-reduce of the
+step's loss and count (float32[2]).
 
 Expected diagnosis:
   verdict: clean

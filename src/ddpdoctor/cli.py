@@ -1,8 +1,12 @@
-"""Command line: ``ddpdoctor run`` and ``ddpdoctor diff``. Thin: options -> one call -> renderer."""
+"""Command line: ``ddpdoctor run``, ``diff`` and ``schedule``. Thin: options -> one call -> renderer.
+
+``run`` takes its defaults from ``ddpdoctor.yaml`` in the working directory (config.py).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -14,11 +18,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ddpdoctor import __version__, doctor
+from ddpdoctor import __version__, config, doctor
+from ddpdoctor.analysis.report import Report
 from ddpdoctor.launcher import RunOptions, UsageError
 from ddpdoctor.progress import JobProgress
 from ddpdoctor.render import console as console_report
-from ddpdoctor.render import json_report
+from ddpdoctor.render import json_report, junit, markdown
+from ddpdoctor.schedule import ScheduleError
 from ddpdoctor.trace.reader import TraceError
 
 app = typer.Typer(
@@ -52,10 +58,18 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main_options(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                  help="Print the version and exit."),
 ) -> None:
     """ddpdoctor records every collective of every rank, and explains hangs and divergences."""
+    if ctx.invoked_subcommand == "run":
+        try:
+            defaults = config.load()
+        except config.ConfigError as exc:
+            _fail(str(exc))
+        # Options missing from the command line take their value from ddpdoctor.yaml.
+        ctx.default_map = {**(ctx.default_map or {}), **defaults}
 
 
 @app.command(context_settings={"allow_interspersed_args": False})
@@ -63,7 +77,8 @@ def run(
     script: str = typer.Argument(..., help="The training script (or module with -m)."),
     args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script."),
     nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", min=1, help="Processes per node (default: visible GPUs, else 2)."),
+        None, "--nproc-per-node", min=1,
+        help="Processes per node (default: visible GPUs, else 2; 2 with --cpu)."),
     nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun: nodes (N or MIN:MAX)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="torchrun: this node's rank."),
     rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="torchrun: rendezvous backend."),
@@ -96,6 +111,16 @@ def run(
     max_steps: Optional[int] = typer.Option(
         None, "--max-steps", min=1,
         help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0)."),
+    junit_out: Optional[Path] = typer.Option(
+        None, "--junit", help="Also write a JUnit XML file: one test, failed with the diagnosis."),
+    markdown_out: Optional[Path] = typer.Option(
+        None, "--markdown",
+        help="Also write the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
+             "there in any case)."),
+    expect_schedule: Optional[Path] = typer.Option(
+        None, "--expect-schedule",
+        help="Fail (exit 1) when the run's collective schedule differs from this file "
+             "(written by 'ddpdoctor schedule save')."),
 ) -> None:
     """Run SCRIPT under torchrun with every rank recorded; diagnose a hang, crash or divergence.
 
@@ -104,6 +129,8 @@ def run(
       ddpdoctor run --nproc-per-node 2 train.py --epochs 1
 
       ddpdoctor run --launcher python spawn_script.py
+
+      ddpdoctor run --cpu --max-steps 2 --junit junit.xml train_on_gpus.py
     """
     opts = RunOptions(
         script=script, args=list(args or []), module=module, launcher=launcher.value,
@@ -111,7 +138,8 @@ def run(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
         master_port=master_port, max_restarts=max_restarts,
         logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
-        stall_timeout=stall_timeout, grace=grace, cpu=cpu, max_steps=max_steps)
+        stall_timeout=stall_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
+        expect_schedule=str(expect_schedule) if expect_schedule else None)
     try:
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:
@@ -133,12 +161,44 @@ def run(
             json_out.write_text(json.dumps(json_report.to_dict(outcome.report), indent=2))
     elif outcome.read_error:
         _say(f"no diagnosis: {outcome.read_error}")
+    if outcome.schedule_diff:
+        _say(f"the collective schedule differs from {expect_schedule}:")
+        for line in outcome.schedule_diff:
+            err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    elif expect_schedule and outcome.report is not None:
+        _say(f"the collective schedule matches {expect_schedule}")
     if outcome.teardown_only:
         _say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
+    info = markdown.RunInfo(name=" ".join([script, *(args or [])]), exit_code=outcome.exit_code,
+                            seconds=job.duration, logdir=str(log_path),
+                            problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
+    _write_ci_reports(outcome.report, info, junit_out, markdown_out)
     _say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
+
+
+def _write_ci_reports(report: Optional[Report], info: markdown.RunInfo, junit_out: Optional[Path],
+                      markdown_out: Optional[Path]) -> None:
+    """--junit, --markdown and $GITHUB_STEP_SUMMARY; a file that cannot be written is a warning
+    (the diagnosis above stands)."""
+    outputs: list[tuple[Path, str, str]] = []
+    if junit_out:
+        outputs.append((junit_out, junit.render(report, info), "w"))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if markdown_out or summary:
+        text = markdown.render(report, info)
+        if markdown_out:
+            outputs.append((markdown_out, text, "w"))
+        if summary:
+            outputs.append((Path(summary), text, "a"))
+    for path, text, mode in outputs:
+        try:
+            with open(path, mode, encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            _say(f"warning: cannot write {path}: {exc.strerror or exc}")
 
 
 def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
@@ -191,6 +251,46 @@ def diff(
     else:
         console_report.render(report, Console(highlight=False))
     raise typer.Exit(doctor.EXIT_OK if report.verdict == "clean" else doctor.EXIT_PROBLEM)
+
+
+schedule_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=None,
+    help="Save a job's collective schedule, and check later runs against it.")
+app.add_typer(schedule_app, name="schedule")
+
+
+@schedule_app.command("save")
+def schedule_save(
+    logdir: Path = typer.Argument(..., help="Log folder of a good run (ddpdoctor run --logdir)."),
+    out: Path = typer.Argument(..., help="Schedule file to write (YAML), e.g. schedule.yaml."),
+) -> None:
+    """Write the job's collective schedule: init, then one steady-state DDP iteration."""
+    try:
+        sched = doctor.save_schedule([str(logdir)], str(out))
+    except (TraceError, ScheduleError) as exc:
+        _fail(str(exc))
+    entries = sum(len(r.init) + len(r.iteration) for r in sched.ranks)
+    parts = "init only: no DDP iteration" if sched.iteration is None else \
+        f"init and iteration {sched.iteration}"
+    print(f"wrote {out}: {entries} collectives ({parts}) of {sched.world_size} ranks")
+
+
+@schedule_app.command("compare")
+def schedule_compare(
+    expected: Path = typer.Argument(..., help="File written by 'ddpdoctor schedule save'."),
+    logdir: list[Path] = typer.Argument(..., help="Log folder(s) of the run to check."),
+) -> None:
+    """Exit 1 with the differences when the run adds, removes or reshapes a collective."""
+    try:
+        changes = doctor.compare_schedule(str(expected), [str(p) for p in logdir])
+    except (TraceError, ScheduleError) as exc:
+        _fail(str(exc))
+    if changes:
+        print(f"the collective schedule differs from {expected}:")
+        for line in changes:
+            print(f"  {line}")
+        raise typer.Exit(doctor.EXIT_PROBLEM)
+    print(f"the collective schedule matches {expected}")
 
 
 def main() -> None:

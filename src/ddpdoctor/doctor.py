@@ -1,10 +1,12 @@
-"""The two things ddpdoctor does, as calls the CLI (or a test) makes: run a job, diff traces.
+"""What ddpdoctor does, as calls the CLI (or a test) makes: run a job, diff traces, save and
+compare collective schedules.
 
 Also the exit-code policy, in one place:
 
 ====  =====================================================================================
 0     the job succeeded and nothing diverged (``diff``: the traces are clean)
-1     a problem was found: a rank crashed or diverged (``run``: or the job's own non-zero code)
+1     a problem was found: a rank crashed or diverged (``run``: or the job's own non-zero code,
+      or the collective schedule differs from ``--expect-schedule``)
 2     bad usage or unreadable input
 3     ``run`` detected a hang, collected the evidence and stopped the job
 130   ``run`` was interrupted (SIGINT/SIGTERM); the job was stopped, the logs kept
@@ -14,13 +16,14 @@ Also the exit-code policy, in one place:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpdoctor import schedule
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.launcher import (
-    JobResult, RunOptions, check_options, check_script, make_logdir, run_job)
+    JobResult, RunOptions, UsageError, check_options, check_script, make_logdir, run_job)
 from ddpdoctor.progress import JobProgress
 from ddpdoctor.trace.reader import TraceError, load_run
 
@@ -40,6 +43,7 @@ class RunOutcome:
     exit_code: int
     read_error: str | None = None
     teardown_only: bool = False
+    schedule_diff: list[str] = field(default_factory=list)  # --expect-schedule differences
 
 
 def diff(paths: Iterable[str]) -> Report:
@@ -48,24 +52,55 @@ def diff(paths: Iterable[str]) -> Report:
 
 
 def prepare_run(opts: RunOptions) -> Path:
-    """Validate the options and the script and create the log folder (raises UsageError)."""
+    """Validate the options, the script and the expected schedule, and create the log folder
+    (raises UsageError)."""
     check_options(opts)
     check_script(opts)
+    if opts.expect_schedule:
+        _expected_schedule(opts.expect_schedule)
     return make_logdir(opts.logdir)
+
+
+def _expected_schedule(path: str) -> schedule.Schedule:
+    try:
+        return schedule.load(path)
+    except schedule.ScheduleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def save_schedule(paths: Iterable[str], out: str) -> schedule.Schedule:
+    """Write the collective schedule of the traces under ``paths`` to ``out`` (raises
+    TraceError or ScheduleError)."""
+    sched = schedule.from_run(load_run(paths))
+    schedule.save(sched, out)
+    return sched
+
+
+def compare_schedule(expected: str, paths: Iterable[str]) -> list[str]:
+    """How the traces under ``paths`` differ from the schedule file ``expected`` (one line
+    each; empty when they do not). Raises TraceError or ScheduleError."""
+    return schedule.compare(schedule.load(expected), schedule.from_run(load_run(paths)))
 
 
 def run(opts: RunOptions, logdir: Path,
         on_status: Callable[[JobProgress, str], None] | None = None) -> RunOutcome:
     """Run the job under instrumentation and diagnose what its ranks recorded."""
+    expected = _expected_schedule(opts.expect_schedule) if opts.expect_schedule else None
     job = run_job(opts, logdir, on_status)
-    report, read_error = None, None
+    report, read_error, changes = None, None, []
     try:
         loaded = load_run([str(logdir)])
         loaded.stopped_for_hang = job.hang
         report = diagnose(loaded)
+        if expected is not None:
+            changes = schedule.compare(expected, schedule.from_run(loaded))
     except TraceError as exc:
         read_error = str(exc)
-    return _outcome(job, report, read_error)
+    outcome = _outcome(job, report, read_error)
+    outcome.schedule_diff = changes
+    if changes and outcome.exit_code == EXIT_OK:
+        outcome.exit_code = EXIT_PROBLEM
+    return outcome
 
 
 def _outcome(job: JobResult, report: Report | None, read_error: str | None) -> RunOutcome:

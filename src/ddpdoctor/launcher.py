@@ -58,6 +58,9 @@ class RunOptions:
     status_every: float = 10.0
     cpu: bool = False  # run a CUDA/NCCL script on the CPU with gloo (runtime/cpu_mode.py)
     max_steps: int | None = None  # stop every rank at the start of DDP iteration N+1
+    expect_schedule: str | None = None  # schedule file the run must match (schedule.py)
+    max_trace_mb: float | None = None  # per-rank trace size after which only what breaks
+    # the rank's pattern is written (runtime/trace_cap.py; CLI --max-trace-mb)
 
 
 @dataclass
@@ -194,6 +197,8 @@ def build_env(opts: RunOptions, logdir: Path, run_id: str) -> dict[str, str]:
         environ[rank_env.BACKEND] = "gloo"
         environ[rank_env.CPU_DEVICES] = str(nproc(opts))
         environ["CUDA_VISIBLE_DEVICES"] = ""  # torch itself must not find a GPU either
+    if opts.max_trace_mb is not None:
+        environ[rank_env.MAX_TRACE_MB] = f"{opts.max_trace_mb:g}"
     if opts.max_steps is not None:
         environ[rank_env.MAX_STEPS] = str(opts.max_steps)
         environ[rank_env.STOP_TIMEOUT] = f"{stop_timeout(opts):g}"

@@ -57,10 +57,14 @@ class Entry:
         """What a comparison looks at."""
         return (self.group, self.op, self.label, self.shapes, self.dtypes)
 
+    def tensors(self) -> str:
+        """'float32[410]', 'int32[1] + int32[7]', '' without tensors."""
+        return " + ".join(f"{d}[{', '.join(str(n) for n in s)}]"
+                          for s, d in zip(self.shapes, self.dtypes))
+
     def text(self) -> str:
-        """'all_reduce ddp.bucket float32[410] (group 0)'."""
-        tensors = " + ".join(f"{d}[{', '.join(str(n) for n in s)}]"
-                             for s, d in zip(self.shapes, self.dtypes))
+        """'all_reduce ddp.bucket float32[410]', with '(group 1)' outside the default group."""
+        tensors = self.tensors()
         group = "" if self.group == "0" else f" (group {self.group})"
         return f"{self.op} {self.label}" + (f" {tensors}" if tensors else "") + group
 
@@ -101,7 +105,8 @@ def _entry(c: Collective) -> Entry:
 
 def steady_iteration(run: Run) -> int | None:
     """The iteration a schedule lists: 2 when the run got that far, else 1, else None."""
-    reached = max((c.iteration or 0 for t in run.ranks.values() for c in t.collectives),
+    # A rank's DDP iteration only grows: its last collectives carry its highest.
+    reached = max((c.iteration or 0 for t in run.ranks.values() for c in t.collectives[-64:]),
                   default=0)
     reached = max([reached] + [int((t.exit or {}).get("steps") or 0)
                                for t in run.ranks.values()])
@@ -119,9 +124,16 @@ def from_run(run: Run) -> Schedule:
         trace = run.ranks[rank]
         for name, group in trace.groups.items():
             groups.setdefault(name, list(group.ranks))
-        colls = [c for c in trace.collectives if c.seq is not None or c.p2p_seq is not None]
-        init = [_entry(c) for c in colls if (c.iteration or 0) == 0]
-        steady = [_entry(c) for c in colls if it is not None and c.iteration == it]
+        init, steady = [], []
+        last = it or 0
+        for c in trace.collectives:
+            iteration = c.iteration or 0
+            if iteration > last:
+                break  # a rank's DDP iteration only grows: the rest is later iterations
+            if iteration == 0:
+                init.append(_entry(c))
+            elif iteration == it:
+                steady.append(_entry(c))
         per_rank.append((rank, init, steady))
     merged: list[RankSchedule] = []
     for rank, init, steady in per_rank:
@@ -150,24 +162,29 @@ def _entry_dict(e: Entry) -> dict[str, Any]:
     return out
 
 
+def _flow(value: Any) -> str:
+    """``value`` as one line of YAML (flow style), through ``yaml.safe_dump``."""
+    return yaml.safe_dump(value, default_flow_style=True, width=1 << 30, sort_keys=False).strip()
+
+
 def to_yaml(schedule: Schedule) -> str:
-    """The schedule as a YAML document (``yaml.safe_dump``)."""
-    data = {
-        "format": FORMAT,
-        "version": VERSION,
-        "world_size": schedule.world_size,
-        "iteration": schedule.iteration,
-        "groups": {name: list(ranks) for name, ranks in schedule.groups.items()},
-        "schedules": [{"ranks": list(r.ranks),
-                       "init": [_entry_dict(e) for e in r.init],
-                       "iteration": [_entry_dict(e) for e in r.iteration]}
-                      for r in schedule.ranks],
-    }
-    header = ("# ddpdoctor collective schedule: what the job issues before its first DDP forward\n"
-              "# (init) and during one steady-state DDP iteration. Check a run against it with\n"
-              "#   ddpdoctor run --expect-schedule FILE ...   or   ddpdoctor schedule compare "
-              "FILE LOGDIR\n")
-    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=100)
+    """The schedule as a YAML document, one collective per line (read by ``yaml.safe_load``)."""
+    head = {"format": FORMAT, "version": VERSION, "world_size": schedule.world_size,
+            "iteration": schedule.iteration}
+    lines = ["# ddpdoctor collective schedule: the collectives the job issues before its first",
+             "# DDP forward (init) and during one steady-state DDP iteration. Check a run with",
+             "#   ddpdoctor run --expect-schedule FILE ...",
+             "#   ddpdoctor schedule compare FILE LOGDIR",
+             yaml.safe_dump(head, sort_keys=False).rstrip(),
+             "groups: " + _flow({name: list(ranks) for name, ranks in schedule.groups.items()}),
+             "schedules:" + ("" if schedule.ranks else " []")]
+    for r in schedule.ranks:
+        lines.append(f"- ranks: {_flow(list(r.ranks))}")
+        for name in SECTIONS:
+            entries = r.section(name)
+            lines.append(f"  {name}:" + ("" if entries else " []"))
+            lines.extend(f"  - {_flow(_entry_dict(e))}" for e in entries)
+    return "\n".join(lines) + "\n"
 
 
 def _parse_entry(raw: Any, where: str) -> Entry:
@@ -253,17 +270,19 @@ def _section_diff(expected: list[Entry], actual: list[Entry], label: str) -> lis
         if tag == "equal":
             continue
         old, new = expected[i1:i2], actual[j1:j2]
-        if tag == "replace" and len(old) == len(new) and all(
-                (a.group, a.op, a.label) == (b.group, b.op, b.label) for a, b in zip(old, new)):
-            for k, (a, b) in enumerate(zip(old, new)):
-                lines.append(f"{label} #{j1 + k + 1}: reshaped {a.text()} -> "
-                             f"{b.text().split(' ', 2)[2] if b.shapes else b.text()}"
-                             + (f"  ({b.at})" if b.at else ""))
-            continue
-        for k, e in enumerate(old):
+        # The same collectives with other tensors, pairwise from the start: reshaped.
+        paired = 0
+        while (tag == "replace" and paired < min(len(old), len(new))
+               and (old[paired].group, old[paired].op, old[paired].label)
+               == (new[paired].group, new[paired].op, new[paired].label)):
+            a, b = old[paired], new[paired]
+            lines.append(f"{label} #{j1 + paired + 1}: reshaped {a.text()} -> "
+                         f"{b.tensors() or 'no tensors'}" + (f"  ({b.at})" if b.at else ""))
+            paired += 1
+        for k, e in enumerate(old[paired:], start=paired):
             lines.append(f"{label} #{i1 + k + 1}: removed {e.text()}"
                          + (f"  (was {e.at})" if e.at else ""))
-        for k, e in enumerate(new):
+        for k, e in enumerate(new[paired:], start=paired):
             lines.append(f"{label} #{j1 + k + 1}: added {e.text()}"
                          + (f"  ({e.at})" if e.at else ""))
     return lines
@@ -279,9 +298,10 @@ def compare(expected: Schedule, actual: Schedule) -> list[str]:
     if expected.world_size != actual.world_size:
         out.append(f"world size: {expected.world_size} expected, {actual.world_size} in this run")
     if expected.iteration != actual.iteration:
+        reached = ("no DDP iteration" if actual.iteration is None
+                   else f"only iteration {actual.iteration}")
         out.append(f"the schedule lists iteration {expected.iteration}; this run reached "
-                   f"{'no DDP iteration' if actual.iteration is None else 'only iteration ' + str(actual.iteration)}"
-                   f" (compare runs of the same command, e.g. the same --max-steps)")
+                   f"{reached} (compare runs of the same command, e.g. the same --max-steps)")
     for name in sorted(set(expected.groups) | set(actual.groups), key=_group_order):
         want, got = expected.groups.get(name), actual.groups.get(name)
         if want is None:

@@ -73,7 +73,8 @@ def _rank_status(report: Report) -> str:
     for r in report.ranks:
         by.setdefault(r.status, []).append(r.rank)
     parts = [f"{status}: {rank_list(ranks).split(' ', 1)[1]}" for status, ranks in by.items()]
-    return f"{report.world_size} rank{'s' if report.world_size != 1 else ''} — " + "; ".join(parts)
+    plural = "s" if report.world_size != 1 else ""
+    return f"{report.world_size} rank{plural} — " + "; ".join(parts)
 
 
 def _table(f: Finding) -> list[str]:

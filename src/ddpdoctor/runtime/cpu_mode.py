@@ -10,7 +10,8 @@ Installed in every rank by :func:`ddpdoctor.runtime.torch_hooks.install` when th
   The mode is pushed in the thread that imports torch (the main thread), so forked DataLoader
   workers have it too; other threads do not.
 * **modules** - ``module.to(local_rank)`` / ``.to("cuda:0")`` keep the module on the CPU
-  (its dtype change still applies); ``module.cuda()`` returns the module.
+  (its dtype change still applies); ``module.cuda()`` returns the module;
+  ``torch.set_default_device("cuda")`` sets the CPU.
 * **torch.cuda** - for the script's own code ``is_available()`` is True and ``device_count()``
   is the number of processes per node (``DDPDOCTOR_CPU_DEVICES``); torch and installed
   libraries keep seeing the real answers (False, 0), so they stay on their CPU paths.
@@ -226,6 +227,13 @@ def _patch_modules(torch: Any) -> None:
         return self
 
     module.to, module.cuda = to, cuda
+    real_default = torch.set_default_device
+
+    @functools.wraps(real_default)
+    def set_default_device(device: Any) -> None:
+        real_default(_cpu() if is_cuda_device(device) else device)
+
+    torch.set_default_device = set_default_device
 
 
 def _patch_data(torch: Any) -> None:

@@ -7,3 +7,4 @@ CPU = "DDPDOCTOR_CPU"  # "1": map CUDA to the CPU in every rank (runtime/cpu_mod
 CPU_DEVICES = "DDPDOCTOR_CPU_DEVICES"  # what torch.cuda.device_count() answers in CPU mode
 MAX_STEPS = "DDPDOCTOR_MAX_STEPS"  # N: stop every rank at the start of DDP iteration N+1
 STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the others
+MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"  # after this many MB a trace keeps only what breaks the pattern

@@ -5,7 +5,8 @@ iteration), before it is counted and before DDP issues any collective of it. Onc
 iterations are done the rank stops there:
 
 1. stdout and stderr are flushed, and the trace gets its ``exit`` record with status
-   ``max_steps`` (``code`` 0, ``steps`` N), flushed and closed;
+   ``max_steps`` (``code`` 0, ``steps`` N), flushed and closed (after at most a second for
+   c10d to mark the collectives the rank already waited for as completed);
 2. the rank waits, through the default group's c10d store (no collective, nothing recorded),
    until every rank of the world has reached the same point. Every rank has by then completed
    every collective it issued, so no message is left in flight: leaving cannot break a peer's
@@ -78,6 +79,7 @@ def stop(recorder: Any) -> None:
         except Exception:
             pass
     try:
+        _settle(recorder)
         recorder.close(schema.EXIT_MAX_STEPS, {"steps": _limit})
     except Exception:
         pass
@@ -87,6 +89,15 @@ def stop(recorder: Any) -> None:
         pass  # the store went away: a peer that hosted it has stopped already
     _end_children()
     os._exit(0)
+
+
+def _settle(recorder: Any, timeout: float = 1.0) -> None:
+    """Give the collectives this rank already waited for the moment c10d takes to mark their
+    ``Work`` completed, so that the trace does not end with them pending."""
+    writer = getattr(recorder, "writer", None)
+    deadline = time.monotonic() + timeout
+    while writer is not None and writer.pending() and time.monotonic() < deadline:
+        time.sleep(0.002)
 
 
 def wait_for_peers(timeout: float, run_id: str) -> bool:

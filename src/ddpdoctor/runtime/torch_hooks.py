@@ -7,7 +7,9 @@
   ``monitored_barrier`` look the backend up by name);
 * counts DDP forwards (the ``iteration`` of each record) and join shadow iterations, and records
   each DDP construction with its flags;
-* records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it).
+* records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it);
+* with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
+  ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
 
 Each of these relies on a torch behaviour that ``tests/e2e/test_torch_contract.py`` checks. On a
 torch outside :data:`SUPPORTED` nothing is patched: one warning, and the job runs untouched.

@@ -4,6 +4,8 @@ The training thread only appends a small object to a deque (atomic under the GIL
 ``interval`` seconds the writer thread drains the deque, polls the ``Work`` objects of
 collectives that were still running, encodes JSON lines and writes them with one ``os.write``
 on an ``O_APPEND`` descriptor, so everything older than one interval survives a SIGKILL.
+With ``DDPDOCTOR_MAX_TRACE_MB`` set, a trace past that size keeps only the collectives that
+break the rank's pattern (:mod:`ddpdoctor.runtime.trace_cap`).
 Standard library only: this runs inside every rank.
 """
 
@@ -17,6 +19,7 @@ import threading
 import time
 from typing import Any
 
+from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.trace import schema
 
 
@@ -32,6 +35,7 @@ class CollectiveRecord:
 
 
 ISSUING = object()
+_YIELD_EVERY = 64  # records encoded between two releases of the GIL to the training thread
 
 
 def _work_state(work: Any) -> str:
@@ -56,7 +60,13 @@ def _work_state(work: Any) -> str:
 class TraceWriter:
     """Appends one rank's records to its JSON Lines file from a background thread."""
 
-    def __init__(self, path: str, header: dict, rank: int, interval: float = 0.02) -> None:
+    def __init__(self, path: str, header: dict, rank: int, interval: float = 0.02,
+                 max_bytes: int | None = None) -> None:
+        """``max_bytes``: the size cap (default: ``DDPDOCTOR_MAX_TRACE_MB``; None: no cap)."""
+        if max_bytes is None:
+            max_bytes = cap_from_env()
+        self._cap = Compressor(max_bytes) if max_bytes is not None else None
+        self.bytes_written = 0
         self.path = path
         self.rank = rank
         self.interval = interval
@@ -86,7 +96,7 @@ class TraceWriter:
     def flush(self) -> None:
         """Write everything queued so far, now, from the calling thread."""
         with self._lock:
-            self._drain()
+            self._drain(final=True)
 
     def close(self, final: list[dict] | None = None) -> None:
         """Write ``final`` records after a last drain and stop the thread."""
@@ -94,7 +104,7 @@ class TraceWriter:
         with self._lock:
             for rec in final or []:
                 self._queue.append(rec)
-            self._drain()
+            self._drain(final=True)
             if not self._failed:
                 os.close(self._fd)
                 self._failed = True
@@ -105,19 +115,26 @@ class TraceWriter:
             with self._lock:
                 self._drain()
 
-    def _drain(self) -> None:
+    def _drain(self, final: bool = False) -> None:
         if self._failed:
             self._queue.clear()
             return
         lines: list[str] = []
         queue = self._queue
         now = time.time()
+        cap = self._cap
+        if cap is not None:
+            cap.begin(now, self.bytes_written, lines)
+        n = 0
         while queue:
             item = queue.popleft()
             if isinstance(item, dict):
                 lines.append(json.dumps(item))
             else:
                 self._encode_collective(item, lines, now)
+            n += 1
+            if n % _YIELD_EVERY == 0:
+                time.sleep(0)  # let the training thread have the GIL back
         still: list[CollectiveRecord] = []
         for rec in self._pending:
             state = _work_state(rec.work)
@@ -128,6 +145,8 @@ class TraceWriter:
                 lines.append(json.dumps({"kind": schema.STATE, "id": rec.id, "state": state,
                                          "t": round(now, 6)}))
         self._pending = still
+        if cap is not None and final:
+            cap.close_all(lines)
         if lines:
             self._write_lines(lines)
 
@@ -140,6 +159,10 @@ class TraceWriter:
         if static is None:
             static = self._static[key] = self._encode_static(rec, lines)
         state = _work_state(rec.work)
+        if self._cap is not None and rec.seq is not None and \
+                self._cap.fold(rec, static, state, lines):
+            rec.work = state  # covered by a repeat record
+            return
         extra = ""
         if rec.p2p_seq is not None:
             extra += f', "p2p_seq": {rec.p2p_seq}'
@@ -180,6 +203,7 @@ class TraceWriter:
 
     def _write_lines(self, lines: list[str]) -> None:
         data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
+        self.bytes_written += len(data)
         try:
             while data:
                 written = os.write(self._fd, data)

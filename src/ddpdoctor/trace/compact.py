@@ -16,10 +16,17 @@ a rank, for point-to-point pairing.
 Anything outside the layout (keys in another order, a collective line that decodes but does
 not match, a redefined stack) raises :class:`NotCompact` and the reader falls back to decoding
 every line; damaged lines are counted as the record-by-record reader counts them. The checks
-that make the positions trustworthy: the first and last collective of each group carry
-``id`` equal to their position in the file and ``seq`` equal to their position in the group,
-so no collective line was lost or repeated. (Two threads issuing on one group at once could
-write two sequence numbers in swapped order; such a trace is read in file order.)
+that make the positions trustworthy: every collective line must carry the next ``id`` (the
+recorder numbers collectives 1, 2, 3, ...), so a lost, repeated or reordered line sends the file
+down the record-by-record path; and the first and last collective of each group carry ``seq``
+equal to their position in the group. (Sequence numbers in between are not decoded: two
+threads issuing on one group at once could write two of them in swapped order, and such a
+trace is read in file order.)
+
+A size-capped trace (``repeat`` records, :mod:`ddpdoctor.runtime.trace_cap`) of a rank with one
+group and no point-to-point ops is expanded here at C speed (list slices: a run copies the
+codes ``back`` positions earlier); its members are built from their run when asked for. Other
+capped traces are read record by record (:func:`expand_repeat`).
 """
 
 from __future__ import annotations
@@ -73,6 +80,66 @@ def is_p2p(c: Collective) -> bool:
     return c.peer is not None or c.op == "recv_anysource"
 
 
+def repeat_fields(rec: dict) -> tuple[str, int, int, int, int] | None:
+    """(group, seq, n, back, iteration_delta) of a well-formed ``repeat`` record, else None."""
+    try:
+        fields = (str(rec["group"]), rec["seq"], rec["n"], rec["back"], rec["iteration_delta"])
+        ints = fields[1:] + (rec["id"], rec["id_last"])
+        float(rec["t"]), float(rec["t_last"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+        return None
+    _, seq, n, back, _ = fields
+    return fields if n >= 1 and 1 <= back < seq else None
+
+
+def run_member(rank: int, rec: dict, off: int, src: Collective,
+               iteration: int | None) -> Collective:
+    """Member ``off`` of a ``repeat`` run: ``src``'s static part at the run's position, with
+    the run's iteration, its id (exact when the run's ids are consecutive) and an interpolated
+    time."""
+    n, id0 = rec["n"], rec["id"]
+    t0, t1 = float(rec["t"]), float(rec["t_last"])
+    return Collective(
+        rank=rank, id=id0 + off if rec["id_last"] - id0 == n - 1 else id0, group=src.group,
+        seq=rec["seq"] + off, op=src.op, label=src.label, shapes=src.shapes, dtypes=src.dtypes,
+        numel=src.numel, reduce_op=src.reduce_op, root=src.root, peer=src.peer, api=src.api,
+        bucket=src.bucket, iteration=iteration, t=t0 + (t1 - t0) * off / (n - 1) if n > 1 else t0,
+        state=schema.COMPLETED, stack=src.stack)
+
+
+def expand_repeat(trace: RankTrace, rec: dict, by_group: dict[str, list]) -> bool:
+    """Append the members of a ``repeat`` run to ``trace`` (record-by-record reading);
+    ``by_group`` holds each group's collectives by position. False when malformed."""
+    fields = repeat_fields(rec)
+    if fields is None:
+        return False
+    name, seq, n, back, delta = fields
+    lst = by_group.get(name)
+    if lst is None or len(lst) != seq - 1 or \
+            any(c is None for c in lst[seq - 1 - back:seq - 1 - back + min(n, back)]):
+        return False
+    for off in range(n):
+        src = lst[seq - 1 + off - back]
+        it = src.iteration + delta if isinstance(src.iteration, int) else None
+        c = run_member(trace.rank, rec, off, src, it)
+        trace.collectives.append(c)
+        lst.append(c)
+    return True
+
+
+def place(by_group: dict[str, list], c: Collective) -> None:
+    """Put ``c`` at its position in ``by_group`` (gaps None; a repeated seq keeps the first)."""
+    seq = c.seq
+    if seq is None or seq.__class__ is not int or seq < 1:
+        return
+    lst = by_group.setdefault(c.group, [])
+    if seq > len(lst):
+        lst.extend([None] * (seq - 1 - len(lst)))
+        lst.append(c)
+
+
 class GroupView(Sequence):
     """One rank's collectives in one group, by position (``seq - 1``), materialised lazily."""
 
@@ -119,6 +186,12 @@ class CollectiveLog(Sequence):
         self._state_t: list[object] = []
         self._state_words: list[str] = []
         self._cache: dict[int, Collective] = {}
+        # Runs of a capped trace: first ordinal, record, explicit lines before it, and the
+        # run members before it.
+        self._run_starts = array("q")
+        self._run_recs: list[dict] = []
+        self._run_counts = array("q")
+        self._run_before = array("q")
 
     # -- Sequence ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -162,14 +235,62 @@ class CollectiveLog(Sequence):
         return [p.stack for p in self.protos]
 
     # -- decoding ---------------------------------------------------------------------------
-    def line_index(self, ordinal: int) -> int:
-        """Line number (0 = header) of the ``ordinal``-th collective."""
-        return 1 + ordinal + bisect_right(self._others, ordinal)
+    def line_index(self, explicit: int) -> int:
+        """Line number (0 = header) of the ``explicit``-th collective line."""
+        return 1 + explicit + bisect_right(self._others, explicit)
+
+    def _run_of(self, ordinal: int) -> int | None:
+        r = bisect_right(self._run_starts, ordinal) - 1
+        if r >= 0 and ordinal < self._run_starts[r] + self._run_recs[r]["n"]:
+            return r
+        return None
+
+    def explicit(self, ordinal: int) -> int | None:
+        """Which collective line the ``ordinal``-th collective is; None for a run member."""
+        if not self._run_recs:
+            return ordinal
+        r = bisect_right(self._run_starts, ordinal) - 1
+        if r < 0:
+            return ordinal
+        end = self._run_before[r] + self._run_recs[r]["n"]
+        return None if ordinal < self._run_starts[r] + self._run_recs[r]["n"] \
+            else ordinal - end
+
+    def ordinal(self, explicit: int) -> int:
+        """The position in the log of the ``explicit``-th collective line."""
+        if not self._run_recs:
+            return explicit
+        r = bisect_right(self._run_counts, explicit) - 1
+        return explicit if r < 0 else explicit + self._run_before[r] + self._run_recs[r]["n"]
+
+    def _member(self, ordinal: int, r: int) -> Collective:
+        """A run member, from the explicit collective its static part was copied from."""
+        rec = self._run_recs[r]
+        off = ordinal - self._run_starts[r]
+        delta, k, run = 0, ordinal, r
+        while run is not None:  # follow the copies back to a collective line
+            start, back = self._run_starts[run], self._run_recs[run]["back"]
+            hops = (k - start) // back + 1
+            delta += hops * self._run_recs[run]["iteration_delta"]
+            k -= hops * back
+            run = self._run_of(k)
+        src = self[k]
+        it = src.iteration + delta if isinstance(src.iteration, int) else None
+        return run_member(self.rank, rec, off, src, it)
 
     def _load(self, ordinals: list[int]) -> None:
+        if self._run_recs:
+            lines = []
+            for k in ordinals:
+                r = self._run_of(k)
+                if r is None:
+                    lines.append(k)
+                else:
+                    self._cache[k] = self._member(k, r)
+            ordinals = lines
         if not ordinals:
             return
-        want = {self.line_index(k): k for k in ordinals}
+        want = {self.line_index(self.explicit(k)): k for k in ordinals}
         first, last = min(want), max(want)
         start = self._sparse[first // _BLOCK]
         block_end = last // _BLOCK + 1
@@ -205,6 +326,18 @@ class CollectiveLog(Sequence):
         return c
 
 
+_ID_PREFIXES: list[bytes] = [b""]
+
+
+def _id_prefixes(n: int) -> list[bytes]:
+    """``[_, prefix of id 1, prefix of id 2, ...]`` up to at least id ``n``: the start of the
+    writer's collective line with that id. Built once per process, shared by every rank."""
+    have = len(_ID_PREFIXES)
+    if have <= n:
+        _ID_PREFIXES.extend(COLLECTIVE_PREFIX + b"%d, " % i for i in range(have, n + 1024))
+    return _ID_PREFIXES
+
+
 def _sparse_offsets(lines: list[bytes]) -> array:
     """Byte offset of every :data:`_BLOCK`-th line."""
     ends = list(accumulate(map(len, lines)))  # sum of lengths of lines[:i + 1]
@@ -231,17 +364,24 @@ class _Reader:
         self.state_ids: list[int] = []
         self.state_words: list[str] = []
         self.state_t: list[object] = []
+        self.runs: list[tuple[int, dict]] = []  # (collective lines before it, repeat record)
+        self.members = 0  # collectives in those runs
 
     def run(self) -> list[int]:
+        """The tail code of every collective line, in file order; the rest is folded in."""
         tails_get = self.tails.get
         codes: list[int] = []
         append = codes.append
         others = self.others
         other = self._other
         new_tail = self._new_tail
-        prefix, mark, plen = COLLECTIVE_PREFIX, STATE_MARK, _PREFIX_LEN
+        mark, plen = STATE_MARK, _PREFIX_LEN
+        # A collective line must start with the id that comes next: a lost, repeated or
+        # reordered collective line sends the file down the record-by-record path.
+        expect = _id_prefixes(len(self.lines))
+        nid = 1
         for line in islice(self.lines, 1, None):
-            if line[:plen] == prefix:
+            if line.startswith(expect[nid]):
                 tail = line[line.find(mark, plen):]
                 code = tails_get(tail)
                 if code is None:
@@ -250,9 +390,12 @@ class _Reader:
                         others.append(len(codes))
                         continue
                 append(code)
+                nid += 1
             else:
                 others.append(len(codes))
-                other(line, len(codes))
+                nid += other(line, len(codes))
+                if nid >= len(expect):
+                    expect = _id_prefixes(nid)
         return codes
 
     def _damaged(self, line: bytes) -> None:
@@ -287,35 +430,45 @@ class _Reader:
         self.tail_state.append(str(tail_rec["state"]))
         return code
 
-    def _other(self, line: bytes, count: int) -> None:
+    def _other(self, line: bytes, count: int) -> int:
+        """Fold a line that is not the next collective; returns how many collectives it
+        stands for (the members of a ``repeat`` run, else 0)."""
         if line[:len(_STATE_PREFIX)] == _STATE_PREFIX:
             m = _STATE_LINE.fullmatch(line)
             if m is not None:
                 t = m[3]
                 self._state(int(m[1]), m[2].decode(), float(t) if b"." in t else int(t),
                             count, line)
-                return
+                return 0
         rec = self.parse(line)
         if not isinstance(rec, dict):
             self._damaged(line)
-            return
+            return 0
         kind = rec.get("kind")
         if kind == schema.COLLECTIVE:
-            raise NotCompact("collective line outside the writer's layout")
+            raise NotCompact("collective line out of order or outside the writer's layout")
         if kind == schema.STATE:
             cid = rec.get("id")
             if isinstance(cid, int) and not isinstance(cid, bool):
                 self._state(cid, str(rec.get("state")), rec.get("t"), count, line)
             else:
                 self._damaged(line)
-            return
+            return 0
         if kind == schema.STACK and rec.get("id") in self.stacks:
             raise NotCompact("stack redefined")
+        if kind == schema.REPEAT:
+            if repeat_fields(rec) is None:
+                self._damaged(line)
+                return 0
+            self.runs.append((count, rec))
+            self.members += rec["n"]
+            return rec["n"]
         if not self.apply(self.trace, rec, self.stacks, {}):
             self._damaged(line)
+        return 0
 
     def _state(self, cid: int, word: str, t: object, count: int, line: bytes) -> None:
-        if not 1 <= cid <= count:  # no such collective (yet): the other reader's damage too
+        if not 1 <= cid <= count + self.members:  # no such collective yet: damage, as ever
             self._damaged(line)
             return
         self.state_ids.append(cid)
@@ -334,6 +487,9 @@ def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
     tail_codes = reader.run()
     tail_proto = reader.tail_proto
     codes = list(map(tail_proto.__getitem__, tail_codes))
+    runs = _expand(codes, reader) if reader.runs else None
+    if runs is not None:
+        codes = runs[0]
     if pool is not None and codes:
         key = array("i", codes).tobytes()
         shared = pool.get(key)
@@ -344,6 +500,8 @@ def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
     log = CollectiveLog(trace.path, trace.rank, reader.protos, codes, reader.stacks)
     log._others = reader.others
     log._sparse = _sparse_offsets(lines)
+    if runs is not None:
+        log._run_starts, log._run_recs, log._run_counts, log._run_before = runs[1:]
     # Later state records, sorted by id (stable: the last record of an id comes last).
     order = sorted(range(len(reader.state_ids)), key=reader.state_ids.__getitem__)
     log._state_ids = array("q", [reader.state_ids[i] for i in order])
@@ -352,6 +510,37 @@ def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
     _index(log, tail_codes, reader)
     _check(log, lines, reader.parse)
     trace.collectives = log
+
+
+def _expand(explicit: list[int], reader: _Reader) -> tuple:
+    """The codes of a capped trace with its runs expanded (list slices, C speed), and the
+    runs' bookkeeping. Only for one group and no point-to-point ops, where a collective's
+    position in its group is its position in the log; anything else is read record by
+    record."""
+    protos = reader.protos
+    if len({p.group for p in protos}) > 1 or any(is_p2p(p) for p in protos):
+        raise NotCompact("capped trace with several groups or point-to-point ops")
+    codes: list[int] = []
+    starts, counts, before = array("q"), array("q"), array("q")
+    recs: list[dict] = []
+    members = prev = 0
+    for count, rec in reader.runs:
+        codes.extend(explicit[prev:count])
+        prev = count
+        _, seq, n, back, _ = repeat_fields(rec)
+        if len(codes) != seq - 1 or rec["id"] != seq or rec["id_last"] != seq + n - 1 or \
+                (protos and rec["group"] != protos[0].group):
+            raise NotCompact("repeat record out of place")
+        src = codes[seq - 1 - back:seq - 1 - back + min(n, back)]
+        block = src * (n // back) + src[:n % back] if n > back else src
+        starts.append(len(codes))
+        counts.append(count)
+        before.append(members)
+        recs.append(rec)
+        codes.extend(block)
+        members += n
+    codes.extend(explicit[prev:])
+    return codes, starts, recs, counts, before
 
 
 def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
@@ -368,16 +557,21 @@ def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
             members = {i for i, p in enumerate(protos) if p.group == name and i not in p2p}
             ordinals = [k for k, c in enumerate(codes) if c in members]
             log.groups[name] = ([codes[k] for k in ordinals], ordinals)
+    # Never completed: written pending or failed and not completed by a later state record,
+    # or failed by one. Run members completed by construction.
     unfinished = {i for i, s in enumerate(reader.tail_state) if s != schema.COMPLETED}
     candidates = set()
     if unfinished:
-        candidates.update(k for k, c in enumerate(tail_codes) if c in unfinished)
+        candidates.update(log.ordinal(e) for e, c in enumerate(tail_codes) if c in unfinished)
     candidates.update(cid - 1 for cid in log._state_ids)
     incomplete = []
     ids, words = log._state_ids, log._state_words
     for k in sorted(candidates):
+        e = log.explicit(k)
+        if e is None or e >= len(tail_codes):
+            continue
         i = bisect_right(ids, k + 1)
-        word = words[i - 1] if i and ids[i - 1] == k + 1 else reader.tail_state[tail_codes[k]]
+        word = words[i - 1] if i and ids[i - 1] == k + 1 else reader.tail_state[tail_codes[e]]
         if word != schema.COMPLETED:
             incomplete.append(k)
     log.incomplete_ordinals = incomplete
@@ -386,8 +580,11 @@ def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
 def _check(log: CollectiveLog, lines: list[bytes], parse: Callable[[bytes], object]) -> None:
     """The first and last collective of each group sit where their id and seq say: no line
     was lost or repeated. Point-to-point lines are decoded here (the pairing needs them all)."""
-    def record(k: int) -> dict:
-        rec = parse(lines[log.line_index(k)])
+    def record(k: int) -> dict | None:
+        e = log.explicit(k)
+        if e is None:
+            return None  # a run member: its run was checked when expanded
+        rec = parse(lines[log.line_index(e)])
         if not isinstance(rec, dict) or rec.get("id") != k + 1:
             raise NotCompact("collective ids out of order")
         return rec
@@ -395,15 +592,15 @@ def _check(log: CollectiveLog, lines: list[bytes], parse: Callable[[bytes], obje
     for name, (group_codes, ordinals) in log.groups.items():
         n = len(group_codes)
         for pos in (0, n - 1):
-            k = pos if ordinals is None else ordinals[pos]
-            if record(k).get("seq") != pos + 1:
+            rec = record(pos if ordinals is None else ordinals[pos])
+            if rec is not None and rec.get("seq") != pos + 1:
                 raise NotCompact(f"group {name}: sequence numbers out of order")
     if log.codes:
         record(0)
         record(len(log.codes) - 1)
     for k in log.p2p_ordinals:
         rec = record(k)
-        if rec.get("seq") is not None:
+        if rec is None or rec.get("seq") is not None:
             raise NotCompact("point-to-point op with a sequence number")
         log._cache[k] = log._decode(lines[log.line_index(k)], k)
 

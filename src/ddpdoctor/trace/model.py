@@ -79,6 +79,7 @@ class RankTrace:
     hang: dict | None = None
     exit: dict | None = None
     init: str | None = None  # state of init_process_group: pending, completed or failed
+    cap: dict | None = None  # the ``cap`` record: the trace reached DDPDOCTOR_MAX_TRACE_MB
     warnings: list[str] = field(default_factory=list)
     damaged_lines: int = 0
     truncated: bool = False

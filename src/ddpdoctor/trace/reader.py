@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.compact import NotCompact, collective_from, read_compact
+from ddpdoctor.trace.compact import NotCompact, collective_from, expand_repeat, place, read_compact
 from ddpdoctor.trace.model import Collective, Group, RankTrace, Run, Site
 
 MAX_LINE = 4 * 1024 * 1024
@@ -90,9 +90,10 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
         trace = fresh()
     stacks: dict[int, list[Site]] = {}
     by_id: dict[int, Collective] = {}
+    by_group: dict[str, list] = {}
     for i, raw in enumerate(lines[1:], start=2):
         rec = _parse(raw)
-        if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id):
+        if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id, by_group):
             if not (truncated and i == len(lines)):  # a cut-off last line is expected
                 trace.damaged_lines += 1
     return trace
@@ -107,14 +108,22 @@ def _parse(raw: bytes) -> object:
         return None
 
 
-def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict) -> bool:
-    """Fold one record into ``trace``; False when the record is malformed."""
+def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
+           by_group: dict | None = None) -> bool:
+    """Fold one record into ``trace``; False when the record is malformed. ``by_group`` (each
+    group's collectives by position) is needed to expand ``repeat`` records."""
     kind = rec.get("kind")
     try:
         if kind == schema.COLLECTIVE:
             c = collective_from(trace.rank, rec, stacks)
             trace.collectives.append(c)
             by_id[c.id] = c
+            if by_group is not None:
+                place(by_group, c)
+        elif kind == schema.REPEAT:
+            return by_group is not None and expand_repeat(trace, rec, by_group)
+        elif kind == schema.CAP:
+            trace.cap = rec
         elif kind == schema.STATE:
             c = by_id.get(rec.get("id"))
             if c is None:
@@ -172,6 +181,18 @@ def _fault_codes(ranks: dict[int, RankTrace]) -> dict[int, int]:
     return codes
 
 
+def _ranks_text(ranks: list[int]) -> str:
+    """'rank 3' or 'ranks 0-3, 7' (sorted input)."""
+    spans: list[str] = []
+    for r in ranks:
+        if spans and spans[-1][1] == r - 1:
+            spans[-1][1] = r
+        else:
+            spans.append([r, r])
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return ("rank " if len(ranks) == 1 else "ranks ") + text
+
+
 def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     """Load the traces under ``paths`` (folders or files, e.g. one folder per node)."""
     files = _trace_files(list(paths))
@@ -197,6 +218,12 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     world_size = max(sizes) if sizes else max(ranks) + 1
     if len(sizes) > 1:
         notes.append(f"ranks disagree on the world size: {sorted(sizes)}")
+    capped = sorted(r for r, t in ranks.items() if t.cap is not None)
+    if capped:
+        mb = (ranks[capped[0]].cap.get("max_bytes") or 0) / 2 ** 20
+        notes.append(f"{_ranks_text(capped)}: the trace reached its size cap ({mb:g} MB, "
+                     f"DDPDOCTOR_MAX_TRACE_MB); after it, collectives that repeat the rank's "
+                     f"pattern are stored as runs and their times are interpolated")
     for trace in ranks.values():
         if trace.truncated:
             notes.append(f"rank {trace.rank}: last line cut off (the process was killed "

@@ -9,7 +9,9 @@ imported inside every training process, so it uses the standard library only.
 from __future__ import annotations
 
 FORMAT = "ddpdoctor-trace"
-VERSION = 1
+# 2: adds the ``cap`` and ``repeat`` records of a size-capped trace (DDPDOCTOR_MAX_TRACE_MB);
+# version 1 traces are read as before.
+VERSION = 2
 
 # Record kinds.
 HEADER = "header"
@@ -24,6 +26,8 @@ HANG = "hang"
 EXIT = "exit"
 WARNING = "warning"
 PROGRESS = "progress"
+CAP = "cap"  # the trace reached DDPDOCTOR_MAX_TRACE_MB: repeats are written as runs from here
+REPEAT = "repeat"  # a run of collectives that repeat the static part of earlier ones
 INIT = "init"  # init_process_group entered (state pending) and left (completed / failed)
 
 # Collective states.

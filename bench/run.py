@@ -1,0 +1,351 @@
+"""Every performance figure of ddpdoctor in one table: ``python bench/run.py`` (``--quick``).
+
+Each figure is a ratio against a baseline measured in the same invocation:
+
+a. caller-thread CPU µs per recorded collective (the recording process group around a backend
+   that returns at once) against calling that backend directly; and the whole process's CPU
+   per collective once the writer thread has encoded and written it;
+b. DDP step time (BatchNorm, 4 gradient buckets, >= 5 ms steps, 2 gloo ranks) under
+   ``ddpdoctor run`` against plain torchrun: jobs alternate, the figure is the median of the
+   per-round ratios and the spread is shown;
+c. a small all_reduce loop under ``ddpdoctor run`` and under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
+   (PyTorch's own checker; plain collectives, as DETAIL crashes on DDP with 2.13 gloo), both
+   against plain torchrun, alternating;
+d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic traces from
+   ``bench/synth.py`` (DDP-like, one injected divergence): collectives per rank grow at 8
+   ranks, then ranks grow at 50,000 collectives; the baseline is reading the same bytes and
+   splitting their lines, and the record-by-record reader (the code before the compact path)
+   is measured once at 8 x 50,000. Each diagnosis must name the injected divergence;
+e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout;
+f. trace bytes per collective on disk, and the size of a long all_reduce loop's traces with
+   ``--max-trace-mb`` against the same job without it.
+
+The machine's load average is printed before and after: other processes on the machine make
+every timing noisier (the alternation and the medians are there for that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import overhead  # noqa: E402
+import synth  # noqa: E402
+
+MB = 1024 * 1024
+
+
+@dataclass
+class Row:
+    """One line of the table."""
+
+    item: str
+    measure: str
+    base_name: str
+    base: float
+    value: float
+    unit: str
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return self.value / self.base if self.base else float("nan")
+
+
+def _fmt(x: float) -> str:
+    if x != x:  # nan
+        return "-"
+    if abs(x) >= 100:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a Markdown table (readable as plain text too)."""
+    head = ["", "measure", "baseline", "base", "ddpdoctor", "ratio", "target", "met", "notes"]
+    body = [[r.item, r.measure, r.base_name, f"{_fmt(r.base)} {r.unit}",
+             f"{_fmt(r.value)} {r.unit}", f"×{r.ratio:.3f}" if r.ratio == r.ratio else "-",
+             r.target, {True: "yes", False: "NO", None: ""}[r.met], r.note] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    lines = ["| " + " | ".join(str(c).ljust(w) for c, w in zip(head, widths)) + " |",
+             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |"
+              for row in body]
+    return "\n".join(lines)
+
+
+def say(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- a, b, c: overhead ----------------------------------------------------------------------
+def hot_path(repeats: int) -> list[Row]:
+    say("a: hot path")
+    runs = [overhead.hot_path_us() for _ in range(repeats)]
+    plain = statistics.median(r.plain_us for r in runs)
+    rec = statistics.median(r.recorded_us for r in runs)
+    best = min(r.recorded_us for r in runs)
+    wall = statistics.median(r.recorded_wall_us for r in runs)
+    cpu = statistics.median(r.cpu_us for r in runs)
+    return [
+        Row("a", "caller-thread CPU per recorded collective", "backend called directly",
+            plain, rec, "µs", "≤ +10 µs", rec - plain <= 10,
+            f"+{rec - plain:.2f} µs (best run {best:.2f}, wall {wall:.2f}); median of "
+            f"{repeats} runs of 10 chunks"),
+        Row("a", "process CPU per collective, writer thread incl.", "backend called directly",
+            plain, cpu, "µs", "", None, "encoding and write off the caller's thread"),
+    ]
+
+
+def ddp_steps(rounds: int, steps: int) -> tuple[list[Row], list[overhead.JobResult]]:
+    say(f"b: DDP step, {rounds} rounds of plain/ddpdoctor jobs")
+    res = overhead.alternate([overhead.PLAIN, overhead.DOCTOR], "ddp", steps, rounds)
+    p = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR)
+    c = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, "cpu_ms")
+    return [Row("b", "DDP step wall (BN, 4 buckets, 2 gloo ranks)", "plain torchrun",
+                statistics.median(p.base), statistics.median(p.other), "ms", "≤ ×1.02",
+                p.ratio <= 1.02,
+                f"median of per-round ratios, {p.spread()}; {steps} steps/job"),
+            Row("b", "DDP step CPU of a rank (all its threads)", "plain torchrun",
+                statistics.median(c.base), statistics.median(c.other), "ms", "≤ ×1.02",
+                c.ratio <= 1.02, f"{c.spread()}; less sensitive to other load")], \
+        res[overhead.DOCTOR]
+
+
+def small_ops(rounds: int, ops: int) -> tuple[list[Row], list[overhead.JobResult]]:
+    say(f"c: all_reduce loop, {rounds} rounds of plain/ddpdoctor/DETAIL jobs")
+    res = overhead.alternate([overhead.PLAIN, overhead.DOCTOR, overhead.DETAIL], "allreduce",
+                             ops, rounds)
+    doc = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR)
+    det = overhead.paired(res, overhead.PLAIN, overhead.DETAIL)
+    doc_cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, "cpu_us")
+    det_cpu = overhead.paired(res, overhead.PLAIN, overhead.DETAIL, "cpu_us")
+    base = statistics.median(doc.base)
+    share = (f"; ddpdoctor adds {(doc.ratio - 1) / (det.ratio - 1):.1%} of what DETAIL adds"
+             if det.ratio > 1 else "")
+    rows = [
+        Row("c", "all_reduce float32[1] loop, ddpdoctor", "plain torchrun", base,
+            statistics.median(doc.other), "µs/op", "< DETAIL", doc.ratio < det.ratio,
+            f"{doc.spread()}"),
+        Row("c", "same loop, TORCH_DISTRIBUTED_DEBUG=DETAIL", "plain torchrun", base,
+            statistics.median(det.other), "µs/op", "(anchor)", None, det.spread() + share),
+        Row("c", "same loop, rank CPU per op, ddpdoctor", "plain torchrun",
+            statistics.median(doc_cpu.base), statistics.median(doc_cpu.other), "µs/op",
+            "< DETAIL", doc_cpu.ratio < det_cpu.ratio, doc_cpu.spread()),
+        Row("c", "same loop, rank CPU per op, DETAIL", "plain torchrun",
+            statistics.median(det_cpu.base), statistics.median(det_cpu.other), "µs/op",
+            "(anchor)", None, det_cpu.spread()),
+    ]
+    return rows, res[overhead.DOCTOR]
+
+
+# -- d: diff at scale -----------------------------------------------------------------------
+_DIFF = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from ddpdoctor.trace import reader
+from ddpdoctor.analysis import diagnose
+if sys.argv[2] == "legacy":
+    from ddpdoctor.trace.compact import NotCompact
+    def refuse(*a, **k):
+        raise NotCompact("record by record")
+    reader.read_compact = refuse
+t1 = time.perf_counter()
+if sys.argv[2] == "idle":
+    run = None
+else:
+    run = reader.load_run([sys.argv[1]])
+t2 = time.perf_counter()
+report = diagnose(run) if run is not None else None
+t3 = time.perf_counter()
+root = report.findings[0] if report and report.findings else None
+# Peak RSS of this process image: VmHWM (ru_maxrss would include the parent's memory, which
+# a forked child carries until it executes this interpreter).
+with open("/proc/self/status") as fh:
+    hwm = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+print(json.dumps({"load": t2 - t1, "diagnose": t3 - t2, "import": t1 - t0,
+                  "maxrss_kb": hwm,
+                  "root": [root.kind, root.seq, sorted(root.ranks)] if root else None,
+                  "verdict": report.verdict if report else None}))
+"""
+
+
+def _diff_child(folder: Path | None, mode: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", _DIFF, str(folder), mode], capture_output=True,
+                         text=True, timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"diff benchmark failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _read_floor(folder: Path) -> float:
+    """Seconds to read every trace's bytes and split them into lines (no parsing at all)."""
+    t0 = time.perf_counter()
+    for path in sorted(folder.glob("rank-*.jsonl")):
+        path.read_bytes().split(b"\n")
+    return time.perf_counter() - t0
+
+
+def diff_scale(shapes: list[tuple[int, int]], legacy_at: tuple[int, int] | None,
+               work: Path) -> list[Row]:
+    rows: list[Row] = []
+    idle = _diff_child(None, "idle")
+    base_rss = idle["maxrss_kb"] / 1024
+    for ranks, colls in shapes:
+        folder = work / f"synth-{ranks}x{colls}"
+        say(f"d: generating {ranks} ranks x {colls:,} collectives")
+        t0 = time.perf_counter()
+        info = synth.generate(folder, ranks, colls)
+        gen = time.perf_counter() - t0
+        say(f"d: {info['bytes'] / MB:,.0f} MB in {gen:.1f} s; diff")
+        floor = min(_read_floor(folder) for _ in range(2))
+        res = _diff_child(folder, "compact")
+        wall = res["load"] + res["diagnose"]
+        rss = res["maxrss_kb"] / 1024
+        found = res["root"] is not None and res["root"][1] == info["diverge_seq"] and \
+            info["diverge_rank"] in res["root"][2]
+        scale = f"{ranks} ranks × {colls:,}"
+        big = ranks >= 256
+        rows.append(Row(
+            "d", f"diff wall, {scale}", "read + split the bytes", floor, wall, "s",
+            "≤ 20 s" if big else "", (wall <= 20) if big else None,
+            f"{wall / (ranks * colls) * 1e9:.0f} ns/collective; read {res['load']:.2f} s "
+            f"({res['load'] / ranks * 1e3:.0f} ms/rank), compare+diagnose "
+            f"{res['diagnose']:.2f} s; {info['bytes'] / MB:,.0f} MB; "
+            f"{'divergence found' if found else 'DIVERGENCE NOT FOUND'}"))
+        rows.append(Row(
+            "d", f"diff peak RSS, {scale}", "python + ddpdoctor imported", base_rss, rss, "MB",
+            "≤ 1024 MB" if big else "", (rss <= 1024) if big else None, ""))
+        if legacy_at == (ranks, colls):
+            say("d: the record-by-record reader (before), same traces")
+            old = _diff_child(folder, "legacy")
+            old_wall = old["load"] + old["diagnose"]
+            rows.append(Row("d", f"diff wall, {scale}, compact path", "record by record "
+                            "(before)", old_wall, wall, "s", "", None,
+                            f"before: read {old['load']:.2f} s, compare+diagnose "
+                            f"{old['diagnose']:.2f} s"))
+            rows.append(Row("d", f"diff peak RSS, {scale}, compact path", "record by record "
+                            "(before)", old["maxrss_kb"] / 1024, rss, "MB", "", None, ""))
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+# -- e: hang latency ------------------------------------------------------------------------
+def hang(rounds: int, timeout: float) -> list[Row]:
+    if not (HERE / "hang_latency.py").exists():
+        return [Row("e", "hang to diagnosis", "hang timeout", timeout, float("nan"), "s",
+                    "≤ timeout + 5 s", None, "bench/hang_latency.py not present")]
+    say(f"e: hang latency, {rounds} rounds")
+    module = importlib.import_module("hang_latency")
+    values = module.measure(timeout, rounds)
+    median = statistics.median(values)
+    return [Row("e", "hang to diagnosis printed", "hang timeout", timeout, median, "s",
+                "≤ timeout + 5 s", median <= timeout + 5,
+                f"+{median - timeout:.2f} s; {min(values):.2f}–{max(values):.2f} s over "
+                f"{len(values)} runs")]
+
+
+# -- f: trace size --------------------------------------------------------------------------
+def trace_size(jobs: list[overhead.JobResult], ops: int, cap_mb: float) -> list[Row]:
+    lines = sum(j.collective_lines for j in jobs)
+    coll_bytes = sum(j.collective_bytes for j in jobs)
+    total = sum(j.trace_bytes for j in jobs)
+    rows = [Row("f", "trace bytes per collective (DDP loop)", "collective line alone",
+                coll_bytes / lines, total / lines, "B", "", None,
+                f"{lines:,} collectives in {len(jobs)} jobs; the rest: state, stack, "
+                f"process records")]
+    say(f"f: a {ops:,}-op all_reduce loop with and without --max-trace-mb {cap_mb:g}")
+    full = overhead.job(overhead.DOCTOR, "allreduce", ops)
+    capped = overhead.job(overhead.DOCTOR, "allreduce", ops,
+                          env={"DDPDOCTOR_MAX_TRACE_MB": f"{cap_mb:g}"})
+    n = 2 * (ops + 201)  # 2 ranks: the loop, its 200 warm-up all_reduces, the init barrier
+    rows.append(Row("f", f"traces of 2 × {ops:,} all_reduces, --max-trace-mb {cap_mb:g}",
+                    "no cap", full.trace_bytes / MB, capped.trace_bytes / MB, "MB", "", None,
+                    f"{capped.trace_bytes / n:.1f} B/collective with the cap, "
+                    f"{full.trace_bytes / n:.0f} without; same diagnosis (unit-tested)"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer rounds, no 256-rank and 200,000-collective traces "
+                             "(about 2 minutes)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of alternating jobs for b (default 8, quick 3)")
+    parser.add_argument("--skip", default="", help="items to leave out, e.g. 'e,f'")
+    parser.add_argument("--hang-timeout", type=float, default=5.0)
+    parser.add_argument("--workdir", default=None,
+                        help="where to write synthetic traces (default: a temporary folder)")
+    parser.add_argument("--out", default=None, help="also write the table to this file")
+    args = parser.parse_args()
+    quick = args.quick
+    skip = set(args.skip.split(",")) - {""}
+    rounds = args.rounds or (3 if quick else 8)
+    started = time.perf_counter()
+    load0 = os.getloadavg()
+    rows: list[Row] = []
+    doctor_jobs: list[overhead.JobResult] = []
+    work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-", dir=args.workdir))
+    try:
+        if "a" not in skip:
+            rows += hot_path(3)
+        if "b" not in skip:
+            r, jobs = ddp_steps(rounds, 150)
+            rows += r
+            doctor_jobs += jobs
+        if "c" not in skip:
+            r, _ = small_ops(max(2, rounds // 2), 2000)
+            rows += r
+        if "d" not in skip:
+            shapes = [(8, 12_500), (8, 50_000), (64, 50_000)] if quick else \
+                [(8, 12_500), (8, 50_000), (8, 200_000), (64, 50_000), (256, 50_000)]
+            rows += diff_scale(shapes, (8, 50_000), work)
+        if "e" not in skip:
+            rows += hang(1 if quick else 3, args.hang_timeout)
+        if "f" not in skip and doctor_jobs:
+            rows += trace_size(doctor_jobs, 5_000 if quick else 20_000, 0.25)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    load1 = os.getloadavg()
+    header = (f"ddpdoctor benchmark, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
+              f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or '?'}, "
+              f"Python {platform.python_version()}, torch {_torch_version()}; "
+              f"{'quick' if quick else 'full'} mode, {time.perf_counter() - started:.0f} s; "
+              f"load average {load0[0]:.2f} before, {load1[0]:.2f} after")
+    text = header + "\n\n" + table(rows)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+def _torch_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("torch")
+    except Exception:
+        return "?"
+
+
+if __name__ == "__main__":
+    main()

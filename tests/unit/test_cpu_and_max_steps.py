@@ -1,0 +1,131 @@
+"""``--cpu`` and ``--max-steps`` without processes: the launcher's settings, CPU mode's pure
+helpers, and the analysis of ranks stopped at the step limit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.analysis import finding as fk
+from ddpdoctor.launcher import RunOptions, UsageError, build_command, build_env, check_options
+from ddpdoctor.runtime import cpu_mode, env, max_steps
+from ddpdoctor.trace import schema
+
+from .factories import make_run, ranks
+
+
+def _stop(b, steps: int) -> None:
+    b.trace.exit = {"kind": "exit", "t": b.clock.tick(), "status": schema.EXIT_MAX_STEPS,
+                    "code": 0, "steps": steps}
+
+
+# -- analysis ---------------------------------------------------------------------------------
+def test_ranks_stopped_at_max_steps_are_finished_and_the_run_is_clean() -> None:
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(2)
+        _stop(b, 2)
+    report = diagnose(make_run(*bs))
+    assert report.verdict == "clean" and report.all_finished and not report.findings
+    assert [r.status for r in report.ranks] == ["finished", "finished"]
+    assert [r.iterations for r in report.ranks] == [2, 2]
+    assert "ranks 0, 1 were stopped by --max-steps 2 at the start of iteration 3" in report.notes
+
+
+def test_a_rank_waiting_while_its_peer_stopped_at_max_steps_is_a_divergence() -> None:
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(2)
+    bs[0].user("barrier", line=70).pend_last()
+    _stop(bs[1], 2)
+    report = diagnose(make_run(*bs, stopped_for_hang=True))
+    assert report.verdict == "diverged"
+    kinds = {f.kind for f in report.findings}
+    assert fk.RANK_EXITED_EARLY in kinds
+    early = next(f for f in report.findings if f.kind == fk.RANK_EXITED_EARLY)
+    assert early.summary.startswith("Rank 1 was stopped by --max-steps 2 at the start of "
+                                    "iteration 3 while rank 0 still waits in user barrier()")
+    assert "stopped by --max-steps 2" in early.ranks[1].note
+
+
+# -- launcher ---------------------------------------------------------------------------------
+def test_cpu_sets_gloo_cpu_mode_two_processes_and_hides_gpus(tmp_path: Path) -> None:
+    opts = RunOptions(script="train.py", cpu=True, max_steps=2, hang_timeout=8.0)
+    environ = build_env(opts, tmp_path, "run")
+    assert environ[env.CPU] == "1" and environ[env.BACKEND] == "gloo"
+    assert environ[env.CPU_DEVICES] == "2" and environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert environ[env.MAX_STEPS] == "2" and float(environ[env.STOP_TIMEOUT]) == 4.0
+    cmd = build_command(opts)
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
+    opts4 = RunOptions(script="train.py", cpu=True, nproc_per_node=4)
+    assert build_env(opts4, tmp_path, "run")[env.CPU_DEVICES] == "4"
+    plain = build_env(RunOptions(script="train.py"), tmp_path, "run")
+    assert env.CPU not in plain and env.MAX_STEPS not in plain
+
+
+def test_contradictory_options_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="--cpu runs on gloo"):
+        check_options(RunOptions(script="t.py", cpu=True, backend="nccl"))
+    with pytest.raises(UsageError, match="at least 1"):
+        check_options(RunOptions(script="t.py", max_steps=0))
+    check_options(RunOptions(script="t.py", cpu=True, backend="gloo", max_steps=1))
+
+
+# -- CPU mode helpers -------------------------------------------------------------------------
+@pytest.mark.parametrize("value, expected", [
+    (0, True), (3, True), (True, False), ("cuda", True), ("cuda:1", True), (" CUDA:0", True),
+    ("cpu", False), ("meta", False), (None, False), (1.0, False),
+])
+def test_is_cuda_device(value, expected) -> None:
+    assert cpu_mode.is_cuda_device(value) is expected
+
+
+def test_is_cuda_device_of_torch_devices() -> None:
+    torch = pytest.importorskip("torch")
+    assert cpu_mode.is_cuda_device(torch.device("cuda", 1))
+    assert not cpu_mode.is_cuda_device(torch.device("cpu"))
+
+
+def test_map_location_sends_every_cuda_target_to_the_cpu() -> None:
+    assert cpu_mode.map_location(None) == "cpu"
+    assert cpu_mode.map_location("cuda:1") == "cpu" and cpu_mode.map_location(0) == "cpu"
+    assert cpu_mode.map_location({"cuda:0": "cuda:1", "cpu": "cpu"}) == {"cuda:0": "cpu",
+                                                                         "cpu": "cpu"}
+    fn = lambda storage, loc: storage  # noqa: E731 - callables are passed through
+    assert cpu_mode.map_location(fn) is fn
+    assert cpu_mode.map_location("cpu") == "cpu"
+
+
+def test_device_count_follows_the_launcher(monkeypatch) -> None:
+    monkeypatch.setenv(env.CPU_DEVICES, "3")
+    assert cpu_mode.device_count() == 3
+    monkeypatch.delenv(env.CPU_DEVICES)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "5")
+    assert cpu_mode.device_count() == 5
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    assert cpu_mode.device_count() == 1
+
+
+def test_user_code_is_what_lies_outside_libraries() -> None:
+    assert cpu_mode.from_user_code(depth=1)  # this test file
+    import json
+
+    assert json.__file__.startswith(cpu_mode._library_prefixes())
+
+
+def test_max_steps_configuration(monkeypatch) -> None:
+    monkeypatch.setenv(env.MAX_STEPS, "4")
+    monkeypatch.setenv(env.STOP_TIMEOUT, "2.5")
+    try:
+        assert max_steps.configure_from_env() == 4 and max_steps.limit() == 4
+
+        class Rec:
+            iteration = 3
+
+        max_steps.check(Rec())  # below the limit: nothing happens
+        monkeypatch.setenv(env.MAX_STEPS, "x")
+        assert max_steps.configure_from_env() is None
+    finally:
+        max_steps.configure(None)
