@@ -9,7 +9,8 @@ this module prints the overhead part of it:
 * a small all-reduce loop on 2 gloo ranks: plain torchrun, ``ddpdoctor run`` and plain
   torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (PyTorch's own collective checker);
 * a DDP training loop (>= 5 ms steps, BatchNorm buffers, 4 gradient buckets), plain torchrun
-  against ``ddpdoctor run``.
+  against ``ddpdoctor run``; and inside one ``ddpdoctor run`` job, recording switched on and
+  off every 10 steps (``ddp_loop.py --ab``): the recording cost, free of drift between jobs.
 
 Jobs of the different kinds alternate (A B C A B C ...), and the figure reported is the median
 of the per-round ratios, so that drift of the machine between rounds hits every kind alike.
@@ -181,14 +182,15 @@ def _trace_stats(logdir: Path) -> tuple[int, int, int]:
 
 
 def job(kind: str, mode: str, steps: int, env: dict[str, str] | None = None,
-        timeout: float = 300.0) -> JobResult:
+        timeout: float = 300.0, ab: int = 0) -> JobResult:
     """Run ``bench/ddp_loop.py`` once on 2 gloo ranks: plain torchrun, under ``ddpdoctor run``,
-    or plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
+    or plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``. ``ab``: under ddpdoctor, switch
+    recording on and off every ``ab`` steps (the result's ``value`` is then the on/off ratio)."""
     tag = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-"))
     environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag})
     environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    script = [str(LOOP), "--mode", mode, "--steps", str(steps)]
+    script = [str(LOOP), "--mode", mode, "--steps", str(steps), "--ab", str(ab)]
     if kind == DOCTOR:
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),
                *script]
@@ -209,7 +211,8 @@ def job(kind: str, mode: str, steps: int, env: dict[str, str] | None = None,
         if line is None:
             raise SystemExit(f"benchmark job ({kind}, {mode}) failed:\n{out.stderr[-3000:]}")
         value = json.loads(line[6:])
-        result = JobResult(value["step_ms" if mode == "ddp" else "op_us"], extra=value)
+        result = JobResult(value.get("ab_ratio", float("nan")) if ab else
+                           value["step_ms" if mode == "ddp" else "op_us"], extra=value)
         if kind == DOCTOR:
             result.trace_bytes, result.collective_lines, result.collective_bytes = \
                 _trace_stats(work / "logs")
@@ -253,11 +256,37 @@ class Paired:
 def paired(results: dict[str, list[JobResult]], base: str, other: str,
            key: str | None = None) -> Paired:
     """The per-round values of two kinds of :func:`alternate`'s results (``key``: another
-    figure of the ``BENCH`` line, e.g. ``cpu_ms``)."""
+    figure of the ``BENCH`` line)."""
     def values(kind: str) -> list[float]:
         return [r.value if key is None else r.extra[key] for r in results[kind]]
 
     return Paired(values(base), values(other))
+
+
+@dataclass
+class InJob:
+    """Recording on against off inside ``ddpdoctor run`` jobs: per block-pair ratios."""
+
+    ratios: list[float]
+    on: float
+    off: float
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+    def spread(self) -> str:
+        """Interquartile range of the pair ratios, and how many pairs."""
+        q = statistics.quantiles(self.ratios, n=4)
+        return f"IQR ×{q[0]:.3f}–{q[2]:.3f} over {len(self.ratios)} block pairs"
+
+
+def in_job_ab(mode: str, steps: int, block: int, jobs: int) -> InJob:
+    """``jobs`` ddpdoctor jobs that switch recording on and off every ``block`` steps (ops)."""
+    extras = [job(DOCTOR, mode, steps, ab=block).extra for _ in range(jobs)]
+    return InJob([r for e in extras for r in e["ab_ratios"]],
+                 statistics.median(e["ab_on"] for e in extras),
+                 statistics.median(e["ab_off"] for e in extras))
 
 
 def main() -> None:
@@ -275,12 +304,11 @@ def main() -> None:
         p = paired(ops, PLAIN, kind)
         print(f"all_reduce loop, {kind}: µs per op {statistics.median(p.other):.1f} vs "
               f"{statistics.median(p.base):.1f} plain, ×{p.ratio:.3f} ({p.spread()})")
-    res = alternate([PLAIN, DOCTOR], "ddp", args.ddp_steps, args.rounds)
-    for key, unit in ((None, "ms"), ("cpu_ms", "CPU ms")):
-        p = paired(res, PLAIN, DOCTOR, key)
-        print(f"DDP step: {unit} {statistics.median(p.other):.2f} vs "
-              f"{statistics.median(p.base):.2f} plain, ×{p.ratio:.3f} ({p.spread()}; "
-              f"target ≤ ×1.02)")
+    ddp = paired(alternate([PLAIN, DOCTOR], "ddp", args.ddp_steps, args.rounds), PLAIN, DOCTOR)
+    print(f"DDP step: ms {statistics.median(ddp.other):.2f} vs {statistics.median(ddp.base):.2f}"
+          f" plain, ×{ddp.ratio:.3f} ({ddp.spread()}; target ≤ ×1.02)")
+    ab = in_job_ab("ddp", 600, 10, 1)
+    print(f"DDP step, recording on/off inside one job: ×{ab.ratio:.3f} ({ab.spread()})")
 
 
 if __name__ == "__main__":

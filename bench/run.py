@@ -7,10 +7,11 @@ a. caller-thread CPU µs per recorded collective (the recording process group ar
    per collective once the writer thread has encoded and written it;
 b. DDP step time (BatchNorm, 4 gradient buckets, >= 5 ms steps, 2 gloo ranks) under
    ``ddpdoctor run`` against plain torchrun: jobs alternate, the figure is the median of the
-   per-round ratios and the spread is shown;
+   per-round ratios and the spread is shown; then, inside ddpdoctor jobs, recording switched
+   on and off every 10 steps: the cost of recording where drift between jobs cannot reach it;
 c. a small all_reduce loop under ``ddpdoctor run`` and under ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
    (PyTorch's own checker; plain collectives, as DETAIL crashes on DDP with 2.13 gloo), both
-   against plain torchrun, alternating;
+   against plain torchrun, alternating; and recording on/off inside a ddpdoctor job;
 d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic traces from
    ``bench/synth.py`` (DDP-like, one injected divergence): collectives per rank grow at 8
    ranks, then ranks grow at 50,000 collectives; the baseline is reading the same bytes and
@@ -63,9 +64,12 @@ class Row:
     target: str = ""
     met: bool | None = None
     note: str = ""
+    median_ratio: float | None = None  # when the figure is a median of ratios, not value/base
 
     @property
     def ratio(self) -> float:
+        if self.median_ratio is not None:
+            return self.median_ratio
         return self.value / self.base if self.base else float("nan")
 
 
@@ -120,14 +124,17 @@ def ddp_steps(rounds: int, steps: int) -> tuple[list[Row], list[overhead.JobResu
     say(f"b: DDP step, {rounds} rounds of plain/ddpdoctor jobs")
     res = overhead.alternate([overhead.PLAIN, overhead.DOCTOR], "ddp", steps, rounds)
     p = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR)
-    c = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, "cpu_ms")
-    return [Row("b", "DDP step wall (BN, 4 buckets, 2 gloo ranks)", "plain torchrun",
+    say("b: recording switched on/off every 5 steps inside ddpdoctor jobs")
+    ab = overhead.in_job_ab("ddp", 1000, 5, 2)
+    return [Row("b", "DDP step (BN, 4 buckets, 2 gloo ranks), whole job", "plain torchrun",
                 statistics.median(p.base), statistics.median(p.other), "ms", "≤ ×1.02",
                 p.ratio <= 1.02,
-                f"median of per-round ratios, {p.spread()}; {steps} steps/job"),
-            Row("b", "DDP step CPU of a rank (all its threads)", "plain torchrun",
-                statistics.median(c.base), statistics.median(c.other), "ms", "≤ ×1.02",
-                c.ratio <= 1.02, f"{c.spread()}; less sensitive to other load")], \
+                f"median of per-round ratios, {p.spread()}; {steps} steps/job",
+                median_ratio=p.ratio),
+            Row("b", "DDP step, recording on vs off in one job", "recording off",
+                ab.off, ab.on, "ms", "≤ ×1.02", ab.ratio <= 1.02,
+                f"median of neighbouring-block ratios (5 steps each), {ab.spread()}",
+                median_ratio=ab.ratio)], \
         res[overhead.DOCTOR]
 
 
@@ -137,23 +144,22 @@ def small_ops(rounds: int, ops: int) -> tuple[list[Row], list[overhead.JobResult
                              ops, rounds)
     doc = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR)
     det = overhead.paired(res, overhead.PLAIN, overhead.DETAIL)
-    doc_cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, "cpu_us")
-    det_cpu = overhead.paired(res, overhead.PLAIN, overhead.DETAIL, "cpu_us")
+    say("c: recording switched on/off every 200 ops inside ddpdoctor jobs")
+    ab = overhead.in_job_ab("allreduce", 8000, 200, 1)
     base = statistics.median(doc.base)
     share = (f"; ddpdoctor adds {(doc.ratio - 1) / (det.ratio - 1):.1%} of what DETAIL adds"
              if det.ratio > 1 else "")
     rows = [
         Row("c", "all_reduce float32[1] loop, ddpdoctor", "plain torchrun", base,
             statistics.median(doc.other), "µs/op", "< DETAIL", doc.ratio < det.ratio,
-            f"{doc.spread()}"),
+            f"median of per-round ratios, {doc.spread()}", median_ratio=doc.ratio),
         Row("c", "same loop, TORCH_DISTRIBUTED_DEBUG=DETAIL", "plain torchrun", base,
-            statistics.median(det.other), "µs/op", "(anchor)", None, det.spread() + share),
-        Row("c", "same loop, rank CPU per op, ddpdoctor", "plain torchrun",
-            statistics.median(doc_cpu.base), statistics.median(doc_cpu.other), "µs/op",
-            "< DETAIL", doc_cpu.ratio < det_cpu.ratio, doc_cpu.spread()),
-        Row("c", "same loop, rank CPU per op, DETAIL", "plain torchrun",
-            statistics.median(det_cpu.base), statistics.median(det_cpu.other), "µs/op",
-            "(anchor)", None, det_cpu.spread()),
+            statistics.median(det.other), "µs/op", "(anchor)", None, det.spread() + share,
+            median_ratio=det.ratio),
+        Row("c", "same loop, recording on vs off in one job", "recording off", ab.off, ab.on,
+            "µs/op", "< DETAIL", ab.ratio < det.ratio,
+            f"median of neighbouring-block ratios (200 ops each), {ab.spread()}",
+            median_ratio=ab.ratio),
     ]
     return rows, res[overhead.DOCTOR]
 
@@ -328,7 +334,8 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     load1 = os.getloadavg()
     header = (f"ddpdoctor benchmark, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
-              f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or '?'}, "
+              f"{platform.node()}: {os.cpu_count()} cores ({_cpu_name()}), "
+              f"{_memory_gb():.0f} GB, "
               f"Python {platform.python_version()}, torch {_torch_version()}; "
               f"{'quick' if quick else 'full'} mode, {time.perf_counter() - started:.0f} s; "
               f"load average {load0[0]:.2f} before, {load1[0]:.2f} after")
@@ -336,6 +343,22 @@ def main() -> None:
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next(line.split(":", 1)[1].strip() for line in fh
+                        if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "?"
+
+
+def _memory_gb() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError):
+        return float("nan")
 
 
 def _torch_version() -> str:

@@ -20,7 +20,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-import yaml
+from ddpdoctor import yamlfile
 
 FILENAME = "ddpdoctor.yaml"
 SECTIONS = ("run",)
@@ -90,11 +90,9 @@ def _convert(value: Any, kind: str, where: str) -> Any:
 def parse(text: str, source: str = FILENAME) -> dict[str, dict[str, Any]]:
     """Validate a config document; returns ``{"run": {parameter name: value}}``."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{source}: not valid YAML{line}") from None
+        data = yamlfile.load(text, source)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, dict):

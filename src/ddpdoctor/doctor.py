@@ -23,7 +23,14 @@ from ddpdoctor import schedule
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.launcher import (
-    JobResult, RunOptions, UsageError, check_options, check_script, make_logdir, run_job)
+    JobResult,
+    RunOptions,
+    UsageError,
+    check_options,
+    check_script,
+    make_logdir,
+    run_job,
+)
 from ddpdoctor.progress import JobProgress
 from ddpdoctor.trace.reader import TraceError, load_run
 

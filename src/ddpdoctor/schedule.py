@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from ddpdoctor import yamlfile
 from ddpdoctor.analysis.terms import rank_list
 from ddpdoctor.trace.model import Collective, Run
 
@@ -204,11 +205,9 @@ def _parse_entry(raw: Any, where: str) -> Entry:
 def from_yaml(text: str, source: str = "schedule") -> Schedule:
     """Parse a schedule written by :func:`to_yaml`; raises :class:`ScheduleError`."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark is not None else ""
-        raise ScheduleError(f"{source}: not valid YAML{line}") from None
+        data = yamlfile.load(text, source)
+    except ValueError as exc:
+        raise ScheduleError(str(exc)) from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ScheduleError(f"{source}: not a ddpdoctor schedule (written by "
                             f"'ddpdoctor schedule save')")

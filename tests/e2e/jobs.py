@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,47 @@ def run_job(tmp_path: Path, script: Path | str, *script_args: str, options: tupl
     assert not leftovers, f"processes of the job outlived ddpdoctor: {leftovers}"
     report = json.loads(report_path.read_text()) if report_path.exists() else None
     return Job(proc.returncode, proc.stdout, proc.stderr, logdir, report)
+
+
+class BackgroundJob:
+    """``ddpdoctor run`` started in the background, to be signalled while the job runs."""
+
+    def __init__(self, tmp_path: Path, script: Path, options: tuple = ()) -> None:
+        self.logdir = tmp_path / "logs"
+        self.report_path = tmp_path / "report.json"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(self.logdir),
+             "--json", str(self.report_path), "--grace", "2", "--hang-timeout", "5", *options,
+             str(script)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        self.stderr = ""
+
+    def wait_for_collectives(self, rank: int, count: int, timeout: float = 60) -> dict:
+        """Wait until ``rank`` recorded ``count`` collectives; returns its process_start."""
+        path = self.logdir / f"rank-{rank}.jsonl"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            text = path.read_text() if path.exists() else ""
+            if text.count('"collective"') >= count:
+                return next(json.loads(line) for line in reversed(text.splitlines())
+                            if '"process_start"' in line)
+        raise AssertionError(f"rank {rank} did not record {count} collectives in {timeout}s")
+
+    def finish(self, timeout: float = 60) -> int:
+        """Wait for ddpdoctor to end; returns its exit code."""
+        _out, self.stderr = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode
+
+    def __enter__(self) -> BackgroundJob:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        leftovers = kill_job_processes(self.logdir)
+        assert not leftovers, f"processes of the job outlived ddpdoctor: {leftovers}"
 
 
 def marker_line(path: Path, marker: str) -> int:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -13,7 +11,7 @@ import pytest
 
 from ddpdoctor.trace.reader import load_run
 
-from .jobs import EXAMPLES, REPO, SCRIPTS, kill_job_processes, marker_line, run_job
+from .jobs import EXAMPLES, SCRIPTS, BackgroundJob, marker_line, run_job
 
 HANG_TIMEOUT = 5
 GRACE = 2
@@ -80,28 +78,13 @@ def test_crash_names_the_exception_its_line_and_where_the_others_were_left(
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Path,
                                                                     sig: int) -> None:
-    logdir = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir), "--grace", "2",
-         "--json", str(tmp_path / "report.json"), str(SCRIPTS / "long_loop.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
-            trace = logdir / "rank-1.jsonl"
-            if trace.exists() and trace.read_text().count('"collective"') >= 10:
-                break
-        proc.send_signal(sig)
-        _out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        leftovers = kill_job_processes(logdir)
-    assert not leftovers
-    assert proc.returncode == 130, err[-3000:]
-    assert "interrupted" in err
+    with BackgroundJob(tmp_path, SCRIPTS / "long_loop.py") as job:
+        job.wait_for_collectives(1, 10)
+        job.proc.send_signal(sig)
+        code = job.finish()
+    assert code == 130, job.stderr[-3000:]
+    assert "interrupted" in job.stderr
+    logdir = job.logdir
     run = load_run([logdir])
     assert sorted(run.ranks) == [0, 1]
     assert all(len(t.collectives) >= 10 for t in run.ranks.values())

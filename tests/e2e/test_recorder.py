@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import torch
 from ddpdoctor.launcher import free_port
 from ddpdoctor.trace.reader import read_rank
 
-from .jobs import EXAMPLES, REPO, SCRIPTS, ddpdoctor, kill_job_processes, run_job
+from .jobs import EXAMPLES, REPO, SCRIPTS, BackgroundJob, ddpdoctor, run_job
 
 
 def _signature(c):
@@ -119,31 +117,11 @@ def test_spawn_script_runs_unmodified_under_python_launcher(tmp_path: Path) -> N
 @pytest.mark.timeout(120)
 def test_sigkilled_rank_leaves_a_readable_trace_ending_at_its_last_collective(
         tmp_path: Path) -> None:
-    logdir = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir), "--grace", "1",
-         "--hang-timeout", "5", str(SCRIPTS / "long_loop.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-    try:
-        victim = None
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and victim is None:
-            time.sleep(0.2)
-            path = logdir / "rank-1.jsonl"
-            if path.exists() and path.read_text().count('"collective"') >= 20:
-                start = next(json.loads(l) for l in path.read_text().splitlines()
-                             if '"process_start"' in l)
-                victim = start["pid"]
-        assert victim is not None, "rank 1 never got going"
+    with BackgroundJob(tmp_path, SCRIPTS / "long_loop.py") as job:
+        victim = job.wait_for_collectives(1, 20)["pid"]
         os.kill(victim, signal.SIGKILL)
-        proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        leftovers = kill_job_processes(logdir)
-    assert not leftovers
-    assert proc.returncode != 0
+        assert job.finish() != 0
+    logdir = job.logdir
     trace = read_rank(logdir / "rank-1.jsonl")
     assert trace.exit is None and trace.collectives
     assert trace.collectives[-1].op == "all_reduce"

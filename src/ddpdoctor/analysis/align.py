@@ -25,8 +25,22 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis.signature import (
-    DTYPE, FREE_SHAPE_OPS, JOIN_EXIT_LABELS, KEY_LABEL, KEY_SITE, LABEL, OP, REDUCE_OP, ROOT,
-    SHAPE, Interner, hard_difference, reduce_op_of, site_key, soft_difference)
+    DTYPE,
+    FREE_SHAPE_OPS,
+    JOIN_EXIT_LABELS,
+    KEY_LABEL,
+    KEY_SITE,
+    LABEL,
+    OP,
+    REDUCE_OP,
+    ROOT,
+    SHAPE,
+    Interner,
+    hard_difference,
+    reduce_op_of,
+    site_key,
+    soft_difference,
+)
 from ddpdoctor.analysis.terms import REDUCING_OPS
 from ddpdoctor.trace.compact import CollectiveLog, GroupView
 from ddpdoctor.trace.model import Collective, Run

@@ -11,7 +11,12 @@ from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.details import (
-    elsewhere_detail, failed_in_detail, left_detail, max_steps_text, where_text)
+    elsewhere_detail,
+    failed_in_detail,
+    left_detail,
+    max_steps_text,
+    where_text,
+)
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text

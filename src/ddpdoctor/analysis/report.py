@@ -16,6 +16,13 @@ DIVERGED = "diverged"
 CRASHED = "crashed"
 INCOMPLETE = "incomplete"
 VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE)
+# What each verdict means, in the words every reporter shows.
+VERDICT_TEXT = {
+    CLEAN: "every rank issued the same collectives and finished",
+    DIVERGED: "the ranks stopped issuing the same collectives",
+    CRASHED: "a rank failed and the others were left waiting",
+    INCOMPLETE: "some ranks did not finish, and their traces do not show why",
+}
 
 
 @dataclass

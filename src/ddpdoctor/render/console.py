@@ -27,13 +27,7 @@ from ddpdoctor.trace.model import Site
 MAX_ROWS = 8
 MAX_FOLDED = 8
 
-_HEADLINES = {
-    rp.CLEAN: ("green", "CLEAN", "every rank issued the same collectives and finished"),
-    rp.DIVERGED: ("red", "DIVERGED", "the ranks stopped issuing the same collectives"),
-    rp.CRASHED: ("red", "CRASHED", "a rank failed and the others were left waiting"),
-    rp.INCOMPLETE: ("yellow", "INCOMPLETE", "some ranks did not finish, and their traces do "
-                                            "not show why"),
-}
+_COLOURS = {rp.CLEAN: "green", rp.DIVERGED: "red", rp.CRASHED: "red", rp.INCOMPLETE: "yellow"}
 
 
 def code_line(site: Site | None) -> str:
@@ -54,7 +48,8 @@ def _rank_status_line(report: Report) -> str:
 
 
 def _headline(report: Report, console: Console) -> None:
-    colour, word, text = _HEADLINES.get(report.verdict, ("yellow", report.verdict.upper(), ""))
+    colour = _COLOURS.get(report.verdict, "yellow")
+    word, text = report.verdict.upper(), rp.VERDICT_TEXT.get(report.verdict, "")
     line = Text()
     line.append(f"ddpdoctor: {word}", style=f"bold {colour}")
     line.append(f" — {text}")

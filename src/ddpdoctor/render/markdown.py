@@ -25,13 +25,7 @@ from ddpdoctor.trace.model import Site
 MAX_ROWS = 8
 MAX_FOLDED = 8
 
-HEADLINES = {
-    rp.CLEAN: ("✅", "CLEAN", "every rank issued the same collectives and finished"),
-    rp.DIVERGED: ("❌", "DIVERGED", "the ranks stopped issuing the same collectives"),
-    rp.CRASHED: ("❌", "CRASHED", "a rank failed and the others were left waiting"),
-    rp.INCOMPLETE: ("⚠️", "INCOMPLETE", "some ranks did not finish, and their traces do not "
-                                        "show why"),
-}
+ICONS = {rp.CLEAN: "✅", rp.DIVERGED: "❌", rp.CRASHED: "❌", rp.INCOMPLETE: "⚠️"}
 
 
 @dataclass(frozen=True)
@@ -181,7 +175,8 @@ def render(report: Report | None, info: RunInfo,
     if report is None:
         icon, word, text = "❌", "NO DIAGNOSIS", info.read_error or "the traces could not be read"
     else:
-        icon, word, text = HEADLINES.get(report.verdict, ("⚠️", report.verdict.upper(), ""))
+        icon = ICONS.get(report.verdict, "⚠️")
+        word, text = report.verdict.upper(), rp.VERDICT_TEXT.get(report.verdict, "")
     out = [f"## {icon} ddpdoctor: {word} — {text}", ""]
     facts = [_code(info.name)]
     if report is not None:

@@ -45,6 +45,7 @@ import sysconfig
 from typing import Any
 
 from ddpdoctor.runtime.env import CPU_DEVICES
+
 NCCL_NAMES = frozenset({"nccl", "cuda:nccl", "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo"})
 
 _installed = False
