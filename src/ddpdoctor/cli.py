@@ -117,6 +117,10 @@ def run(
         None, "--markdown",
         help="Also write the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
              "there in any case)."),
+    max_trace_mb: Optional[float] = typer.Option(
+        None, "--max-trace-mb", min=0.0,
+        help="For long jobs: after this many MB per rank, write only what breaks the rank's "
+             "repeating pattern (the first divergence is never lost; docs/trace-format.md)."),
     expect_schedule: Optional[Path] = typer.Option(
         None, "--expect-schedule",
         help="Fail (exit 1) when the run's collective schedule differs from this file "
@@ -139,7 +143,7 @@ def run(
         master_port=master_port, max_restarts=max_restarts,
         logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
         stall_timeout=stall_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
-        expect_schedule=str(expect_schedule) if expect_schedule else None)
+        max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None)
     try:
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:

@@ -45,6 +45,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "json": ("json_out", "str"),
     "cpu": ("cpu", "bool"),
     "max-steps": ("max_steps", "int"),
+    "max-trace-mb": ("max_trace_mb", "float"),
     "junit": ("junit_out", "str"),
     "markdown": ("markdown_out", "str"),
     "expect-schedule": ("expect_schedule", "str"),
@@ -53,7 +54,7 @@ LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).
 MINIMUM: dict[str, float] = {"nproc-per-node": 1, "node-rank": 0, "master-port": 1,
                              "max-restarts": 0, "hang-timeout": 0.5, "stall-timeout": 0.5,
-                             "grace": 0.0, "max-steps": 1}
+                             "grace": 0.0, "max-steps": 1, "max-trace-mb": 0.0}
 
 
 class ConfigError(Exception):

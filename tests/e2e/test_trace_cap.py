@@ -17,13 +17,11 @@ def _root(report: dict) -> tuple:
 
 
 @pytest.mark.timeout(300)
-def test_capped_traces_give_the_same_diagnosis(tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_capped_traces_give_the_same_diagnosis(tmp_path: Path) -> None:
     script = EXAMPLES / "seed000_eval_nograd.py"
-    monkeypatch.delenv("DDPDOCTOR_MAX_TRACE_MB", raising=False)
     full = run_job(tmp_path / "full", script)
-    monkeypatch.setenv("DDPDOCTOR_MAX_TRACE_MB", "0.003")  # 3 KB: capped after a few lines
-    capped = run_job(tmp_path / "capped", script)
+    # 3 KB: capped after a few lines.
+    capped = run_job(tmp_path / "capped", script, options=("--max-trace-mb", "0.003"))
     assert full.report is not None and capped.report is not None, capped.stderr[-3000:]
     assert capped.report["verdict"] == full.report["verdict"]
     assert _root(capped.report) == _root(full.report)

@@ -250,3 +250,21 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
     run = _assert_same(folder)
     root = diagnose(run).findings[0]
     assert root.seq == info["diverge_seq"] and 1 in root.ranks
+
+
+def test_reading_in_small_chunks_changes_nothing(job: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.trace import compact
+
+    monkeypatch.setattr(compact, "CHUNK", 997)  # chunk edges fall inside lines everywhere
+    monkeypatch.setattr(compact, "_ID_CACHE", 300)  # and most ids lie past the shared cache
+    monkeypatch.setattr(compact, "_ID_PREFIXES", [])
+    _assert_same(job)
+    capped = writer_job(tmp_path / "capped", 8000, iterations=300)
+    assert _assert_same(capped).ranks[0].cap is not None
+    for name in ("junk-line", "swapped-collectives", "state-for-unknown-id"):
+        _assert_same(_mutate(job, tmp_path / name, 0, DAMAGE[name]))
+    size = (job / "rank-1.jsonl").stat().st_size
+    for cut in (size - 1, size - 500, size - 1001):
+        run = _assert_same(_mutate(job, tmp_path / f"cut{cut}", 1, lambda d, c=cut: d[:c]))
+        assert isinstance(run.ranks[1].collectives, CollectiveLog) and run.ranks[1].truncated

@@ -11,7 +11,8 @@ prototype :class:`~ddpdoctor.trace.model.Collective` per distinct static part, a
 ints (which prototype each collective is, shared by every rank whose list is identical) and a
 sparse index of line offsets. A full ``Collective`` (its id, seq, iteration, time, state) is
 decoded from its line only when the analysis asks for it: around a divergence, at the end of
-a rank, for point-to-point pairing.
+a rank, for point-to-point pairing. The file is read in chunks of :data:`CHUNK` bytes, so
+memory grows with the number of collectives (a few bytes each), not with the file's size.
 
 Anything outside the layout (keys in another order, a collective line that decodes but does
 not match, a redefined stack) raises :class:`NotCompact` and the reader falls back to decoding
@@ -36,8 +37,8 @@ import re
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from itertools import accumulate, islice
-from typing import overload
+from itertools import accumulate
+from typing import BinaryIO, overload
 
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import Collective, RankTrace, Site
@@ -54,7 +55,6 @@ _VARIABLE_TAIL = ("state", "bucket", "p2p_seq")
 _TAIL_FIELDS = frozenset(_VARIABLE_TAIL) | {"group", "op", "label", "shapes", "dtypes", "numel",
                                             "stack", "reduce_op", "api", "root", "peer"}
 _BLOCK = 64  # lines per entry of the sparse offset index
-_STATE_CODES = {schema.COMPLETED: 0, schema.PENDING: 1, schema.FAILED: 2}
 
 
 class NotCompact(Exception):
@@ -291,7 +291,13 @@ class CollectiveLog(Sequence):
         if not ordinals:
             return
         want = {self.line_index(self.explicit(k)): k for k in ordinals}
-        first, last = min(want), max(want)
+        raw = self.read_lines(list(want))
+        for line_no, k in want.items():
+            self._cache[k] = self._decode(raw[line_no], k)
+
+    def read_lines(self, line_numbers: list[int]) -> dict[int, bytes]:
+        """The file's lines with these numbers (0 = header), in one read of the span."""
+        first, last = min(line_numbers), max(line_numbers)
         start = self._sparse[first // _BLOCK]
         block_end = last // _BLOCK + 1
         end = self._sparse[block_end] if block_end < len(self._sparse) else None
@@ -300,9 +306,7 @@ class CollectiveLog(Sequence):
             data = fh.read() if end is None else fh.read(end - start)
         lines = data.split(b"\n")
         base = (first // _BLOCK) * _BLOCK
-        for line_no, k in want.items():
-            raw = lines[line_no - base] if line_no - base < len(lines) else b""
-            self._cache[k] = self._decode(raw, k)
+        return {n: lines[n - base] if n - base < len(lines) else b"" for n in line_numbers}
 
     def _decode(self, raw: bytes, ordinal: int) -> Collective:
         try:
@@ -326,32 +330,39 @@ class CollectiveLog(Sequence):
         return c
 
 
-_ID_PREFIXES: list[bytes] = [b""]
+_ID_PREFIXES: list[bytes] = []
+_ID_CACHE = 1 << 18  # ids whose prefixes are kept for every rank (about 20 MB at most)
 
 
-def _id_prefixes(n: int) -> list[bytes]:
-    """``[_, prefix of id 1, prefix of id 2, ...]`` up to at least id ``n``: the start of the
-    writer's collective line with that id. Built once per process, shared by every rank."""
+def _id_prefixes(first: int, count: int) -> tuple[list[bytes], int]:
+    """``(prefixes, i)``: ``prefixes[i + j]`` is the start of the writer's collective line
+    with id ``first + j``, for j up to at least ``count + 1``. Ids below :data:`_ID_CACHE`
+    come from a cache shared by every rank; later ones are made for the chunk."""
+    if first + count + 2 >= _ID_CACHE:
+        return [COLLECTIVE_PREFIX + b"%d, " % i for i in range(first, first + count + 2)], 0
     have = len(_ID_PREFIXES)
-    if have <= n:
-        _ID_PREFIXES.extend(COLLECTIVE_PREFIX + b"%d, " % i for i in range(have, n + 1024))
-    return _ID_PREFIXES
+    if have <= first + count + 2:
+        _ID_PREFIXES.extend(COLLECTIVE_PREFIX + b"%d, " % i
+                            for i in range(have, min(_ID_CACHE, first + count + 1024)))
+    return _ID_PREFIXES, first
 
 
-def _sparse_offsets(lines: list[bytes]) -> array:
-    """Byte offset of every :data:`_BLOCK`-th line."""
-    ends = list(accumulate(map(len, lines)))  # sum of lengths of lines[:i + 1]
-    return array("q", [0] + [ends[i - 1] + i for i in range(_BLOCK, len(lines), _BLOCK)])
+CHUNK = 8 * 1024 * 1024  # bytes read at a time: memory stays bounded whatever the file size
 
 
 class _Reader:
     """One pass over a rank's lines; see :func:`read_compact`."""
 
-    def __init__(self, trace: RankTrace, lines: list[bytes], truncated: bool,
+    def __init__(self, trace: RankTrace, truncated: bool,
                  parse: Callable[[bytes], object], apply: Callable[..., bool]) -> None:
         self.trace = trace
-        self.lines = lines
         self.truncated = truncated
+        self.last = False  # feeding the file's cut-off last line
+        self.codes: list[int] = []
+        self.nid = 1  # the id the next collective line must carry
+        self.sparse = array("q", [0])  # byte offset of every _BLOCK-th line
+        self.line_no = 1  # number of the next line (0 = header)
+        self.offset = 0  # byte offset of the next line
         self.parse = parse
         self.apply = apply
         self.stacks: dict[int, list[Site]] = {}
@@ -367,10 +378,40 @@ class _Reader:
         self.runs: list[tuple[int, dict]] = []  # (collective lines before it, repeat record)
         self.members = 0  # collectives in those runs
 
-    def run(self) -> list[int]:
-        """The tail code of every collective line, in file order; the rest is folded in."""
+    def read(self, fh: BinaryIO, start: int) -> list[int]:
+        """Read the file from byte ``start`` (the line after the header) in chunks of
+        :data:`CHUNK`; returns the tail code of every collective line, in file order."""
+        self.offset = start
+        rest = b""
+        while True:
+            data = fh.read(CHUNK)
+            if not data:
+                break
+            lines = (rest + data).split(b"\n")
+            rest = lines.pop()
+            self._index_lines(lines)
+            self.feed(lines)
+        if rest:  # no newline at the end: the cut-off last line
+            self._index_lines([rest])
+            self.last = True
+            self.feed([rest])
+        return self.codes
+
+    def _index_lines(self, lines: list[bytes]) -> None:
+        """Note the byte offset of every :data:`_BLOCK`-th line among ``lines``."""
+        if not lines:
+            return
+        ends = list(accumulate(map(len, lines)))  # bytes of lines[:j + 1], newlines aside
+        first = self.line_no
+        for j in range((-first) % _BLOCK, len(lines), _BLOCK):
+            self.sparse.append(self.offset + (ends[j - 1] if j else 0) + j)
+        self.line_no += len(lines)
+        self.offset += ends[-1] + len(lines)
+
+    def feed(self, lines: list[bytes]) -> None:
+        """Fold ``lines`` in: collective lines become tail codes, the rest records."""
         tails_get = self.tails.get
-        codes: list[int] = []
+        codes = self.codes
         append = codes.append
         others = self.others
         other = self._other
@@ -378,10 +419,10 @@ class _Reader:
         mark, plen = STATE_MARK, _PREFIX_LEN
         # A collective line must start with the id that comes next: a lost, repeated or
         # reordered collective line sends the file down the record-by-record path.
-        expect = _id_prefixes(len(self.lines))
-        nid = 1
-        for line in islice(self.lines, 1, None):
-            if line.startswith(expect[nid]):
+        expect, k = _id_prefixes(self.nid, len(lines))
+        shift = self.nid - k  # expect[k] is the start of the line with id k + shift
+        for line in lines:
+            if line.startswith(expect[k]):
                 tail = line[line.find(mark, plen):]
                 code = tails_get(tail)
                 if code is None:
@@ -390,16 +431,18 @@ class _Reader:
                         others.append(len(codes))
                         continue
                 append(code)
-                nid += 1
+                k += 1
             else:
                 others.append(len(codes))
-                nid += other(line, len(codes))
-                if nid >= len(expect):
-                    expect = _id_prefixes(nid)
-        return codes
+                k += other(line, len(codes))
+                if k >= len(expect) - 1:  # a repeat record jumped past the prefixes made
+                    nid = k + shift
+                    expect, k = _id_prefixes(nid, len(lines))
+                    shift = nid - k
+        self.nid = k + shift
 
     def _damaged(self, line: bytes) -> None:
-        if not (self.truncated and line is self.lines[-1]):  # a cut-off last line is expected
+        if not (self.truncated and self.last):  # a cut-off last line is expected
             self.trace.damaged_lines += 1
 
     def _new_tail(self, tail: bytes, line: bytes) -> int:
@@ -476,15 +519,16 @@ class _Reader:
         self.state_t.append(t)
 
 
-def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
+def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
                  parse: Callable[[bytes], object], apply: Callable[..., bool],
                  pool: dict | None = None) -> None:
-    """Fill ``trace`` from ``lines`` (line 0, the header, already read), its collectives as a
-    :class:`CollectiveLog`. ``parse`` and ``apply`` decode and fold the other records as the
-    record-by-record reader does. ``pool`` shares identical code lists between ranks. Raises
-    :class:`NotCompact` when the file is not in the writer's layout."""
-    reader = _Reader(trace, lines, truncated, parse, apply)
-    tail_codes = reader.run()
+    """Fill ``trace`` from the open trace file ``fh``, from byte ``start`` (the header line
+    already read), its collectives as a :class:`CollectiveLog`. ``parse`` and ``apply``
+    decode and fold the other records as the record-by-record reader does. ``pool`` shares
+    identical code lists between ranks. Raises :class:`NotCompact` when the file is not in the
+    writer's layout."""
+    reader = _Reader(trace, truncated, parse, apply)
+    tail_codes = reader.read(fh, start)
     tail_proto = reader.tail_proto
     codes = list(map(tail_proto.__getitem__, tail_codes))
     runs = _expand(codes, reader) if reader.runs else None
@@ -499,7 +543,7 @@ def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
             codes = shared
     log = CollectiveLog(trace.path, trace.rank, reader.protos, codes, reader.stacks)
     log._others = reader.others
-    log._sparse = _sparse_offsets(lines)
+    log._sparse = reader.sparse
     if runs is not None:
         log._run_starts, log._run_recs, log._run_counts, log._run_before = runs[1:]
     # Later state records, sorted by id (stable: the last record of an id comes last).
@@ -508,7 +552,7 @@ def read_compact(trace: RankTrace, lines: list[bytes], truncated: bool,
     log._state_words = [reader.state_words[i] for i in order]
     log._state_t = [reader.state_t[i] for i in order]
     _index(log, tail_codes, reader)
-    _check(log, lines, reader.parse)
+    _check(log, reader.parse)
     trace.collectives = log
 
 
@@ -577,14 +621,15 @@ def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
     log.incomplete_ordinals = incomplete
 
 
-def _check(log: CollectiveLog, lines: list[bytes], parse: Callable[[bytes], object]) -> None:
-    """The first and last collective of each group sit where their id and seq say: no line
-    was lost or repeated. Point-to-point lines are decoded here (the pairing needs them all)."""
+def _check(log: CollectiveLog, parse: Callable[[bytes], object]) -> None:
+    """The first and last collective of each group sit where their seq says. Point-to-point
+    lines are decoded here (the pairing needs them all)."""
     def record(k: int) -> dict | None:
         e = log.explicit(k)
         if e is None:
             return None  # a run member: its run was checked when expanded
-        rec = parse(lines[log.line_index(e)])
+        n = log.line_index(e)
+        rec = parse(log.read_lines([n])[n])
         if not isinstance(rec, dict) or rec.get("id") != k + 1:
             raise NotCompact("collective ids out of order")
         return rec
@@ -602,7 +647,7 @@ def _check(log: CollectiveLog, lines: list[bytes], parse: Callable[[bytes], obje
         rec = record(k)
         if rec is None or rec.get("seq") is not None:
             raise NotCompact("point-to-point op with a sequence number")
-        log._cache[k] = log._decode(lines[log.line_index(k)], k)
+    log._load(log.p2p_ordinals)
 
 
 def incomplete(collectives: Sequence[Collective], window: int) -> list[Collective]:

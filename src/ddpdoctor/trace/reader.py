@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
+from typing import BinaryIO
 
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import NotCompact, collective_from, expand_repeat, place, read_compact
@@ -61,6 +62,13 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
     """Read one rank's trace file (``pool`` lets ranks with identical collective sequences
     share one copy of it)."""
     try:
+        with open(path, "rb") as fh:
+            trace = _read_compact(path, fh, pool)
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+    if trace is not None:
+        return trace
+    try:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
@@ -68,26 +76,8 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
     truncated = bool(lines) and lines[-1] != b""
     if not truncated:
         lines = lines[:-1]
-    if not lines or not lines[0].strip():
-        raise TraceError(f"{path} is empty: the rank died before writing anything")
-    head = _parse(lines[0])
-    if not isinstance(head, dict) or head.get("format") != schema.FORMAT:
-        raise TraceError(f"{path} is not a ddpdoctor trace")
-    version = head.get("version")
-    if not isinstance(version, int) or version > schema.VERSION:
-        raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
-                         f"version {schema.VERSION} and older: upgrade ddpdoctor")
-    def fresh() -> RankTrace:
-        return RankTrace(rank=int(head.get("rank", -1)), path=str(path),
-                         run_id=str(head.get("run_id", "")),
-                         attempt=int(head.get("attempt", 0)), truncated=truncated)
-
-    trace = fresh()
-    try:
-        read_compact(trace, lines, truncated, _parse, _apply, pool)
-        return trace
-    except NotCompact:
-        trace = fresh()
+    head = _header(path, lines[0] if lines else b"")
+    trace = _new_trace(path, head, truncated)
     stacks: dict[int, list[Site]] = {}
     by_id: dict[int, Collective] = {}
     by_group: dict[str, list] = {}
@@ -96,6 +86,48 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
         if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id, by_group):
             if not (truncated and i == len(lines)):  # a cut-off last line is expected
                 trace.damaged_lines += 1
+    return trace
+
+
+def _header(path: Path, line: bytes) -> dict:
+    """The decoded header line, or the TraceError that says why the file is unusable."""
+    if not line.strip():
+        raise TraceError(f"{path} is empty: the rank died before writing anything")
+    head = _parse(line)
+    if not isinstance(head, dict) or head.get("format") != schema.FORMAT:
+        raise TraceError(f"{path} is not a ddpdoctor trace")
+    version = head.get("version")
+    if not isinstance(version, int) or version > schema.VERSION:
+        raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
+                         f"version {schema.VERSION} and older: upgrade ddpdoctor")
+    return head
+
+
+def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
+    return RankTrace(rank=int(head.get("rank", -1)), path=str(path),
+                     run_id=str(head.get("run_id", "")), attempt=int(head.get("attempt", 0)),
+                     truncated=truncated)
+
+
+def _read_compact(path: Path, fh: BinaryIO, pool: dict | None) -> RankTrace | None:
+    """The fast path, reading the file in chunks; None when the file needs the record-by-
+    record path (which also reports a bad header)."""
+    first = fh.readline(MAX_LINE + 1)
+    if not first.endswith(b"\n"):
+        return None  # header only, cut off, or oversized: leave it to the other path
+    size = os.fstat(fh.fileno()).st_size
+    fh.seek(size - 1)
+    truncated = fh.read(1) != b"\n"
+    try:
+        head = _header(path, first[:-1])
+    except TraceError:
+        return None
+    trace = _new_trace(path, head, truncated)
+    fh.seek(len(first))
+    try:
+        read_compact(trace, fh, len(first), truncated, _parse, _apply, pool)
+    except NotCompact:
+        return None
     return trace
 
 
