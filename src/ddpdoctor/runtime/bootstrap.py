@@ -13,7 +13,6 @@ import atexit
 import faulthandler
 import importlib.abc
 import importlib.util
-import multiprocessing
 import os
 import sys
 from typing import Any
@@ -55,8 +54,11 @@ def _on_torch_imported() -> None:
 
 
 def _is_torchrun_worker() -> bool:
-    return ("RANK" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ
-            and multiprocessing.parent_process() is None)
+    if "RANK" not in os.environ or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    import multiprocessing  # only here: every process of the job pays for boot's imports
+
+    return multiprocessing.parent_process() is None
 
 
 def _ensure_trace() -> None:

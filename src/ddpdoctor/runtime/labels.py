@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import linecache
 import os
-import sys
 from types import CodeType, FrameType
 
 STACK_DEPTH = 6
@@ -126,7 +125,3 @@ class StackLabeler:
                 label = USER
         return label, api, tuple(stack)
 
-
-def caller_frame(depth: int) -> FrameType:
-    """The frame ``depth`` levels above the caller of this function."""
-    return sys._getframe(depth + 1)
