@@ -10,8 +10,9 @@ Each rank runs a DDP-like job:
   bucket; iteration 2: the two bucket-rebuild broadcasts, then :data:`BUCKETS` buckets per
   iteration from there on;
 * a user ``all_reduce`` (loss logging, AVG) every :data:`LOG_EVERY` iterations; every
-  :data:`PENDING_EVERY` iterations the first bucket is still running when written, so its
-  completion arrives later as a ``state`` record, as on a real rank;
+  :data:`PENDING_EVERY` iterations the first bucket is still running at the next ``done``
+  record (every :data:`DONE_EVERY` collectives, as the writer's completion batches), so its
+  completion arrives with the one after, as on a real rank;
 * one injected divergence: rank ``--diverge-rank`` alone evaluates through the DDP wrapper
   once, about ``--diverge-at`` of the way through (seed 000's story). Its two extra buffer
   broadcasts come from ``evaluate()``; from then on it is two collectives ahead of every other
@@ -36,6 +37,7 @@ SCRIPT = "/work/job/train.py"
 BUCKETS = 5
 LOG_EVERY = 100
 PENDING_EVERY = 50
+DONE_EVERY = 45  # collectives between two ``done`` records (the writer batches completions)
 BUCKET_SIZES = [272_448, 264_192, 263_168, 262_656, 140_800]
 FIRST_BUCKET = sum(BUCKET_SIZES)
 PARAMS = FIRST_BUCKET + 1024 + 3
@@ -150,8 +152,9 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
     statics: dict[Op, str] = {}
     sched = schedule(n, diverge, diverge_at)
     t = t0 + 1.0 + rank * 1e-5
-    deferred: list[str] = []
     ddp_logged = False
+    still: list[int] = []  # ids the next ``done`` record lists as running
+    late: list[int] = []  # slow buckets issued since the last ``done`` record
     for cid, (op, iteration, bucket) in enumerate(sched, start=1):
         static = statics.get(op)
         if static is None:
@@ -171,16 +174,17 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
             ddp_logged = True
         t += 0.0011
         last = diverge and cid > len(sched) - 2
-        pending = last or (bucket == 0 and iteration % PENDING_EVERY == 0)
-        lines.append(collective_line(rank, cid, cid, iteration, t, "pending" if pending
-                                     else "completed", bucket, static))
-        if deferred:
-            lines.extend(deferred)
-            deferred.clear()
-        if pending and not last:
-            deferred.append(json.dumps({"kind": schema.STATE, "id": cid, "state": "completed",
-                                        "t": round(t + 0.0009, 6)}))
-    lines.extend(deferred)
+        lines.append(collective_line(rank, cid, cid, iteration, t, "pending", bucket, static))
+        if last or (bucket == 0 and iteration % PENDING_EVERY == 0):
+            late.append(cid)
+        if cid % DONE_EVERY == 0 or cid == len(sched):
+            still = [i for i in still if diverge and i > len(sched) - 2] + late
+            late = []
+            lines.append(json.dumps({"kind": schema.DONE, "t": round(t + 0.0005, 6),
+                                     "upto": cid, "pending": still}))
+    if still and not diverge:
+        lines.append(json.dumps({"kind": schema.DONE, "t": round(t + 0.001, 6),
+                                 "upto": len(sched), "pending": []}))
     if not diverge:
         lines.append(json.dumps({"kind": schema.EXIT, "t": t + 0.5, "status": "finished",
                                  "code": 0}))

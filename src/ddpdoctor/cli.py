@@ -97,10 +97,13 @@ def run(
         None, "--backend", help="Override the backend the script asks for (e.g. gloo)."),
     hang_timeout: float = typer.Option(
         30.0, "--hang-timeout", min=0.5,
-        help="Seconds a rank may wait in a collective, with no rank progressing, before it is a hang."),
-    stall_timeout: Optional[float] = typer.Option(
-        None, "--stall-timeout", min=0.5,
-        help="Warn when no collective completes for this long outside any collective (off by default)."),
+        help="Seconds every live rank may wait in a collective, none progressing, before the job "
+             "is a hang. A rank busy outside collectives (checkpoint, evaluation) is not waiting; "
+             "collectives that provably cannot match are diagnosed at once."),
+    stuck_timeout: float = typer.Option(
+        600.0, "--stuck-timeout", min=0.5,
+        help="Seconds a rank may stay at one place in its own code, outside collectives and "
+             "without using CPU, before the job is stopped as stuck there."),
     grace: float = typer.Option(5.0, "--grace", min=0.0,
                                 help="Seconds between SIGTERM and SIGKILL when stopping the job."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
@@ -142,7 +145,7 @@ def run(
         rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
         master_port=master_port, max_restarts=max_restarts,
         logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
-        stall_timeout=stall_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
+        stuck_timeout=stuck_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
         max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None)
     try:
         log_path = doctor.prepare_run(opts)
@@ -155,8 +158,8 @@ def run(
         _fail(str(exc))
     job = outcome.job
     if job.hang:
-        _say(f"hang detected: no rank progressed for {opts.hang_timeout:g}s; "
-             f"stacks collected from {len(job.acks)} rank(s), job stopped")
+        what = "rank stuck" if job.stop == "stuck" else "hang detected"
+        _say(f"{what}: {job.reason}; stacks collected from {len(job.acks)} rank(s), job stopped")
     elif job.interrupted:
         _say("interrupted: job stopped, logs kept")
     if outcome.report is not None:
@@ -209,10 +212,7 @@ def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
     """Progress while the job runs: a compact table on a terminal, plain lines in CI logs."""
 
     def show(progress: JobProgress, event: str) -> None:
-        if event == "stall":
-            _say(f"warning: no collective completed for {opts.stall_timeout:g}s and none is "
-                 f"pending (long compute or I/O?) - {progress.summary_line()}")
-        elif event == "status" and progress.ranks:
+        if event == "status" and progress.ranks:
             if err.is_terminal:
                 err.print(_status_table(progress))
             else:
@@ -225,18 +225,14 @@ def _status_table(progress: JobProgress) -> Table:
     now = time.time()
     table = Table(box=None, padding=(0, 1), header_style="dim", title_justify="left",
                   title=f"ddpdoctor: {time.strftime('%H:%M:%S')}", title_style="dim")
-    for column in ("rank", "iter", "done", "last op", "since progress"):
+    for column in ("rank", "iter", "done", "state"):
         table.add_column(column)
     ranks = sorted(progress.ranks)
     for rank in ranks[:8]:
         p = progress.ranks[rank]
-        waiting = p.oldest_pending()
-        since = f"{now - p.last_progress:.0f}s" + (f", waiting in {waiting[1]}"
-                                                   if waiting else "")
-        table.add_row(str(rank), str(p.iteration), str(p.completed), p.last_op or "-",
-                      since if p.status == "running" else p.status)
+        table.add_row(str(rank), str(p.iteration), str(p.completed), progress.rank_line(p, now))
     if len(ranks) > 8:
-        table.add_row("...", "", "", f"{len(ranks) - 8} more ranks", "")
+        table.add_row("...", "", "", f"{len(ranks) - 8} more ranks")
     return table
 
 

@@ -40,7 +40,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "logdir": ("logdir", "str"),
     "backend": ("backend", "str"),
     "hang-timeout": ("hang_timeout", "float"),
-    "stall-timeout": ("stall_timeout", "float"),
+    "stuck-timeout": ("stuck_timeout", "float"),
     "grace": ("grace", "float"),
     "json": ("json_out", "str"),
     "cpu": ("cpu", "bool"),
@@ -53,7 +53,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
 LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).
 MINIMUM: dict[str, float] = {"nproc-per-node": 1, "node-rank": 0, "master-port": 1,
-                             "max-restarts": 0, "hang-timeout": 0.5, "stall-timeout": 0.5,
+                             "max-restarts": 0, "hang-timeout": 0.5, "stuck-timeout": 0.5,
                              "grace": 0.0, "max-steps": 1, "max-trace-mb": 0.0}
 
 

@@ -9,6 +9,7 @@ every rank for its stacks, waits briefly for the answers, then ends every proces
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -53,7 +54,7 @@ class RunOptions:
     logdir: str | None = None
     backend: str | None = None
     hang_timeout: float = 30.0
-    stall_timeout: float | None = None
+    stuck_timeout: float | None = 600.0  # a rank idle at one place outside collectives
     grace: float = 5.0
     status_every: float = 10.0
     cpu: bool = False  # run a CUDA/NCCL script on the CPU with gloo (runtime/cpu_mode.py)
@@ -71,8 +72,9 @@ class JobResult:
     logdir: str
     duration: float
     hang: bool = False
+    stop: str | None = None  # why the job was stopped: hang, deadlock or stuck (progress.py)
+    reason: str = ""  # the same, in words
     interrupted: bool = False
-    stalled: bool = False
     killed: list[int] = field(default_factory=list)
     acks: list[int] = field(default_factory=list)
 
@@ -190,6 +192,8 @@ def build_env(opts: RunOptions, logdir: Path, run_id: str) -> dict[str, str]:
     environ["PYTHONPATH"] = INJECT_DIR + (os.pathsep + path if path else "")
     environ[rank_env.LOGDIR] = str(logdir)
     environ[rank_env.RUN_ID] = run_id
+    environ[rank_env.LAUNCHER] = opts.launcher
+    environ[rank_env.LAUNCHER_PID] = str(os.getpid())
     if opts.backend:
         environ[rank_env.BACKEND] = opts.backend
     if opts.cpu:
@@ -253,17 +257,13 @@ def run_job(opts: RunOptions, logdir: Path,
             if signals.received is not None:
                 result.interrupted = True
                 break
-            if progress.hang_verdict(opts.hang_timeout, now):
-                result.hang = True
+            verdict = progress.verdict(opts.hang_timeout, opts.stuck_timeout, now)
+            if verdict is not None:
+                result.hang, result.stop, result.reason = True, verdict, progress.reason
                 if on_status:
                     on_status(progress, "hang")
                 result.acks = _collect_evidence(logdir, progress, proc)
                 break
-            if opts.stall_timeout and not result.stalled and \
-                    progress.stall_verdict(opts.stall_timeout, now):
-                result.stalled = True
-                if on_status:
-                    on_status(progress, "stall")
             if on_status and now >= next_status:
                 on_status(progress, "status")
                 next_status = now + opts.status_every
@@ -282,7 +282,23 @@ def run_job(opts: RunOptions, logdir: Path,
     progress.poll()
     result.exit_code = proc.returncode
     result.duration = time.time() - started
+    write_job_record(logdir, result)
     return result
+
+
+JOB_FILE = "job.json"
+
+
+def write_job_record(logdir: Path, result: JobResult) -> None:
+    """What only the launcher knows, for ``diff`` to read later: why it stopped the job."""
+    record = {"stopped": result.stop, "reason": result.reason,
+              "interrupted": result.interrupted, "exit_code": result.exit_code}
+    try:
+        with open(os.open(logdir / JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                  "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+    except OSError:
+        pass
 
 
 def _stop(proc: subprocess.Popen, opts: RunOptions) -> list[int]:
@@ -302,7 +318,8 @@ def _stop(proc: subprocess.Popen, opts: RunOptions) -> list[int]:
 def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Popen,
                       wait: float = 5.0) -> list[int]:
     """Ask every rank for its stacks and wait for their answers; returns the ranks that did."""
-    Path(hang_request_path(str(logdir))).write_text(f'{{"t": {time.time()}}}\n')
+    with open(os.open(hang_request_path(str(logdir)), os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
+        fh.write(f'{{"t": {time.time()}}}\n')
     expected = [r for r, p in progress.ranks.items() if p.status == "running"]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:

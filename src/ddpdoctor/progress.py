@@ -1,9 +1,21 @@
-"""Live progress of a running job, read from the ranks' traces as they grow.
+"""Live progress of a running job, read from the ranks' traces as they grow, and the hang rules.
 
 The launcher tails each ``rank-*.jsonl`` (complete lines only) and keeps, per rank, the
-collectives completed, the ones still pending, the DDP iteration and when the rank last made
-progress. :func:`hang_verdict` applies the hang rule: some rank has waited in a collective for
-``timeout`` seconds and no rank has completed one meanwhile.
+collectives it issued and has not completed, how far it got in each group, what it does while
+it issues no collective (the watchdog's ``activity`` records) and when it last made progress.
+
+A rank is *waiting* when it has a collective pending and its main thread uses no CPU (a rank
+with none pending, or one computing while an asynchronous collective runs, is *busy*). The
+rules, applied by :meth:`JobProgress.verdict`:
+
+* **hang** — every live rank has been waiting for ``timeout`` seconds and none progressed;
+* **deadlock** — every live rank is waiting and no pending collective can ever complete: each
+  lacks a group member that has not issued it (and is itself waiting, or has ended), or meets
+  a collective it provably cannot match (another op, shape, dtype, reduce op or root at the
+  same position). Held for :data:`SETTLE` seconds, it is diagnosed at once, without waiting
+  for the timeout;
+* **stuck** — a live rank outside collectives has stayed at the same place in user code
+  without using CPU for ``stuck_timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -14,7 +26,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ddpdoctor.analysis.signature import hard_difference
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.compact import collective_from, is_p2p
+from ddpdoctor.trace.model import Collective, Site
+
+SETTLE = 0.3  # seconds a provable deadlock must hold before it is called
+BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
+STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle
+
+HANG, DEADLOCK, STUCK = "hang", "deadlock", "stuck"
+RUNNING = "running"
+
+
+@dataclass
+class Pending:
+    """A collective a rank issued and has not completed (or ``init_process_group``)."""
+
+    seen: float
+    what: str
+    coll: Collective | None = None  # None for init_process_group
 
 
 @dataclass
@@ -23,14 +54,47 @@ class RankProgress:
 
     rank: int
     completed: int = 0
-    pending: dict[int, tuple[float, str]] = field(default_factory=dict)  # id -> (seen, what)
+    pending: dict[int, Pending] = field(default_factory=dict)  # id (0: init) -> what
+    issued: dict[str, int] = field(default_factory=dict)  # group -> highest seq issued
     iteration: int = 0
     last_op: str = ""
     last_progress: float = 0.0
-    status: str = "running"  # running | finished | exception
+    last_issue: float = 0.0  # when the launcher saw the last collective issued
+    status: str = RUNNING  # running | finished | exception | failed | max_steps
+    activity: dict | None = None  # the last activity record (the rank outside collectives)
+    cpu_rate: float | None = None  # main-thread CPU share between the last two activities
+    still_since: float | None = None  # the activity's place and CPU unchanged since then
+    world_size: int | None = None
 
-    def oldest_pending(self) -> tuple[float, str] | None:
-        return min(self.pending.values(), default=None)
+    def oldest_pending(self) -> Pending | None:
+        return min(self.pending.values(), key=lambda p: p.seen, default=None)
+
+    def fresh_activity(self) -> dict | None:
+        """The activity record, when it was written after the last collective."""
+        act = self.activity
+        return act if act is not None and act.get("t", 0) >= self.last_issue else None
+
+    @property
+    def waiting(self) -> bool:
+        """In a collective: one pending and the main thread not known to be computing."""
+        if not self.pending or self.status != RUNNING:
+            return False
+        return self.fresh_activity() is None or self.cpu_rate is None or \
+            self.cpu_rate < BUSY_CPU
+
+    @property
+    def blocked(self) -> bool:
+        """Waiting, and the watchdog has seen the main thread idle since the last collective."""
+        return self.waiting and self.fresh_activity() is not None and self.cpu_rate is not None
+
+    def place(self) -> str:
+        """Where the main thread is, from the last activity record: 'save() at train.py:88'."""
+        act = self.fresh_activity()
+        frames = (act or {}).get("frames") or []
+        if not frames or not isinstance(frames[0], dict):
+            return ""
+        f = frames[0]
+        return f"{f.get('function', '?')}() at {Path(str(f.get('file', '?'))).name}:{f.get('line', '?')}"
 
 
 class _Tail:
@@ -39,6 +103,7 @@ class _Tail:
         self.offset = 0
         self.rest = b""
         self.rank: int | None = None
+        self.stacks: dict[int, list[Site]] = {}
 
     def lines(self) -> list[bytes]:
         try:
@@ -54,15 +119,24 @@ class _Tail:
         return parts
 
 
+def _site_text(c: Collective) -> str:
+    site = c.site
+    return f" at {Path(site.file).name}:{site.line}" if site else ""
+
+
 class JobProgress:
     """Follows every rank trace in ``logdir``."""
 
     def __init__(self, logdir: str) -> None:
         self.logdir = Path(logdir)
         self.ranks: dict[int, RankProgress] = {}
+        self.members: dict[str, list[int]] = {}  # group -> its ranks
         self._tails: dict[str, _Tail] = {}
         self.started = time.time()
+        self._deadlock_since: float | None = None
+        self.reason = ""  # why the last verdict fired, in words
 
+    # -- reading -----------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> None:
         now = now or time.time()
         for path in self.logdir.glob(schema.TRACE_GLOB):
@@ -77,64 +151,178 @@ class JobProgress:
                 if not isinstance(rec, dict):
                     continue
                 if rec.get("kind") == schema.HEADER:
-                    tail.rank = int(rec.get("rank", -1))
+                    try:
+                        tail.rank = int(rec.get("rank", -1))
+                    except (TypeError, ValueError):
+                        continue
                     self.ranks.setdefault(tail.rank, RankProgress(tail.rank, last_progress=now))
                 elif tail.rank is not None:
-                    self._apply(self.ranks[tail.rank], rec, now)
+                    try:
+                        self._apply(self.ranks[tail.rank], tail, rec, now)
+                    except (KeyError, TypeError, ValueError, AttributeError):
+                        continue  # a malformed record: the diagnosis reports it
 
-    @staticmethod
-    def _apply(prog: RankProgress, rec: dict, now: float) -> None:
+    def _apply(self, prog: RankProgress, tail: _Tail, rec: dict, now: float) -> None:
         kind = rec.get("kind")
         if kind == schema.COLLECTIVE:
-            prog.last_op = f"{rec.get('op')} ({rec.get('label')})"
-            prog.iteration = rec.get("iteration") or prog.iteration
-            if rec.get("state") == schema.PENDING:
-                prog.pending[rec["id"]] = (now, prog.last_op)
+            c = collective_from(prog.rank, rec, tail.stacks)
+            prog.last_op = f"{c.op} ({c.label})"
+            prog.iteration = c.iteration or prog.iteration
+            prog.last_issue = now
+            prog.still_since = None
+            if c.seq is not None:
+                prog.issued[c.group] = max(prog.issued.get(c.group, 0), c.seq)
+            if c.state == schema.PENDING:
+                prog.pending[c.id] = Pending(now, prog.last_op + _site_text(c), c)
             else:
-                prog.completed += 1
-                prog.last_progress = now
+                self._complete(prog, now)
+        elif kind == schema.DONE:
+            upto, listed = int(rec["upto"]), set(rec.get("pending") or [])
+            start = rec.get("pending_from")
+            for cid in [i for i in prog.pending if 0 < i <= upto and i not in listed
+                        and (start is None or i < start)]:
+                del prog.pending[cid]
+                self._complete(prog, now)
         elif kind == schema.STATE:
             if prog.pending.pop(rec.get("id"), None) is not None:
-                prog.completed += 1
-                prog.last_progress = now
+                self._complete(prog, now)
+        elif kind == schema.STACK:
+            tail.stacks[int(rec["id"])] = [Site(str(f.get("file", "?")), int(f.get("line", 0)),
+                                                str(f.get("function", "?")))
+                                           for f in rec.get("frames", [])]
+        elif kind == schema.GROUP:
+            self.members[str(rec["group"])] = [int(r) for r in rec.get("ranks", [])]
+        elif kind == schema.PROCESS_START:
+            if isinstance(rec.get("world_size"), int):
+                prog.world_size = rec["world_size"]
+        elif kind == schema.ACTIVITY:
+            self._activity(prog, rec)
         elif kind == schema.INIT:
             # Waiting in init_process_group counts as waiting in a collective (key 0).
             if rec.get("state") == schema.PENDING:
-                prog.pending[0] = (now, "init_process_group")
+                prog.pending[0] = Pending(now, "init_process_group")
             elif prog.pending.pop(0, None) is not None:
                 prog.last_progress = now
         elif kind == schema.EXCEPTION:
             prog.status = "exception"
         elif kind == schema.EXIT:
-            prog.status = rec.get("status", "finished")
+            prog.status = str(rec.get("status", "finished"))
             prog.pending.clear()
 
+    @staticmethod
+    def _complete(prog: RankProgress, now: float) -> None:
+        prog.completed += 1
+        prog.last_progress = now
+
+    @staticmethod
+    def _activity(prog: RankProgress, rec: dict) -> None:
+        previous = prog.activity
+        prog.activity = rec
+        cpu, t = rec.get("cpu"), float(rec.get("t", 0.0))
+        rate = rec.get("cpu_rate")
+        prog.cpu_rate = float(rate) if isinstance(rate, (int, float)) else None
+        frames = rec.get("frames")
+        same_place = previous is not None and previous.get("frames") == frames and \
+            previous.get("t", 0) >= prog.last_issue
+        idle = prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU
+        if not (same_place and idle and isinstance(cpu, (int, float))):
+            prog.still_since = t if idle else None
+        elif prog.still_since is None:
+            prog.still_since = t
+
+    # -- verdicts ----------------------------------------------------------------------------
     def last_progress(self) -> float:
         return max((p.last_progress for p in self.ranks.values()), default=self.started)
 
-    def hang_verdict(self, timeout: float, now: float | None = None) -> bool:
-        """True when a rank waits in a collective for ``timeout`` s and nobody progressed."""
-        now = now or time.time()
-        if now - self.last_progress() < timeout:
-            return False
-        return any(p.pending and now - p.oldest_pending()[0] >= timeout
-                   for p in self.ranks.values())
+    def live(self) -> list[RankProgress]:
+        return [p for p in self.ranks.values() if p.status == RUNNING]
 
-    def stall_verdict(self, timeout: float, now: float | None = None) -> bool:
-        """No collective completed for ``timeout`` s while no rank waits in one (long compute)."""
+    def verdict(self, timeout: float, stuck_timeout: float | None,
+                now: float | None = None) -> str | None:
+        """``hang``, ``deadlock``, ``stuck`` or None (see the module's rules)."""
         now = now or time.time()
-        return (bool(self.ranks) and now - self.last_progress() >= timeout
-                and not any(p.pending for p in self.ranks.values()))
+        live = self.live()
+        if live and all(p.waiting for p in live):
+            if all(p.blocked for p in live) and self._provably_stuck(live):
+                self._deadlock_since = self._deadlock_since or now
+                if now - self._deadlock_since >= SETTLE:
+                    self.reason = "the pending collectives of every rank can never match"
+                    return DEADLOCK
+            else:
+                self._deadlock_since = None
+            oldest = min(p.oldest_pending().seen for p in live)
+            if now - oldest >= timeout and now - self.last_progress() >= timeout:
+                self.reason = f"every rank waited in a collective for {timeout:g}s"
+                return HANG
+        else:
+            self._deadlock_since = None
+        if stuck_timeout is not None:
+            for p in live:
+                if not p.pending and p.still_since is not None and \
+                        now - p.still_since >= stuck_timeout:
+                    self.reason = (f"rank {p.rank} stayed in {p.place() or 'user code'} without "
+                                   f"using CPU for {stuck_timeout:g}s, outside any collective")
+                    return STUCK
+        return None
+
+    def hang_verdict(self, timeout: float, now: float | None = None) -> bool:
+        """Whether the job hangs by the timeout or provably (:meth:`verdict`)."""
+        return self.verdict(timeout, None, now) in (HANG, DEADLOCK)
+
+    def _world(self) -> list[int]:
+        sizes = [p.world_size for p in self.ranks.values() if p.world_size]
+        return list(range(max(sizes))) if sizes else sorted(self.ranks)
+
+    def _provably_stuck(self, live: list[RankProgress]) -> bool:
+        """Every pending collective of every live rank lacks a peer for good, or meets one it
+        cannot match. Needs every rank of the world to have a trace."""
+        world = self._world()
+        if any(r not in self.ranks for r in world):
+            return False
+        for p in live:
+            for pend in p.pending.values():
+                c = pend.coll
+                if c is None or c.seq is None or is_p2p(c) or not self._blocked(p, c, world):
+                    return False
+        return True
+
+    def _blocked(self, p: RankProgress, c: Collective, world: list[int]) -> bool:
+        members = self.members.get(c.group) or world
+        for q in members:
+            if q == p.rank:
+                continue
+            peer = self.ranks.get(q)
+            if peer is None:
+                return False
+            if peer.issued.get(c.group, 0) < c.seq:
+                return True  # q never issued it, and is waiting elsewhere or has ended
+            other = next((x.coll for x in peer.pending.values()
+                          if x.coll is not None and x.coll.group == c.group
+                          and x.coll.seq == c.seq), None)
+            if other is not None and hard_difference(c, other) is not None:
+                return True
+        return False
+
+    # -- words ---------------------------------------------------------------------------------
+    def rank_line(self, p: RankProgress, now: float) -> str:
+        """'waiting 12s in all_reduce (ddp.bucket) at train.py:33', 'busy 45s in save() at
+        train.py:88', 'iteration 7', or how the rank ended."""
+        if p.status != RUNNING:
+            return p.status
+        oldest = p.oldest_pending()
+        if p.waiting and oldest is not None:
+            return f"waiting {now - oldest.seen:.0f}s in {oldest.what}"
+        act = p.fresh_activity()
+        if act is not None:
+            quiet = now - float(act.get("quiet_since", now))
+            where = p.place()
+            return f"busy {quiet:.0f}s" + (f" in {where}" if where else "")
+        return f"iteration {p.iteration}"
 
     def summary_line(self, now: float | None = None) -> str:
         now = now or time.time()
-        parts = []
-        for rank in sorted(self.ranks):
-            p = self.ranks[rank]
-            state = p.status if p.status != "running" else (
-                f"waiting {now - p.oldest_pending()[0]:.0f}s in {p.oldest_pending()[1]}"
-                if p.pending else f"iter {p.iteration}")
-            parts.append(f"r{rank}: {p.completed} done, {state}")
+        parts = [f"r{r}: {self.ranks[r].completed} done, {self.rank_line(self.ranks[r], now)}"
+                 for r in sorted(self.ranks)]
         return "; ".join(parts) or "waiting for ranks to start"
 
 

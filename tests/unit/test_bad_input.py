@@ -34,6 +34,7 @@ def _trace(path: Path, rank: int, n: int = 3, run_id: str = "r", world: int = 2,
                                  "seq": i, "op": "all_reduce", "label": "user",
                                  "shapes": [[2]], "dtypes": ["float32"], "numel": 2,
                                  "t": float(i), "stack": 0, "state": "completed"}))
+    lines.append(json.dumps({"kind": "done", "t": 8.0, "upto": n, "pending": []}))
     lines.append(json.dumps({"kind": "exit", "status": "finished", "t": 9.0}))
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -238,9 +238,9 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
                 1790000001.25 + cid
             rec.stack, rec.work = synth.STACKS[op.stack], "completed"
             lines: list[str] = []
-            writer._encode_collective(rec, lines, 0.0)
+            writer._encode_collective(rec, lines)
             sid = stacks.setdefault(op.stack, len(stacks))
-            want = synth.collective_line(3, cid, cid, 7, rec.t, "completed", rec.bucket,
+            want = synth.collective_line(3, cid, cid, 7, rec.t, "pending", rec.bucket,
                                          synth.static_json(op, sid))
             assert lines[-1] == want
     finally:

@@ -12,8 +12,10 @@ from ddpdoctor.trace.reader import TraceError, load_run, read_rank
 
 
 def _write(path: Path, rank: int, records: list[dict], run_id: str = "r1",
-           tail: bytes = b"") -> Path:
-    lines = [json.dumps(schema.header(rank, run_id, 0))] + [json.dumps(r) for r in records]
+           tail: bytes = b"", version: int = 2) -> Path:
+    """A trace file; version 2 by default (each collective line carries its state)."""
+    head = {**schema.header(rank, run_id, 0), "version": version}
+    lines = [json.dumps(head)] + [json.dumps(r) for r in records]
     path.write_bytes(("\n".join(lines) + "\n").encode() + tail)
     return path
 
@@ -40,6 +42,27 @@ def test_reads_collectives_with_sites_and_late_states(tmp_path: Path) -> None:
     assert [c.state for c in trace.collectives] == ["completed", "completed", "pending"]
     assert trace.collectives[0].site.line == 7 and trace.collectives[1].t_end == 9.0
     assert trace.finished and trace.world_size == 2 and trace.damaged_lines == 0
+
+
+def test_format_3_states_come_from_the_last_done_record(tmp_path: Path) -> None:
+    records = [STACK] + [_coll(i, state="pending") for i in range(1, 7)] + [
+        {"kind": "done", "t": 9.0, "upto": 3, "pending": [2]},
+        {"kind": "state", "id": 4, "state": "failed", "t": 9.5},
+        {"kind": "done", "t": 10.0, "upto": 5, "pending": [2]}]
+    for name, tail in (("rank-0.jsonl", b""), ("rank-1.jsonl", b"{junk")):
+        path = _write(tmp_path / name, 0, records, version=3, tail=tail)
+        trace = read_rank(path)
+        assert [c.state for c in trace.collectives] == [
+            "completed", "pending", "completed", "failed", "completed", "pending"], name
+        pending = [c.id for c in trace.collectives if c.state != "completed"]
+        assert pending == [2, 4, 6]
+
+
+def test_a_cut_marker_makes_the_trace_cut(tmp_path: Path) -> None:
+    path = _write(tmp_path / "rank-0.jsonl", 0, [STACK, _coll(1)], version=3)
+    assert not read_rank(path).cut
+    (tmp_path / "rank-0.jsonl.cut").write_bytes(b"")
+    assert read_rank(path).cut
 
 
 def test_cut_off_last_line_is_skipped_and_noted(tmp_path: Path) -> None:

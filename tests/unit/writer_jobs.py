@@ -1,8 +1,8 @@
 """The real trace writer driven by hand: DDP-like ranks without torch or processes.
 
 :func:`writer_job` plays a job of several ranks through :class:`TraceWriter` (the writer each
-rank runs), with gradient buckets that are sometimes still running when written (their
-completion arrives as ``state`` records), a logging all-reduce every 50 steps, one rank that
+rank runs), with gradient buckets that are sometimes still running at a completion batch
+(their completion arrives with a later ``done`` record), a logging all-reduce every 50 steps, one rank that
 evaluates through DDP alone (seed 000) and, optionally, a second group and point-to-point ops.
 """
 
@@ -78,7 +78,7 @@ class WriterRank:
         rec.work = _Work(done)
         if not done:
             self.late.append(rec.work)
-        self.writer.put(rec)
+        self.writer.write_collective(rec)
 
     def forward(self, stack: tuple = FWD) -> None:
         self.iteration += 1
@@ -92,7 +92,7 @@ class WriterRank:
 
     def drain(self) -> None:
         with self.writer._lock:
-            self.writer._drain()
+            self.writer._settle()
         for work in self.late:
             work.done = True
         self.late.clear()

@@ -43,8 +43,18 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _is_top_process() -> bool:
+    """The launcher's direct child: torchrun's agent, or a script that spawns its workers."""
+    return os.environ.get(env.LAUNCHER_PID) == str(os.getppid())
+
+
 def _on_torch_imported() -> None:
     from ddpdoctor.runtime import torch_hooks
+
+    if _is_top_process():
+        from ddpdoctor.runtime import exit_codes
+
+        exit_codes.install(os.environ[env.LOGDIR], os.environ.get(env.LAUNCHER, "torchrun"))
 
     try:
         torch_hooks.install(_recorder, os.environ.get(env.BACKEND) or None)
@@ -108,11 +118,11 @@ _real_os_exit = os._exit
 
 
 def _flushing_os_exit(status: int) -> None:
-    """``os._exit`` that first writes what the rank recorded (it skips atexit handlers)."""
+    """``os._exit`` that first writes the rank's exit record (it skips atexit handlers)."""
     try:
         if _recorder is not None:
             _recorder.exit_code = status
-            _recorder.flush()
+            _recorder.close(extra={"os_exit": True})
     except Exception:
         pass
     _real_os_exit(status)

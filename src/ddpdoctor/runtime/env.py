@@ -8,3 +8,5 @@ CPU_DEVICES = "DDPDOCTOR_CPU_DEVICES"  # what torch.cuda.device_count() answers 
 MAX_STEPS = "DDPDOCTOR_MAX_STEPS"  # N: stop every rank at the start of DDP iteration N+1
 STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the others
 MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"  # after this many MB a trace keeps only what breaks the pattern
+LAUNCHER = "DDPDOCTOR_LAUNCHER"  # torchrun | python: how the job's top process starts workers
+LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is the top process

@@ -57,14 +57,14 @@ class StackLabeler:
     """Classifies code objects once and labels each call from its frames."""
 
     def __init__(self, internal_dirs: list[str]) -> None:
-        self._internal = tuple(os.path.join(os.path.abspath(d), "") for d in internal_dirs)
+        self.internal = tuple(os.path.join(os.path.abspath(d), "") for d in internal_dirs)
         self._kinds: dict[CodeType, tuple] = {}
         self._line_rules: dict[tuple[CodeType, int], tuple] = {}
 
     def _classify(self, code: CodeType) -> tuple:
         """``()`` for user code, else (rules, api, backward) for an internal code object."""
         filename = code.co_filename
-        if not (filename.startswith(self._internal) or filename.startswith("<frozen")):
+        if not (filename.startswith(self.internal) or filename.startswith("<frozen")):
             self._kinds[code] = _NO_RULE
             return _NO_RULE
         norm = filename.replace(os.sep, "/")

@@ -40,7 +40,8 @@ class Recorder:
         self.rank: int | None = None
         self.iteration = 0
         self.bucket_index = 0
-        self._next_id = 0
+        self.last_issue = 0.0  # time of the last collective issued (the watchdog reads it)
+        self.started = _now()
         self._early: list[dict] = []
         self._ddp_count = 0
         self._closed = False
@@ -102,8 +103,6 @@ class Recorder:
         """Build the record of one collective; the caller attaches ``work`` after issuing it."""
         rec = CollectiveRecord()
         rec.t = _now()
-        self._next_id += 1
-        rec.id = self._next_id
         rec.group, rec.seq, rec.p2p_seq, rec.op = group, seq, p2p_seq, op
         rec.tensors, rec.reduce_op, rec.root, rec.peer = tensors, reduce_op, root, peer
         label, rec.api, rec.stack = self.labeler.describe(frame)
@@ -116,8 +115,9 @@ class Recorder:
                 self.bucket_index += 1
         rec.label = label
         rec.iteration = self.iteration
+        self.last_issue = rec.t
         if self.writer is not None:
-            self.writer.put(rec)
+            self.writer.write_collective(rec)  # on disk before the collective runs
         return rec
 
     # -- DDP --------------------------------------------------------------------------------
@@ -143,6 +143,7 @@ class Recorder:
         frames = [{"file": f.filename, "line": f.lineno, "function": f.name} for f in tb]
         self.emit({"kind": schema.EXCEPTION, "t": _now(), "type": type(exc).__name__,
                    "message": str(exc)[:2000], "frames": frames[-20:],
+                   "iteration": self.iteration,
                    "traceback": "".join(traceback.format_exception(exc))[-8000:]})
         self._exit_status = schema.EXIT_EXCEPTION
 

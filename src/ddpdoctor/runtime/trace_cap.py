@@ -15,13 +15,15 @@ Collective ``seq`` of the group equals collective ``seq - back`` except for its 
 sequence of static parts is therefore kept exactly, and with it every position at which two
 ranks can differ: whatever differs between ranks breaks at least one rank's pattern, and that
 rank writes the collective in full. What is written in full after the cap: a collective whose
-static part is new or out of pattern, one still running when written (its completion follows
-as a ``state`` record, as before), point-to-point ops, one collective per second (a keyframe
-for the launcher's progress monitor and for the times), and every other record kind. Runs are
-closed at least once a second and whenever the trace is flushed (hang evidence, exit), so a
-rank killed outright loses at most the last second of repeats.
+static part is new or out of pattern, point-to-point ops, one collective per second (a keyframe
+for the launcher's progress monitor and for the times), and every other record kind. Run
+members complete like any collective (``done`` records). Runs are closed once a second, as
+soon as the rank issues nothing for the writer's interval (a rank blocked in a collective), and
+whenever the trace is flushed (hang evidence, exit): a rank killed outright within that
+interval of its last repeat loses those repeats, never a collective that broke the pattern.
 
-Runs in the writer thread only; the collective's hot path is untouched. Standard library only.
+:meth:`Compressor.fold` runs on the caller's thread under the writer's lock (a few dict and
+list operations); the rest in the writer's thread. Standard library only.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class _Group:
 
 
 class Compressor:
-    """Decides, collective by collective, what a capped trace writes (writer thread only)."""
+    """Decides, collective by collective, what a capped trace writes."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -119,7 +121,7 @@ class Compressor:
             self._key_due = True
             self.close_all(lines)
 
-    def fold(self, rec: Any, static: str, state: str, lines: list[str]) -> bool:
+    def fold(self, rec: Any, static: str, lines: list[str]) -> bool:
         """True when ``rec`` joins a run and needs no line of its own."""
         seq, iteration, bucket = rec.seq, rec.iteration, rec.bucket
         g = self.groups.get(rec.group)
@@ -133,7 +135,7 @@ class Compressor:
             g.note(seq, static, iteration, bucket)
             return False
         run = g.run
-        if state != schema.COMPLETED or self._key_due:
+        if self._key_due:
             self._key_due = False
             self._close(rec.group, g, lines)
             g.note(seq, static, iteration, bucket)

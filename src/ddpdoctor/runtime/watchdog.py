@@ -1,24 +1,37 @@
-"""In-rank watchdog: on the launcher's request, write the rank's evidence into its trace.
+"""In-rank watchdog: says what a quiet rank is doing, and answers the launcher's hang request.
 
-When the launcher decides the job hangs it creates ``<logdir>/hang-request.json``. A daemon
-thread in every rank polls for that file; the main thread is blocked inside gloo with the GIL
-released, so this thread can read every thread's Python stack with ``sys._current_frames()``
-(no ptrace, no py-spy). It records the pending collectives and the stacks as a ``hang`` record,
-flushes the trace and acknowledges with ``<logdir>/hang-ack-<rank>``. Standard library only.
+A daemon thread in every rank wakes every :data:`POLL_SECONDS`. While the rank issues no
+collective for :data:`QUIET_SECONDS`, it writes an ``activity`` record every
+:data:`ACTIVITY_SECONDS`: where the main thread is (its innermost frames of user code) and how
+much CPU it has used. That is how the launcher tells a rank *busy* outside collectives (a
+checkpoint save, a data download, rank-0 evaluation) from one *waiting* in a collective, and a
+rank stuck in user code (same place, no CPU) from one that works.
+
+When the launcher decides the job hangs it creates ``<logdir>/hang-request.json``. The main
+thread is blocked inside the backend with the GIL released, so this thread can read every
+thread's Python stack with ``sys._current_frames()`` (no ptrace, no py-spy). It records the
+pending collectives and the stacks as a ``hang`` record, flushes the trace and acknowledges
+with ``<logdir>/hang-ack-<rank>``. Standard library only.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 import threading
 import time
 import traceback
+from collections import deque
+from typing import Any
 
 from ddpdoctor.trace import schema
 
 REQUEST_FILE = "hang-request.json"
 POLL_SECONDS = 0.2
+QUIET_SECONDS = 0.5  # no collective issued for this long: the rank may be outside collectives
+ACTIVITY_SECONDS = 1.0  # then an activity record this often
+USER_FRAMES = 3
 
 
 def ack_file(rank: int) -> str:
@@ -41,24 +54,84 @@ def thread_stacks() -> list[dict]:
     return out
 
 
-class Watchdog:
-    """Polls for a hang request and answers it with the rank's pending work and stacks."""
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.join(d, "") for d in dirs if d)
 
-    def __init__(self, recorder: object, logdir: str, rank: int) -> None:
+
+def main_thread_cpu() -> float | None:
+    """CPU seconds the main thread has used (Linux); None where the clock is unavailable."""
+    try:
+        clock = time.pthread_getcpuclockid(threading.main_thread().ident)
+        return round(time.clock_gettime(clock), 3)
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+
+
+class Watchdog:
+    """Writes activity records while the rank is quiet, and answers a hang request."""
+
+    def __init__(self, recorder: Any, logdir: str, rank: int) -> None:
         self._recorder = recorder
         self._request = os.path.join(logdir, REQUEST_FILE)
         self._ack = os.path.join(logdir, ack_file(rank))
+        self._library = _library_dirs()
+        self._next_activity = 0.0
+        self._cpu: deque[tuple[float, float]] = deque(maxlen=6)  # (time, CPU): the last second
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-watchdog", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not os.path.exists(self._request):
             time.sleep(POLL_SECONDS)
+            try:
+                self._activity(time.time())
+            except Exception:  # what the rank is doing is enrichment; never stop the watch
+                pass
         try:
             self.dump()
         finally:
-            with open(self._ack, "w") as fh:
+            with open(os.open(self._ack, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
                 fh.write("ok\n")
+
+    def _activity(self, now: float) -> None:
+        quiet_since = max(self._recorder.last_issue, self._recorder.started)
+        if now - quiet_since < QUIET_SECONDS:
+            self._cpu.clear()
+            return
+        cpu = main_thread_cpu()
+        if cpu is not None:
+            self._cpu.append((now, cpu))
+        if now < self._next_activity or len(self._cpu) < 2:
+            return
+        self._next_activity = now + ACTIVITY_SECONDS
+        writer = self._recorder.writer
+        if writer is None or writer.failed:
+            return
+        (t0, c0), (t1, c1) = self._cpu[0], self._cpu[-1]
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        self._recorder.emit({"kind": schema.ACTIVITY, "t": round(now, 3),
+                             "quiet_since": round(quiet_since, 3), "cpu": cpu,
+                             "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
+                             "pending": len(writer.pending()),
+                             "frames": self.user_frames(frame)})
+
+    def user_frames(self, frame: Any) -> list[dict]:
+        """The innermost :data:`USER_FRAMES` frames of user code, innermost first (the
+        innermost frame at all when none is the user's)."""
+        internal = self._recorder.labeler.internal + self._library
+        out: list[dict] = []
+        first = None
+        while frame is not None and len(out) < USER_FRAMES:
+            code = frame.f_code
+            entry = {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name}
+            first = first or entry
+            if not code.co_filename.startswith(internal) and \
+                    not code.co_filename.startswith("<"):
+                out.append(entry)
+            frame = frame.f_back
+        return out or ([first] if first else [])
 
     def dump(self) -> None:
         """Record the pending collectives and every thread's stack, and flush."""

@@ -1,17 +1,21 @@
-"""Off-hot-path trace writer: a daemon thread that encodes records and appends them to disk.
+"""Trace writer: each collective is on disk *before* it is issued; completions follow in bulk.
 
-The training thread only appends a small object to a deque (atomic under the GIL). Every
-``interval`` seconds the writer thread drains the deque, polls the ``Work`` objects of
-collectives that were still running, encodes JSON lines and writes them with one ``os.write``
-on an ``O_APPEND`` descriptor, so everything older than one interval survives a SIGKILL.
-With ``DDPDOCTOR_MAX_TRACE_MB`` set, a trace past that size keeps only the collectives that
-break the rank's pattern (:mod:`ddpdoctor.runtime.trace_cap`).
-Standard library only: this runs inside every rank.
+The training thread encodes a collective's line (the part that repeats from iteration to
+iteration is encoded once and cached) and appends it with one ``os.write`` on an ``O_APPEND``
+descriptor before the backend runs the collective. Written data lives in the kernel's page
+cache, so whatever way the rank dies afterwards — an exception, ``os._exit``, SIGABRT from
+gloo, SIGSEGV, SIGKILL — the collective it was in, and every one before it, can be read.
+
+Completion is the one thing known later. A daemon thread polls the ``Work`` of every collective
+still running every ``interval`` seconds and, when some completed, writes one ``done`` record
+for all of them: every collective up to ``upto`` has completed except the ids it lists as
+``pending`` (failures get a ``state`` record each). With ``DDPDOCTOR_MAX_TRACE_MB`` set, a
+trace past that size keeps only the collectives that break the rank's pattern
+(:mod:`ddpdoctor.runtime.trace_cap`). Standard library only: this runs inside every rank.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import sys
@@ -24,7 +28,7 @@ from ddpdoctor.trace import schema
 
 
 class CollectiveRecord:
-    """One collective as seen on the caller's thread; encoded later by the writer."""
+    """One collective as seen on the caller's thread."""
 
     __slots__ = ("id", "group", "seq", "p2p_seq", "op", "api", "tensors", "reduce_op",
                  "root", "peer", "label", "bucket", "iteration", "t", "stack", "work")
@@ -32,10 +36,11 @@ class CollectiveRecord:
     def __init__(self) -> None:
         # ISSUING until the backend returned a Work; then the Work; a state string on error.
         self.work: Any = ISSUING
+        self.id = 0
 
 
 ISSUING = object()
-_YIELD_EVERY = 64  # records encoded between two releases of the GIL to the training thread
+MAX_PENDING_LISTED = 1024  # ids a ``done`` record lists as still running, at most
 
 
 def _work_state(work: Any) -> str:
@@ -58,9 +63,9 @@ def _work_state(work: Any) -> str:
 
 
 class TraceWriter:
-    """Appends one rank's records to its JSON Lines file from a background thread."""
+    """Appends one rank's records to its JSON Lines file, collectives before they run."""
 
-    def __init__(self, path: str, header: dict, rank: int, interval: float = 0.02,
+    def __init__(self, path: str, header: dict, rank: int, interval: float = 0.1,
                  max_bytes: int | None = None) -> None:
         """``max_bytes``: the size cap (default: ``DDPDOCTOR_MAX_TRACE_MB``; None: no cap)."""
         if max_bytes is None:
@@ -70,87 +75,104 @@ class TraceWriter:
         self.path = path
         self.rank = rank
         self.interval = interval
-        self._queue: collections.deque = collections.deque()
+        self.failed = False  # a write failed: the trace is cut from there on
+        self._next_id = 0
         self._pending: list[CollectiveRecord] = []
+        self._last_write = time.monotonic()
         self._stacks: dict[tuple, int] = {}
         self._static: dict[tuple, str] = {}
-        self._lock = threading.Lock()
+        # Re-entrant: a Python signal handler may write a record while the main thread,
+        # which it interrupted, holds the lock.
+        self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._failed = False
+        self._closed = False
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._write_lines([json.dumps(header)])
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-writer", daemon=True)
         self._thread.start()
 
     # -- caller side -------------------------------------------------------------------------
-    def put(self, item: CollectiveRecord | dict) -> None:
-        """Queue a record; cheap and safe from any thread."""
-        self._queue.append(item)
+    def write_collective(self, rec: CollectiveRecord) -> None:
+        """Number ``rec`` and write its line now, before the collective is issued."""
+        lines: list[str] = []
+        with self._lock:
+            self._next_id += 1
+            rec.id = self._next_id
+            self._pending.append(rec)
+            self._encode_collective(rec, lines)
+            if lines:
+                self._write_lines(lines)
+
+    def put(self, record: dict) -> None:
+        """Write a record that is not a collective (rare: process start, group, exit, ...)."""
+        with self._lock:
+            self._write_lines([json.dumps(record)])
 
     def pending(self) -> list[CollectiveRecord]:
-        """Collectives issued and not yet known to be complete (queued or polled)."""
+        """Collectives issued and not yet known to be complete."""
         with self._lock:
-            queued = [r for r in self._queue if isinstance(r, CollectiveRecord)]
-            return [r for r in self._pending + queued if _work_state(r.work) == schema.PENDING]
+            return [r for r in self._pending if _work_state(r.work) == schema.PENDING]
 
     def flush(self) -> None:
-        """Write everything queued so far, now, from the calling thread."""
+        """Write what is known of completions and the open runs of a capped trace, now."""
         with self._lock:
-            self._drain(final=True)
+            self._settle(final=True)
 
     def close(self, final: list[dict] | None = None) -> None:
-        """Write ``final`` records after a last drain and stop the thread."""
+        """Write the last completions and ``final`` records, and stop the thread."""
         self._stop.set()
         with self._lock:
-            for rec in final or []:
-                self._queue.append(rec)
-            self._drain(final=True)
-            if not self._failed:
+            if self._closed:
+                return
+            self._settle(final=True)
+            if final:
+                self._write_lines([json.dumps(rec) for rec in final])
+            self._closed = True
+            if not self.failed:
                 os.close(self._fd)
-                self._failed = True
 
-    # -- writer thread -----------------------------------------------------------------------
+    # -- completions (writer thread) ---------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:
-                self._drain()
+                if not self._closed:
+                    self._settle()
 
-    def _drain(self, final: bool = False) -> None:
-        if self._failed:
-            self._queue.clear()
-            return
+    def _settle(self, final: bool = False) -> None:
+        """One ``done`` record when collectives completed since the last, a ``state`` record
+        per failure; close the runs of a capped trace when the rank has gone quiet."""
         lines: list[str] = []
-        queue = self._queue
         now = time.time()
         cap = self._cap
         if cap is not None:
             cap.begin(now, self.bytes_written, lines)
-        n = 0
-        while queue:
-            item = queue.popleft()
-            if isinstance(item, dict):
-                lines.append(json.dumps(item))
-            else:
-                self._encode_collective(item, lines, now)
-            n += 1
-            if n % _YIELD_EVERY == 0:
-                time.sleep(0)  # let the training thread have the GIL back
         still: list[CollectiveRecord] = []
+        changed = False
         for rec in self._pending:
             state = _work_state(rec.work)
             if state == schema.PENDING:
                 still.append(rec)
-            else:
-                rec.work = state
+                continue
+            changed = True
+            if state != schema.COMPLETED:
                 lines.append(json.dumps({"kind": schema.STATE, "id": rec.id, "state": state,
                                          "t": round(now, 6)}))
         self._pending = still
-        if cap is not None and final:
+        if changed:
+            # Every id up to the last one written has completed, failed, or is listed.
+            done: dict[str, Any] = {"kind": schema.DONE, "t": round(now, 6),
+                                    "upto": self._next_id,
+                                    "pending": [r.id for r in still[:MAX_PENDING_LISTED]]}
+            if len(still) > MAX_PENDING_LISTED:
+                done["pending_from"] = still[MAX_PENDING_LISTED].id  # all later ids run too
+            lines.append(json.dumps(done))
+        if cap is not None and (final or time.monotonic() - self._last_write >= self.interval):
             cap.close_all(lines)
         if lines:
             self._write_lines(lines)
 
-    def _encode_collective(self, rec: CollectiveRecord, lines: list[str], now: float) -> None:
+    # -- encoding (caller's thread, under the lock) ------------------------------------------
+    def _encode_collective(self, rec: CollectiveRecord, lines: list[str]) -> None:
         # What repeats from iteration to iteration (group, op, label, shapes, call stack, ...)
         # is encoded once and cached; only the per-call fields are formatted each time.
         key = (rec.group, rec.op, rec.label, rec.api, rec.reduce_op, rec.root, rec.peer,
@@ -158,24 +180,18 @@ class TraceWriter:
         static = self._static.get(key)
         if static is None:
             static = self._static[key] = self._encode_static(rec, lines)
-        state = _work_state(rec.work)
-        if self._cap is not None and rec.seq is not None and \
-                self._cap.fold(rec, static, state, lines):
-            rec.work = state  # covered by a repeat record
+        if self._cap is not None and rec.seq is not None and self._cap.fold(rec, static, lines):
             return
         extra = ""
         if rec.p2p_seq is not None:
             extra += f', "p2p_seq": {rec.p2p_seq}'
         if rec.bucket is not None:
             extra += f', "bucket": {rec.bucket}'
+        # "state" is always pending here: the line is written before the collective runs.
         lines.append(f'{{"kind": "collective", "id": {rec.id}, "rank": {self.rank}, '
                      f'"seq": {"null" if rec.seq is None else rec.seq}, '
-                     f'"iteration": {rec.iteration}, "t": {rec.t:.6f}, "state": "{state}"'
+                     f'"iteration": {rec.iteration}, "t": {rec.t:.6f}, "state": "pending"'
                      f'{extra}, {static}}}')
-        if state == schema.PENDING:
-            self._pending.append(rec)
-        else:
-            rec.work = state
 
     def _encode_static(self, rec: CollectiveRecord, lines: list[str]) -> str:
         stack_id = self._stacks.get(rec.stack)
@@ -202,13 +218,29 @@ class TraceWriter:
         return json.dumps(out)[1:-1]
 
     def _write_lines(self, lines: list[str]) -> None:
+        if self.failed:
+            return
         data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
-        self.bytes_written += len(data)
         try:
             while data:
                 written = os.write(self._fd, data)
+                self.bytes_written += written
                 data = data[written:]
         except OSError as exc:
-            self._failed = True
-            sys.stderr.write(f"ddpdoctor: rank {self.rank}: cannot write trace {self.path}: "
-                             f"{exc}; recording stopped, the job goes on\n")
+            self._cut(exc)
+        self._last_write = time.monotonic()
+
+    def _cut(self, exc: OSError) -> None:
+        """A write failed (full disk, file size limit): stop writing and leave a marker file
+        next to the trace, so that readers know the trace is cut, not the job short."""
+        self.failed = True
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+        try:  # an empty file needs no data block: it usually fits on a full disk
+            os.close(os.open(schema.cut_marker(self.path), os.O_WRONLY | os.O_CREAT, 0o600))
+        except OSError:
+            pass
+        sys.stderr.write(f"ddpdoctor: rank {self.rank}: cannot write trace {self.path}: "
+                         f"{exc.strerror or exc}; recording stopped, the job goes on\n")

@@ -41,7 +41,7 @@ from itertools import accumulate
 from typing import BinaryIO, overload
 
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.model import Collective, RankTrace, Site
+from ddpdoctor.trace.model import Collective, Completion, RankTrace, Site
 
 COLLECTIVE_PREFIX = b'{"kind": "collective", "id": '
 _PREFIX_LEN = len(COLLECTIVE_PREFIX)
@@ -186,6 +186,8 @@ class CollectiveLog(Sequence):
         self._state_t: list[object] = []
         self._state_words: list[str] = []
         self._cache: dict[int, Collective] = {}
+        self.version = schema.VERSION
+        self.completion = Completion()
         # Runs of a capped trace: first ordinal, record, explicit lines before it, and the
         # run members before it.
         self._run_starts = array("q")
@@ -276,7 +278,21 @@ class CollectiveLog(Sequence):
             run = self._run_of(k)
         src = self[k]
         it = src.iteration + delta if isinstance(src.iteration, int) else None
-        return run_member(self.rank, rec, off, src, it)
+        c = run_member(self.rank, rec, off, src, it)
+        c.state = self.state_of(c.id, c.state)
+        return c
+
+    def state_of(self, cid: int, written: str) -> str:
+        """The state of collective ``cid`` whose line (or run) says ``written``: its last
+        ``state`` record, else, in format 3 (lines written before the collective ran), what
+        the last ``done`` record says."""
+        ids = self._state_ids
+        i = bisect_right(ids, cid)
+        if i and ids[i - 1] == cid:  # the last state record of this id wins
+            return self._state_words[i - 1]
+        if self.version >= 3:
+            return schema.COMPLETED if self.completion.completed(cid) else schema.PENDING
+        return written
 
     def _load(self, ordinals: list[int]) -> None:
         if self._run_recs:
@@ -324,9 +340,9 @@ class CollectiveLog(Sequence):
                            stack=p.stack)
         ids = self._state_ids
         i = bisect_right(ids, c.id)
-        if i and ids[i - 1] == c.id:  # the last state record of this id wins
-            c.state = self._state_words[i - 1]
+        if i and ids[i - 1] == c.id:
             c.t_end = self._state_t[i - 1]
+        c.state = self.state_of(c.id, c.state)
         return c
 
 
@@ -551,6 +567,7 @@ def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
     log._state_ids = array("q", [reader.state_ids[i] for i in order])
     log._state_words = [reader.state_words[i] for i in order]
     log._state_t = [reader.state_t[i] for i in order]
+    log.version, log.completion = trace.version, trace.completion
     _index(log, tail_codes, reader)
     _check(log, reader.parse)
     trace.collectives = log
@@ -601,22 +618,34 @@ def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
             members = {i for i, p in enumerate(protos) if p.group == name and i not in p2p}
             ordinals = [k for k, c in enumerate(codes) if c in members]
             log.groups[name] = ([codes[k] for k in ordinals], ordinals)
-    # Never completed: written pending or failed and not completed by a later state record,
-    # or failed by one. Run members completed by construction.
-    unfinished = {i for i, s in enumerate(reader.tail_state) if s != schema.COMPLETED}
-    candidates = set()
-    if unfinished:
-        candidates.update(log.ordinal(e) for e, c in enumerate(tail_codes) if c in unfinished)
-    candidates.update(cid - 1 for cid in log._state_ids)
+    # Never completed. Format 3: not covered by the last ``done`` record (its listed ids, those
+    # after it) or failed. Before: written pending or failed and not completed by a later
+    # state record, or failed by one; run members completed by construction.
+    candidates = {cid - 1 for cid in log._state_ids}
+    n = len(codes)
+    if log.version >= 3:
+        done = log.completion
+        candidates.update(range(min(done.upto, n), n))
+        candidates.update(cid - 1 for cid in done.pending)
+        if done.pending_from is not None:
+            candidates.update(range(max(0, done.pending_from - 1), n))
+    else:
+        unfinished = {i for i, s in enumerate(reader.tail_state) if s != schema.COMPLETED}
+        if unfinished:
+            candidates.update(log.ordinal(e) for e, c in enumerate(tail_codes)
+                              if c in unfinished)
     incomplete = []
-    ids, words = log._state_ids, log._state_words
     for k in sorted(candidates):
-        e = log.explicit(k)
-        if e is None or e >= len(tail_codes):
+        if not 0 <= k < n:
             continue
-        i = bisect_right(ids, k + 1)
-        word = words[i - 1] if i and ids[i - 1] == k + 1 else reader.tail_state[tail_codes[e]]
-        if word != schema.COMPLETED:
+        e = log.explicit(k)
+        if e is None:
+            written = schema.COMPLETED
+        elif e < len(tail_codes):
+            written = reader.tail_state[tail_codes[e]]
+        else:
+            continue
+        if log.state_of(k + 1, written) != schema.COMPLETED:
             incomplete.append(k)
     log.incomplete_ordinals = incomplete
 

@@ -52,6 +52,20 @@ class Collective:
         return self.stack[0] if self.stack else None
 
 
+@dataclass(frozen=True)
+class Completion:
+    """What the last ``done`` record of a rank says: every collective with an id up to
+    ``upto`` completed, except the ``pending`` ids and every id from ``pending_from`` on."""
+
+    upto: int = 0
+    pending: frozenset[int] = frozenset()
+    pending_from: int | None = None
+
+    def completed(self, cid: int) -> bool:
+        return (cid <= self.upto and cid not in self.pending
+                and (self.pending_from is None or cid < self.pending_from))
+
+
 @dataclass
 class Group:
     """A process group as one rank saw it at creation."""
@@ -79,6 +93,10 @@ class RankTrace:
     hang: dict | None = None
     exit: dict | None = None
     init: str | None = None  # state of init_process_group: pending, completed or failed
+    version: int = 0  # the trace format version of the file
+    completion: Completion = field(default_factory=Completion)  # format 3: the last ``done``
+    activity: dict | None = None  # the last ``activity`` record: the rank outside collectives
+    cut: bool = False  # the rank could no longer write its trace (full disk): it ends early
     cap: dict | None = None  # the ``cap`` record: the trace reached DDPDOCTOR_MAX_TRACE_MB
     warnings: list[str] = field(default_factory=list)
     damaged_lines: int = 0

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import NotCompact, collective_from, expand_repeat, place, read_compact
-from ddpdoctor.trace.model import Collective, Group, RankTrace, Run, Site
+from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site
 
 MAX_LINE = 4 * 1024 * 1024
 
@@ -86,6 +86,13 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
         if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id, by_group):
             if not (truncated and i == len(lines)):  # a cut-off last line is expected
                 trace.damaged_lines += 1
+    if trace.version >= 3:
+        # Collective lines were written before the collective ran: ``done`` records say
+        # which completed (failures have a ``state`` record of their own).
+        done = trace.completion
+        for c in trace.collectives:
+            if c.state != schema.FAILED:
+                c.state = schema.COMPLETED if done.completed(c.id) else schema.PENDING
     return trace
 
 
@@ -106,7 +113,18 @@ def _header(path: Path, line: bytes) -> dict:
 def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
     return RankTrace(rank=int(head.get("rank", -1)), path=str(path),
                      run_id=str(head.get("run_id", "")), attempt=int(head.get("attempt", 0)),
-                     truncated=truncated)
+                     truncated=truncated, version=int(head.get("version", 0)),
+                     cut=os.path.exists(schema.cut_marker(str(path))))
+
+
+def _completion(rec: dict) -> Completion:
+    """The :class:`Completion` a ``done`` record states (raises TypeError or ValueError)."""
+    upto, pending, start = rec["upto"], rec.get("pending", []), rec.get("pending_from")
+    if not isinstance(upto, int) or not isinstance(pending, list) or \
+            not all(isinstance(i, int) for i in pending) or \
+            not (start is None or isinstance(start, int)):
+        raise TypeError("malformed done record")
+    return Completion(upto, frozenset(pending), start)
 
 
 def _read_compact(path: Path, fh: BinaryIO, pool: dict | None) -> RankTrace | None:
@@ -156,6 +174,12 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
             return by_group is not None and expand_repeat(trace, rec, by_group)
         elif kind == schema.CAP:
             trace.cap = rec
+        elif kind == schema.DONE:
+            done = _completion(rec)
+            if done.upto >= trace.completion.upto:
+                trace.completion = done
+        elif kind == schema.ACTIVITY:
+            trace.activity = rec
         elif kind == schema.STATE:
             c = by_id.get(rec.get("id"))
             if c is None:

@@ -9,9 +9,12 @@ imported inside every training process, so it uses the standard library only.
 from __future__ import annotations
 
 FORMAT = "ddpdoctor-trace"
-# 2: adds the ``cap`` and ``repeat`` records of a size-capped trace (DDPDOCTOR_MAX_TRACE_MB);
-# version 1 traces are read as before.
-VERSION = 2
+# 2: adds the ``cap`` and ``repeat`` records of a size-capped trace (DDPDOCTOR_MAX_TRACE_MB).
+# 3: collective lines are written before the collective is issued (their ``state`` is always
+#    ``pending``); completion comes in bulk as ``done`` records; ``activity`` records say what
+#    a rank does while it issues no collective; the ``exception`` record carries the DDP
+#    iteration. Versions 1 and 2 are read as before.
+VERSION = 3
 
 # Record kinds.
 HEADER = "header"
@@ -29,6 +32,8 @@ PROGRESS = "progress"
 CAP = "cap"  # the trace reached DDPDOCTOR_MAX_TRACE_MB: repeats are written as runs from here
 REPEAT = "repeat"  # a run of collectives that repeat the static part of earlier ones
 INIT = "init"  # init_process_group entered (state pending) and left (completed / failed)
+DONE = "done"  # every collective with id <= upto completed, except those listed as pending
+ACTIVITY = "activity"  # the rank is outside collectives: where its main thread is, its CPU
 
 # Collective states.
 PENDING = "pending"
@@ -42,6 +47,12 @@ EXIT_FAILED = "failed"  # sys.exit() with a non-zero code
 EXIT_MAX_STEPS = "max_steps"  # stopped by --max-steps at the start of iteration N+1
 
 TRACE_GLOB = "rank-*.jsonl"
+CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full disk)
+
+
+def cut_marker(trace_path: str) -> str:
+    """Path of the marker a rank leaves when it could no longer write ``trace_path``."""
+    return trace_path + CUT_SUFFIX
 
 
 def trace_filename(rank: int, attempt: int = 0) -> str:
