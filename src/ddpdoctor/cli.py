@@ -146,7 +146,8 @@ def run(
         master_port=master_port, max_restarts=max_restarts,
         logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
         stuck_timeout=stuck_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
-        max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None)
+        max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None,
+        reports=bool(junit_out or markdown_out))
     try:
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:
@@ -174,6 +175,11 @@ def run(
             err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     elif expect_schedule and outcome.report is not None:
         _say(f"the collective schedule matches {expect_schedule}")
+    if outcome.report is not None and outcome.report.verdict == "untested":
+        _say("warning: NOTHING WAS TESTED - the script initialised no process group and issued "
+             "no collective" + (" (exit 4 in CI mode)" if outcome.exit_code == doctor.EXIT_UNTESTED
+                                else "; in CI mode (--cpu, --max-steps, --junit, $CI) this "
+                                     "fails with exit 4"))
     if outcome.teardown_only:
         _say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "

@@ -8,7 +8,10 @@ Also the exit-code policy, in one place:
 1     a problem was found: a rank crashed or diverged (``run``: or the job's own non-zero code,
       or the collective schedule differs from ``--expect-schedule``)
 2     bad usage or unreadable input
-3     ``run`` detected a hang, collected the evidence and stopped the job
+3     ``run`` detected a hang (or a rank stuck in its own code), collected the evidence and
+      stopped the job
+4     ``run`` in CI mode (``--cpu``, ``--max-steps``, ``--junit``, ``--markdown`` or ``$CI``
+      set): nothing was tested (no process group initialised, no collective recorded)
 130   ``run`` was interrupted (SIGINT/SIGTERM); the job was stopped, the logs kept
 ====  =====================================================================================
 """
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from ddpdoctor import schedule
 from ddpdoctor.analysis import diagnose
-from ddpdoctor.analysis.report import Report
+from ddpdoctor.analysis.report import UNTESTED, Report
 from ddpdoctor.launcher import (
     JobResult,
     RunOptions,
@@ -32,12 +35,14 @@ from ddpdoctor.launcher import (
     run_job,
 )
 from ddpdoctor.progress import JobProgress
-from ddpdoctor.trace.reader import TraceError, load_run
+from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_HANG = 3
+EXIT_UNTESTED = 4
 EXIT_INTERRUPTED = 130
 
 
@@ -101,9 +106,16 @@ def run(opts: RunOptions, logdir: Path,
         report = diagnose(loaded)
         if expected is not None:
             changes = schedule.compare(expected, schedule.from_run(loaded))
+    except NoTraces:
+        # No process became a rank: the script never initialised a process group.
+        report = diagnose(Run(ranks={}, world_size=0, notes=[
+            "no rank trace was written: the script never called init_process_group"]))
     except TraceError as exc:
         read_error = str(exc)
     outcome = _outcome(job, report, read_error)
+    if outcome.report is not None and outcome.report.verdict == UNTESTED and \
+            outcome.exit_code == EXIT_OK and opts.ci_mode:
+        outcome.exit_code = EXIT_UNTESTED
     outcome.schedule_diff = changes
     if changes and outcome.exit_code == EXIT_OK:
         outcome.exit_code = EXIT_PROBLEM

@@ -62,6 +62,13 @@ class RunOptions:
     expect_schedule: str | None = None  # schedule file the run must match (schedule.py)
     max_trace_mb: float | None = None  # per-rank trace size after which only what breaks
     # the rank's pattern is written (runtime/trace_cap.py; CLI --max-trace-mb)
+    reports: bool = False  # --junit or --markdown: the run is a CI check
+
+    @property
+    def ci_mode(self) -> bool:
+        """A CI check (--cpu, --max-steps, a CI report, or $CI set): nothing tested fails."""
+        ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+        return self.cpu or self.max_steps is not None or self.reports or ci
 
 
 @dataclass

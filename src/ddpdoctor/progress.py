@@ -10,7 +10,7 @@ rules, applied by :meth:`JobProgress.verdict`:
 
 * **hang** — every live rank has been waiting for ``timeout`` seconds and none progressed;
 * **deadlock** — every live rank is waiting and no pending collective can ever complete: each
-  lacks a group member that has not issued it (and is itself waiting, or has ended), or meets
+  lacks a live group member that has not issued it (and is itself waiting), or meets
   a collective it provably cannot match (another op, shape, dtype, reduce op or root at the
   same position). Held for :data:`SETTLE` seconds, it is diagnosed at once, without waiting
   for the timeout;
@@ -292,10 +292,12 @@ class JobProgress:
             if q == p.rank:
                 continue
             peer = self.ranks.get(q)
-            if peer is None:
+            if peer is None or peer.status != RUNNING:
+                # A peer that ended: the backend fails the collective by itself (gloo: the
+                # connection closes), else the timeout rule applies.
                 return False
             if peer.issued.get(c.group, 0) < c.seq:
-                return True  # q never issued it, and is waiting elsewhere or has ended
+                return True  # q never issued it, and is waiting elsewhere
             other = next((x.coll for x in peer.pending.values()
                           if x.coll is not None and x.coll.group == c.group
                           and x.coll.seq == c.seq), None)

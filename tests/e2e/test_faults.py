@@ -30,17 +30,6 @@ def test_segfault_is_named_with_the_signal_and_faulthandler_output_kept(tmp_path
 
 
 @pytest.mark.timeout(120)
-def test_os_exit_leaves_a_trace_without_an_exit_record(tmp_path: Path) -> None:
-    job = run_job(tmp_path, SCRIPTS / "rank_dies.py", "--how", "exit")
-    assert job.returncode == 1
-    run = job.run()
-    assert run.ranks[1].exit is None and len(run.ranks[1].collectives) == 4
-    root = job.report["findings"][0]
-    assert root["kind"] in ("rank_crashed", "missing_collective")
-    assert job.report["ranks"]["1"]["status"] in ("killed", "unfinished")
-
-
-@pytest.mark.timeout(120)
 def test_exit_code_stdout_stderr_and_user_sitecustomize_pass_through(tmp_path: Path) -> None:
     user_site = tmp_path / "usersite"
     user_site.mkdir()

@@ -95,7 +95,8 @@ def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Pat
 @pytest.mark.timeout(120)
 def test_rank_that_never_reaches_init_process_group(tmp_path: Path) -> None:
     path = SCRIPTS / "late_rank.py"
-    job = run_job(tmp_path, path, hang_timeout=HANG_TIMEOUT)
+    # Rank 1 sleeps in its own start-up: busy, not waiting, until the stuck timeout.
+    job = run_job(tmp_path, path, hang_timeout=HANG_TIMEOUT, options=("--stuck-timeout", "3"))
     assert job.returncode == 3, job.stderr[-3000:]
     root = job.report["findings"][0]
     assert root["kind"] == "init_incomplete" and root["cause"] == "rank_never_initialised"

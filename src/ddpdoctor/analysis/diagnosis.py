@@ -11,6 +11,7 @@ from ddpdoctor.analysis.endings import (
     crash_findings,
     exited_early_findings,
     init_findings,
+    stuck_findings,
     teardown_findings,
 )
 from ddpdoctor.analysis.finding import Finding
@@ -18,7 +19,7 @@ from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
 from ddpdoctor.analysis.report import RankSummary, Report, verdict_of
-from ddpdoctor.analysis.terms import rank_list
+from ddpdoctor.analysis.terms import describe, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.knowledge.rules import RuleContext, recognise
@@ -46,6 +47,8 @@ GENERIC_ADVICE = {
                      "their peer.",
     fk.RANK_EXITED_EARLY: "Every rank must issue the same collectives before it exits.",
     fk.INIT_INCOMPLETE: "Every rank must call init_process_group; see where the late rank was.",
+    fk.RANK_STUCK: "Look at the stack shown: that is where the rank waits (a lock, a queue, a "
+                   "file, a child process); make every rank get past it.",
     fk.TEARDOWN_ABORT: "Nothing to fix in the training; call dist.destroy_process_group() at "
                        "the end of the script.",
 }
@@ -65,7 +68,15 @@ def collect_findings(run: Run, alignment: Alignment, states: dict[int, RankState
     out.extend(exited_early_findings(alignment, states))
     out.extend(teardown_findings(states))
     out.extend(init_findings(states))
+    out.extend(stuck_findings(run, states))
     return out
+
+
+def _beyond_cut(f: Finding, cut: set[int]) -> bool:
+    """Whether ``f`` rests on records a cut trace does not hold: a cut rank that did not issue
+    the collective in question, or that 'exited early'."""
+    return any(r in f.ranks and (f.ranks[r].op is None or f.kind == fk.RANK_EXITED_EARLY)
+               for r in cut) and f.kind not in (fk.RANK_CRASHED, fk.RANK_STUCK)
 
 
 def explain(findings: list[Finding], ctx: RuleContext) -> None:
@@ -94,7 +105,14 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
         elif s.trace is not None:
             notes.extend(f"rank {r}: {w}" for w in s.trace.warnings)
     if run.ranks and not any(t.collectives for t in run.ranks.values()):
-        notes.append("no collective was recorded on any rank")
+        notes.append("no collective was recorded on any rank: nothing was tested")
+    for r, s in states.items():
+        if s.cut:
+            last = s.last
+            after = f" after collective #{last.seq} ({describe(last)})" if last else ""
+            notes.append(f"rank {r}: its trace is cut{after}: the rank could not write it "
+                         f"(a full disk or a file-size limit), so nothing after that point is "
+                         f"compared")
     stopped: dict[int, list[int]] = {}
     for r, s in states.items():
         if s.max_steps is not None:
@@ -109,7 +127,10 @@ def diagnose(run: Run) -> Report:
     """Diagnose a loaded run: what diverged or crashed first, where on each rank, and why."""
     states = rank_states(run)
     alignment = align(run)
-    findings = order(collect_findings(run, alignment, states), states)
+    cut = {r for r, s in states.items() if s.cut}
+    found = [f for f in collect_findings(run, alignment, states)
+             if not (cut and _beyond_cut(f, cut))]
+    findings = order(found, states)
     explain(findings, RuleContext(run, alignment, states))
     return Report(verdict=verdict_of(findings, states), world_size=run.world_size,
                   ranks=[RankSummary.of(s) for s in states.values()], findings=findings,

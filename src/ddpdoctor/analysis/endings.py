@@ -20,6 +20,7 @@ from ddpdoctor.analysis.details import (
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
+from ddpdoctor.trace.model import Run
 
 
 def _primary_crashes(states: dict[int, RankState]) -> set[int]:
@@ -56,10 +57,20 @@ def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:
     return "; ".join(parts)
 
 
+def _phase(s: RankState) -> str:
+    """'iteration 3', 'setup (before the first DDP forward)', or, for a rank that built no
+    DDP model, how many collectives it had issued."""
+    if s.iterations or (s.trace is not None and s.trace.ddp):
+        return iteration_text(s.iterations)
+    n = s.collectives
+    return f"its run, after {n} collective{'s' if n != 1 else ''}" if n else \
+        "its start, before any collective"
+
+
 def _crash_head(ranks: list[int], s: RankState) -> str:
     """'Rank 1 raised ValueError: boom at train.py:8 in main() during iteration 2'."""
     who = rank_list(ranks).capitalize()
-    it = iteration_text(s.iterations) if len(ranks) == 1 else "their runs"
+    it = _phase(s) if len(ranks) == 1 else "their runs"
     if s.status == rs.EXCEPTION:
         at = f" at {site_text(s.crash_site)}" if s.crash_site else ""
         return f"{who} raised {s.crash_text}{at} during {it}"
@@ -162,6 +173,36 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary,
                     {r: left_detail(states[r]) for r in ranks}, cause="gloo_teardown_abort",
                     t=min(states[r].end_t for r in ranks))]
+
+
+def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
+    """Ranks the launcher stopped because they stayed at one place in their own code, outside
+    collectives and without using CPU (``ddpdoctor run --stuck-timeout``)."""
+    if run.stop != "stuck":
+        return []
+    # A rank that never reached init_process_group is init_findings' case.
+    stuck = [r for r, s in sorted(states.items()) if s.status == rs.HUNG and not s.pending
+             and (s.collectives or (s.trace is not None and s.trace.init is not None))]
+    if not stuck:
+        return []
+    first = states[stuck[0]]
+    site = first.hang_stack[0] if first.hang_stack else None
+    at = f" at {site_text(site)}" if site else ""
+    others = _others_text(stuck, states)
+    summary = (f"{rank_list(stuck).capitalize()} stayed{at}, outside any collective and without "
+               f"using CPU, until ddpdoctor stopped the job ({run.stop_reason})"
+               + (f"; {others}." if others else "."))
+    details = {}
+    for r, s in states.items():
+        if r in stuck:
+            stack = s.hang_stack
+            details[r] = RankDetail(rank=r, site=stack[0] if stack else None, state="stuck",
+                                    iteration=s.iterations, note="stuck in user code",
+                                    stack=stack)
+        else:
+            details[r] = left_detail(s)
+    return [Finding(fk.RANK_STUCK, ERROR, None, None, summary, details,
+                    cause="rank_stuck_in_user_code", t=0.0)]
 
 
 def init_findings(states: dict[int, RankState]) -> list[Finding]:

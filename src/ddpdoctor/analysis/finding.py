@@ -25,11 +25,13 @@ RANK_CRASHED = "rank_crashed"
 RANK_EXITED_EARLY = "rank_exited_early"
 TEARDOWN_ABORT = "teardown_abort"
 INIT_INCOMPLETE = "init_incomplete"
+RANK_STUCK = "rank_stuck"  # stopped by the launcher: a rank idle at one place in user code
 
 MISMATCH_KINDS = (OP_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH, REDUCE_OP_MISMATCH,
                   ROOT_MISMATCH)
 KINDS = MISMATCH_KINDS + (GROUP_MISMATCH, MISSING_COLLECTIVE, CALLSITE_DIVERGENCE, WAIT_CYCLE,
-                          RANK_CRASHED, RANK_EXITED_EARLY, TEARDOWN_ABORT, INIT_INCOMPLETE)
+                          RANK_CRASHED, RANK_EXITED_EARLY, TEARDOWN_ABORT, INIT_INCOMPLETE,
+                          RANK_STUCK)
 
 ERROR = "error"
 WARNING = "warning"

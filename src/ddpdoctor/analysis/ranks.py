@@ -61,6 +61,8 @@ class RankState:
     end_t: float = 0.0
     hang_stack: list[Site] = field(default_factory=list)
     max_steps: int | None = None  # stopped by --max-steps after this many DDP iterations
+    cut: bool = False  # the trace ends early: the rank could not write it (full disk)
+    exc_iteration: int | None = None  # the DDP iteration an exception was raised in
 
     @property
     def waiting(self) -> Collective | None:
@@ -144,7 +146,8 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         return RankState(rank, None, MISSING, exit_code=code,
                          crash_text="no trace (the rank never started, or its file is missing)")
     colls = trace.collectives
-    state = RankState(rank, trace, UNFINISHED, exit_code=code, collectives=len(colls))
+    state = RankState(rank, trace, UNFINISHED, exit_code=code, collectives=len(colls),
+                      cut=trace.cut)
     if colls:
         state.last = colls[-1]
         # The DDP forward count only grows: the last collectives carry the highest.
@@ -155,7 +158,11 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         steps = (trace.exit or {}).get("steps")
         state.max_steps = steps if isinstance(steps, int) else state.iterations
         state.iterations = max(state.iterations, state.max_steps)
-    if trace.finished or state.max_steps is not None:
+    if code == 0 and not trace.exit and not trace.exception:
+        # The process ended normally, yet its trace has no exit record: it could not write
+        # the end of its trace (a full disk, a size limit).
+        state.cut = True
+    if trace.finished or state.max_steps is not None or (state.cut and code == 0):
         state.status = FINISHED
         state.teardown_abort = code is not None and code < 0
         if state.teardown_abort:
@@ -176,10 +183,14 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         state.crash_site = user_frame(frames, files)
         state.crash_text = f"{exc.get('type', 'Exception')}: {short_message(exc.get('message'))}"
         state.end_t = float(exc.get("t", state.end_t) or state.end_t)
+        if isinstance(exc.get("iteration"), int):
+            state.exc_iteration = exc["iteration"]
+            state.iterations = max(state.iterations, exc["iteration"])
     elif exit_status == schema.EXIT_FAILED:
         state.status = FAILED
         exit_code = (trace.exit or {}).get("code") or code
-        state.crash_text = f"called sys.exit({exit_code})"
+        call = "os._exit" if (trace.exit or {}).get("os_exit") else "sys.exit"
+        state.crash_text = f"called {call}({exit_code})"
         state.end_t = float((trace.exit or {}).get("t", state.end_t) or state.end_t)
     elif run.stopped_for_hang:
         state.status = HUNG

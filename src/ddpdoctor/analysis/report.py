@@ -15,13 +15,16 @@ CLEAN = "clean"
 DIVERGED = "diverged"
 CRASHED = "crashed"
 INCOMPLETE = "incomplete"
-VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE)
+UNTESTED = "untested"
+VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE, UNTESTED)
 # What each verdict means, in the words every reporter shows.
 VERDICT_TEXT = {
     CLEAN: "every rank issued the same collectives and finished",
     DIVERGED: "the ranks stopped issuing the same collectives",
     CRASHED: "a rank failed and the others were left waiting",
-    INCOMPLETE: "some ranks did not finish, and their traces do not show why",
+    INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
+    UNTESTED: "no process group was initialised and no collective recorded: nothing was "
+              "tested",
 }
 
 
@@ -72,9 +75,14 @@ class Report:
 
 
 def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
-    """clean / diverged / crashed / incomplete, from the ordered findings and rank endings."""
+    """clean / diverged / crashed / incomplete / untested, from the ordered findings and rank
+    endings. Clean needs every rank finished with its whole trace; untested means no rank
+    recorded a collective."""
     if any(f.is_error for f in findings):
-        return CRASHED if findings[0].kind == fk.RANK_CRASHED else DIVERGED
-    if any(s.status != rs.FINISHED for s in states.values()):
+        return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK) else DIVERGED
+    if not any(s.collectives for s in states.values()) and \
+            not any(s.trace is not None and s.trace.init == "completed" for s in states.values()):
+        return UNTESTED
+    if any(s.status != rs.FINISHED or s.cut for s in states.values()):
         return INCOMPLETE
     return CLEAN

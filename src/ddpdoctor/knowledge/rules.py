@@ -12,7 +12,8 @@ whether a collective sits under a rank test, or after the training loop.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import finding as fk
@@ -103,6 +104,49 @@ def _after_loop(d: RankDetail, rank: int, ctx: RuleContext) -> bool:
     return mine is None and d.op == "barrier"
 
 
+# What an exception says when the machine has no GPU, and when DDP's construction check finds
+# that the ranks' models differ (torch.distributed.utils._verify_param_shape_across_processes).
+_NO_GPU = re.compile(r"not compiled with CUDA|no CUDA GPUs are available|found no NVIDIA driver"
+                     r"|ProcessGroupNCCL is only supported with GPUs|no GPUs found"
+                     r"|CUDA driver initialization failed", re.I)
+_MODEL_MISMATCH = re.compile(r"appears not to match|DDP expects same model across all ranks",
+                             re.I)
+
+
+def _exceptions(f: Finding, ctx: RuleContext) -> Iterator[tuple[int, str]]:
+    """(rank, message) of the ranks of a primary crash that raised."""
+    if f.kind != fk.RANK_CRASHED or f.follow_on:
+        return
+    for r in f.ranks:
+        s = ctx.states.get(r)
+        if s is not None and s.status == rs.EXCEPTION and s.trace is not None:
+            yield r, str((s.trace.exception or {}).get("message", ""))
+
+
+def _first_line(message: str) -> str:
+    return (message.strip().splitlines() or [""])[0][:300]
+
+
+def _no_gpu(f: Finding, ctx: RuleContext) -> list[str] | None:
+    hits = [(r, m) for r, m in _exceptions(f, ctx) if _NO_GPU.search(m)]
+    if not hits:
+        return None
+    r, message = hits[0]
+    where = ctx.states[r].crash_site
+    at = f" at {site_text(where)}" if where else ""
+    return [f"{rank_list([h[0] for h in hits])} failed{at}: {_first_line(message)}",
+            "this machine has no usable GPU; `ddpdoctor run --cpu` runs the script on the CPU"]
+
+
+def _ddp_init_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
+    hits = [(r, m) for r, m in _exceptions(f, ctx) if _MODEL_MISMATCH.search(m)]
+    if not hits:
+        return None
+    r, message = hits[0]
+    return [f"DDP's construction check failed on {rank_list([h[0] for h in hits])}: "
+            f"{_first_line(message)}"]
+
+
 # -- rules ----------------------------------------------------------------------------------
 def _rank_crashed(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind == fk.RANK_CRASHED and not f.follow_on:
@@ -175,6 +219,48 @@ def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | N
                             "module buffers, even under torch.no_grad()")
         return evidence
     return None
+
+
+def _bucket_meets_user(f: Finding) -> tuple[int, RankDetail, int, RankDetail] | None:
+    """(rank, detail) of a gradient bucket and of a user collective meeting at a mismatch."""
+    if f.kind not in (fk.SHAPE_MISMATCH, fk.OP_MISMATCH, fk.DTYPE_MISMATCH):
+        return None
+    issued = _issued(f)
+    bucket = next(((r, d) for r, d in issued.items() if d.label == "ddp.bucket"), None)
+    user = next(((r, d) for r, d in issued.items() if d.label == "user"), None)
+    if bucket is None or user is None:
+        return None
+    return bucket[0], bucket[1], user[0], user[1]
+
+
+def _rank_dependent_no_sync(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """In the same DDP iteration one rank all-reduced its gradients and another did not."""
+    found = _bucket_meets_user(f)
+    if found is None:
+        return None
+    b, bd, u, ud = found
+    if bd.iteration is None or bd.iteration != ud.iteration:
+        return None
+    return [f"in iteration {bd.iteration} rank {b} all-reduced its gradients at "
+            f"{site_text(bd.site)} while rank {u}'s backward of that iteration synchronised "
+            f"nothing: it ran under no_sync() (or with require_backward_grad_sync off) and went "
+            f"on to {ud.op} at {site_text(ud.site)}"]
+
+
+def _skipped_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """A rank is one DDP iteration ahead because it skipped a collective it issues in other
+    iterations (a rank-local ``continue``, a NaN check, ``if loss is None``)."""
+    found = _bucket_meets_user(f)
+    if found is None or f.group is None:
+        return None
+    b, bd, u, ud = found
+    key = site_key(ud.site)
+    if bd.iteration is None or ud.iteration is None or bd.iteration <= ud.iteration or \
+            key is None or key not in ctx.group_sites(f.group, b) or _after_loop(ud, u, ctx):
+        return None
+    return [f"rank {b} issued the collective at {site_text(ud.site)} in earlier iterations "
+            f"but skipped it in iteration {ud.iteration}, and went on to the gradient "
+            f"all-reduce of iteration {bd.iteration}"]
 
 
 def _counts(ranks: set[int], ctx: RuleContext) -> str:
@@ -272,11 +358,15 @@ def _rank_dependent_reduce_op(f: Finding, ctx: RuleContext) -> list[str] | None:
 Rule = Callable[[Finding, RuleContext], "list[str] | None"]
 
 RULES: list[tuple[str, Rule]] = [
+    ("no_gpu", _no_gpu),
+    ("ddp_model_mismatch", _ddp_init_mismatch),
     ("rank_crashed", _rank_crashed),
     ("group_order_inversion", _group_order_inversion),
     ("collective_inside_join", _collective_inside_join),
     ("rank_conditional_collective", _collective_under_rank_test),
     ("rank_conditional_ddp_forward", _rank_conditional_ddp_forward),
+    ("rank_dependent_no_sync", _rank_dependent_no_sync),
+    ("rank_conditional_collective", _skipped_collective),
     ("uneven_inputs", _uneven_inputs),
     ("rank_conditional_collective", _rank_conditional_collective),
     ("rank_dependent_shape", _rank_dependent_shape),

@@ -18,6 +18,9 @@ Installed in every rank by :func:`ddpdoctor.runtime.torch_hooks.install` when th
   ``set_device(i)`` is remembered and ``current_device()`` returns it (``LOCAL_RANK``
   before); ``with torch.cuda.device(i):``, ``synchronize()`` and
   ``reset_peak_memory_stats()`` do nothing; ``get_device_name()`` says it is the CPU.
+* **torch.accelerator** - the same for the script's own code: ``is_available()`` is True,
+  ``current_accelerator()`` is ``cuda``, ``device_count()`` the processes per node,
+  ``set_device_index()`` / ``current_device_index()`` remembered, ``synchronize()`` nothing.
 * **distributed** - ``init_process_group`` gets gloo for nccl (the launcher also sets
   ``DDPDOCTOR_BACKEND=gloo``) and loses a CUDA ``device_id``;
   ``DistributedDataParallel(device_ids=[i], output_device=i)`` becomes a CPU module's DDP
@@ -211,6 +214,43 @@ def _patch_cuda(torch: Any) -> None:
     cuda.get_device_name, cuda.reset_peak_memory_stats = get_device_name, \
         reset_peak_memory_stats
     cuda.device = device
+    _patch_accelerator(torch, set_device, current_device, synchronize)
+
+
+def _patch_accelerator(torch: Any, set_device: Any, current_device: Any, synchronize: Any) -> None:
+    """``torch.accelerator`` (torch >= 2.6) answers the script's own code as ``torch.cuda``
+    does in CPU mode: available, CUDA, one device per local process."""
+    acc = getattr(torch, "accelerator", None)
+    if acc is None:
+        return
+    real_available = getattr(acc, "is_available", None)
+    real_current = getattr(acc, "current_accelerator", None)
+    real_count = getattr(acc, "device_count", None)
+
+    def is_available() -> bool:
+        return True if from_user_code() else bool(real_available and real_available())
+
+    def current_accelerator(*args: Any, **kwargs: Any) -> Any:
+        if from_user_code():
+            return torch.device("cuda")
+        return real_current(*args, **kwargs) if real_current else None
+
+    def count() -> int:
+        return device_count() if from_user_code() else (real_count() if real_count else 0)
+
+    def set_device_index(device: Any) -> None:
+        set_device(device)
+
+    def current_device_index() -> int:
+        return current_device()
+
+    patches = {"is_available": is_available, "current_accelerator": current_accelerator,
+               "device_count": count, "set_device_index": set_device_index,
+               "set_device_idx": set_device_index, "current_device_index": current_device_index,
+               "current_device_idx": current_device_index, "synchronize": synchronize}
+    for name, fn in patches.items():
+        if hasattr(acc, name):
+            setattr(acc, name, fn)
 
 
 def _patch_modules(torch: Any) -> None:

@@ -65,7 +65,7 @@ def _work_state(work: Any) -> str:
 class TraceWriter:
     """Appends one rank's records to its JSON Lines file, collectives before they run."""
 
-    def __init__(self, path: str, header: dict, rank: int, interval: float = 0.1,
+    def __init__(self, path: str, header: dict, rank: int, interval: float = 0.05,
                  max_bytes: int | None = None) -> None:
         """``max_bytes``: the size cap (default: ``DDPDOCTOR_MAX_TRACE_MB``; None: no cap)."""
         if max_bytes is None:
@@ -218,7 +218,7 @@ class TraceWriter:
         return json.dumps(out)[1:-1]
 
     def _write_lines(self, lines: list[str]) -> None:
-        if self.failed:
+        if self.failed or self._closed:  # a late record (watchdog) after the exit record
             return
         data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
         try:

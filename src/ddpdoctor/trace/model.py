@@ -120,10 +120,12 @@ class Run:
     world_size: int
     sources: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    # Filled by the launcher when it knows more than the traces: per-rank exit codes and
-    # signals, whether it stopped the job for a hang.
+    # What the launcher knew beyond the traces: each rank's exit code (negative: the signal)
+    # from the process that started it, and why it stopped the job (hang, deadlock, stuck).
     exit_codes: dict[int, int] = field(default_factory=dict)
     stopped_for_hang: bool = False
+    stop: str | None = None
+    stop_reason: str = ""
 
     @property
     def missing_ranks(self) -> list[int]:

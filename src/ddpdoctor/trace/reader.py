@@ -35,6 +35,10 @@ class TraceError(Exception):
     """The input cannot be read as ddpdoctor traces; the message says why, in one line."""
 
 
+class NoTraces(TraceError):
+    """A log folder without any rank trace."""
+
+
 def _trace_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
@@ -42,7 +46,7 @@ def _trace_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
         if path.is_dir():
             found = sorted(path.glob(schema.TRACE_GLOB))
             if not found:
-                raise TraceError(f"no ddpdoctor traces (rank-*.jsonl) in {path}")
+                raise NoTraces(f"no ddpdoctor traces (rank-*.jsonl) in {path}")
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -226,15 +230,48 @@ def fault_signal(path: Path) -> int | None:
     return None
 
 
-def _fault_codes(ranks: dict[int, RankTrace]) -> dict[int, int]:
+def _small_json(path: Path, limit: int = 1 << 20) -> dict:
+    """A small JSON object file written by ddpdoctor's launcher or the job's top process;
+    {} when missing, not a regular file, too large or malformed."""
+    try:
+        if not path.is_file() or path.stat().st_size > limit:
+            return {}
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, int]:
+    """Each rank's exit code: what the process that started it saw (``exits-*.json``, written
+    by torchrun's agent or the spawning script), else the signal of a faulthandler file."""
+    by_pid: dict[int, int] = {}
+    for folder in folders:
+        for path in sorted(folder.glob("exits-*.json")):
+            for pid, code in (_small_json(path).get("exit_codes") or {}).items():
+                if str(pid).isdigit() and isinstance(code, int) and not isinstance(code, bool):
+                    by_pid[int(pid)] = code
     codes = {}
     for rank, trace in ranks.items():
         pid = (trace.process or {}).get("pid")
-        if isinstance(pid, int):
+        if not isinstance(pid, int):
+            continue
+        code = by_pid.get(pid)
+        if code is None:
             code = fault_signal(Path(trace.path).parent / f"fault-{pid}.txt")
-            if code is not None:
-                codes[rank] = code
+        if code is not None:
+            codes[rank] = code
     return codes
+
+
+def _stop(folders: set[Path]) -> tuple[str | None, str]:
+    """Why ddpdoctor's launcher stopped the job (``job.json``): hang, deadlock or stuck."""
+    for folder in folders:
+        job = _small_json(folder / "job.json")
+        stopped = job.get("stopped")
+        if isinstance(stopped, str):
+            return stopped, str(job.get("reason", ""))
+    return None, ""
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -286,5 +323,8 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
                          f"while writing); skipped")
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
+    folders = {f.parent for f in files}
+    stop, reason = _stop(folders)
     return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files], notes=notes,
-               exit_codes=_fault_codes(ranks))
+               exit_codes=_exit_codes(ranks, folders), stopped_for_hang=stop is not None,
+               stop=stop, stop_reason=reason)

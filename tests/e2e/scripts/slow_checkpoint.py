@@ -1,0 +1,36 @@
+"""A healthy job whose rank 0 saves a checkpoint for ``--seconds`` outside any collective while
+rank 1 waits in ``dist.barrier()``: busy, not hung."""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--seconds", type=float, required=True)
+parser.add_argument("--compute", action="store_true", help="spin the CPU instead of sleeping")
+args = parser.parse_args()
+
+
+def save_checkpoint(model: nn.Module) -> None:
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:  # a slow file system, or a big state dict
+        if args.compute:
+            torch.mm(torch.randn(64, 64), torch.randn(64, 64))
+        else:
+            time.sleep(0.05)  # ddpdoctor: saving
+    torch.save(model.state_dict(), "/dev/null")
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(nn.Linear(8, 8))
+for step in range(3):
+    model(torch.randn(4, 8)).sum().backward()
+if rank == 0:
+    save_checkpoint(model)
+dist.barrier()  # ddpdoctor: barrier
+dist.destroy_process_group()
