@@ -177,6 +177,7 @@ def test_cuda_script_without_cpu_mode_fails_clearly(tmp_path: Path) -> None:
     assert job.returncode == 1
     root = job.report["findings"][0]
     assert root["kind"] == "rank_crashed" and "this script needs GPUs" in root["summary"]
+    assert root["cause"] == "no_gpu"
 
 
 @pytest.mark.timeout(240)

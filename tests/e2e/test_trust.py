@@ -23,7 +23,7 @@ def _lines(finding: dict) -> dict[int, tuple[str, int]]:
 
 ABORTS = [
     pytest.param("grad_accum_nosync.py", "rank_dependent_no_sync",
-                 {0: "sync_forward", 1: "log_loss"}, id="no_sync-count"),
+                 {0: "sync_backward", 1: "log_loss"}, id="no_sync-count"),
     pytest.param("iterable_uneven.py", "uneven_inputs", {0: "backward", 1: "metrics"},
                  id="iterable-dataset"),
     pytest.param("nan_skip.py", "rank_conditional_collective",
@@ -119,11 +119,16 @@ def test_a_model_that_differs_between_ranks_is_named(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_a_cuda_script_on_a_machine_without_gpu_is_told_to_use_cpu_mode(tmp_path: Path) -> None:
-    job = run_job(tmp_path, EXAMPLES / "ci" / "multigpu_torchrun_style.py", "--epochs", "1")
+    path = SCRIPTS / "cuda_setup.py"
+    job = run_job(tmp_path, path)
     assert job.returncode == 1
     root = _root(job)
     assert root["cause"] == "no_gpu", root
     assert "--cpu" in job.stderr
+    assert _lines(root)[0] == ("cuda_setup.py", marker_line(path, "set_device"))
+    # With --cpu the same script runs, unmodified.
+    cpu = run_job(tmp_path / "cpu", path, options=("--cpu",))
+    assert cpu.returncode == 0 and cpu.report["verdict"] == "clean", cpu.stderr[-3000:]
 
 
 @pytest.mark.timeout(120)

@@ -14,6 +14,16 @@ def collective_detail(c: Collective) -> RankDetail:
     return RankDetail.of(c, note=describe(c))
 
 
+def phase_text(s: RankState) -> str:
+    """'iteration 3', 'setup (before the first DDP forward)', or, for a rank that built no
+    DDP model, how many collectives it had issued."""
+    if s.iterations or (s.trace is not None and s.trace.ddp):
+        return iteration_text(s.iterations)
+    n = s.collectives
+    return f"its run, after {n} collective{'s' if n != 1 else ''}" if n else \
+        "its start, before any collective"
+
+
 def where_text(state: RankState) -> str:
     """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
     if state.status == rs.MISSING:
@@ -22,7 +32,7 @@ def where_text(state: RankState) -> str:
         return max_steps_text(state.max_steps)
     if state.status == rs.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
-        return f"finished its script{code} after {iteration_text(state.iterations)}"
+        return f"finished its script{code} during {phase_text(state)}"
     if state.status == rs.EXCEPTION:
         at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
         return f"raised {state.crash_text}{at}"
@@ -30,7 +40,7 @@ def where_text(state: RankState) -> str:
         return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
             else state.crash_text
     if state.status == rs.FAILED:
-        return f"{state.crash_text} after {iteration_text(state.iterations)}"
+        return f"{state.crash_text} during {phase_text(state)}"
     w = state.waiting
     if w is not None:
         return (f"is blocked in {describe(w)} ({group_text(w.group)}, #{w.seq}) at "

@@ -15,6 +15,7 @@ from ddpdoctor.analysis.details import (
     failed_in_detail,
     left_detail,
     max_steps_text,
+    phase_text,
     where_text,
 )
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
@@ -57,20 +58,10 @@ def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:
     return "; ".join(parts)
 
 
-def _phase(s: RankState) -> str:
-    """'iteration 3', 'setup (before the first DDP forward)', or, for a rank that built no
-    DDP model, how many collectives it had issued."""
-    if s.iterations or (s.trace is not None and s.trace.ddp):
-        return iteration_text(s.iterations)
-    n = s.collectives
-    return f"its run, after {n} collective{'s' if n != 1 else ''}" if n else \
-        "its start, before any collective"
-
-
 def _crash_head(ranks: list[int], s: RankState) -> str:
     """'Rank 1 raised ValueError: boom at train.py:8 in main() during iteration 2'."""
     who = rank_list(ranks).capitalize()
-    it = _phase(s) if len(ranks) == 1 else "their runs"
+    it = phase_text(s) if len(ranks) == 1 else "their runs"
     if s.status == rs.EXCEPTION:
         at = f" at {site_text(s.crash_site)}" if s.crash_site else ""
         return f"{who} raised {s.crash_text}{at} during {it}"
@@ -182,7 +173,7 @@ def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
         return []
     # A rank that never reached init_process_group is init_findings' case.
     stuck = [r for r, s in sorted(states.items()) if s.status == rs.HUNG and not s.pending
-             and (s.collectives or (s.trace is not None and s.trace.init is not None))]
+             and (s.collectives or (s.trace is not None and s.trace.init == "completed"))]
     if not stuck:
         return []
     first = states[stuck[0]]

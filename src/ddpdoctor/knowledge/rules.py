@@ -108,7 +108,9 @@ def _after_loop(d: RankDetail, rank: int, ctx: RuleContext) -> bool:
 # that the ranks' models differ (torch.distributed.utils._verify_param_shape_across_processes).
 _NO_GPU = re.compile(r"not compiled with CUDA|no CUDA GPUs are available|found no NVIDIA driver"
                      r"|ProcessGroupNCCL is only supported with GPUs|no GPUs found"
-                     r"|CUDA driver initialization failed", re.I)
+                     r"|CUDA driver initialization failed|CUDA is not available"
+                     r"|has no attribute '_cuda_"  # torch.cuda.* on a CPU-only build of torch
+                     r"|(needs|requires) (a )?GPUs?\b", re.I)
 _MODEL_MISMATCH = re.compile(r"appears not to match|DDP expects same model across all ranks",
                              re.I)
 

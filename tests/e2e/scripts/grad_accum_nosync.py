@@ -18,11 +18,11 @@ for step in range(12):
     x = torch.randn(8, 16)
     if (step + 1) % accumulate != 0:
         with model.no_sync():
-            loss = model(x).sum()  # ddpdoctor: nosync_forward
+            loss = model(x).sum()
             loss.backward()
     else:
-        loss = model(x).sum()  # ddpdoctor: sync_forward
-        loss.backward()
+        loss = model(x).sum()
+        loss.backward()  # ddpdoctor: sync_backward
         opt.step()
         opt.zero_grad()
     dist.all_reduce(loss.detach())  # ddpdoctor: log_loss
