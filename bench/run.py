@@ -264,10 +264,18 @@ def hang(rounds: int, timeout: float) -> list[Row]:
     module = importlib.import_module("hang_latency")
     values = module.measure(timeout, rounds)
     median = statistics.median(values)
-    return [Row("e", "hang to diagnosis printed", "hang timeout", timeout, median, "s",
+    rows = [Row("e", "hang to diagnosis printed", "hang timeout", timeout, median, "s",
                 "≤ timeout + 5 s", median <= timeout + 5,
                 f"+{median - timeout:.2f} s; {min(values):.2f}–{max(values):.2f} s over "
-                f"{len(values)} runs")]
+                f"{len(values)} runs; rank 0 in a barrier, rank 1 in a recv")]
+    slow = module.TIMEOUT["mismatch"]
+    values = module.measure(slow, rounds, "mismatch")
+    median = statistics.median(values)
+    rows.append(Row("e", "provable mismatch to diagnosis printed", "hang timeout", slow,
+                    median, "s", "≤ 2 s", median <= 2.0,
+                    f"{min(values):.2f}–{max(values):.2f} s over {len(values)} runs; rank 0 in "
+                    f"a barrier, rank 1 in a DDP bucket all-reduce"))
+    return rows
 
 
 # -- f: trace size --------------------------------------------------------------------------

@@ -65,6 +65,7 @@ class RankProgress:
     cpu_rate: float | None = None  # main-thread CPU share between the last two activities
     still_since: float | None = None  # the activity's place and CPU unchanged since then
     world_size: int | None = None
+    cut: bool = False  # the rank could no longer write its trace: what it does is unknown
 
     def oldest_pending(self) -> Pending | None:
         return min(self.pending.values(), key=lambda p: p.seen, default=None)
@@ -76,8 +77,9 @@ class RankProgress:
 
     @property
     def waiting(self) -> bool:
-        """In a collective: one pending and the main thread not known to be computing."""
-        if not self.pending or self.status != RUNNING:
+        """In a collective: one pending and the main thread not known to be computing. A rank
+        whose trace is cut is never known to wait, so no hang is declared while it runs."""
+        if not self.pending or self.status != RUNNING or self.cut:
             return False
         return self.fresh_activity() is None or self.cpu_rate is None or \
             self.cpu_rate < BUSY_CPU
@@ -143,6 +145,9 @@ class JobProgress:
             tail = self._tails.get(path.name)
             if tail is None:
                 tail = self._tails[path.name] = _Tail(path)
+            if tail.rank is not None and not self.ranks[tail.rank].cut and \
+                    os.path.exists(schema.cut_marker(str(path))):
+                self.ranks[tail.rank].cut = True
             for raw in tail.lines():
                 try:
                     rec = json.loads(raw)
@@ -311,6 +316,8 @@ class JobProgress:
         train.py:88', 'iteration 7', or how the rank ended."""
         if p.status != RUNNING:
             return p.status
+        if p.cut:
+            return "running, its trace cut (a write failed)"
         oldest = p.oldest_pending()
         if p.waiting and oldest is not None:
             return f"waiting {now - oldest.seen:.0f}s in {oldest.what}"

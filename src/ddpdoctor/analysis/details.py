@@ -24,6 +24,13 @@ def phase_text(s: RankState) -> str:
         "its start, before any collective"
 
 
+def _progress_text(s: RankState) -> str:
+    """'iteration 5', or for a rank that built no DDP model '4 collectives'."""
+    if s.iterations or (s.trace is not None and s.trace.ddp):
+        return iteration_text(s.iterations)
+    return f"{s.collectives} collective{'s' if s.collectives != 1 else ''}"
+
+
 def where_text(state: RankState) -> str:
     """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
     if state.status == rs.MISSING:
@@ -32,7 +39,7 @@ def where_text(state: RankState) -> str:
         return max_steps_text(state.max_steps)
     if state.status == rs.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
-        return f"finished its script{code} during {phase_text(state)}"
+        return f"finished its script{code} after {_progress_text(state)}"
     if state.status == rs.EXCEPTION:
         at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
         return f"raised {state.crash_text}{at}"

@@ -1,0 +1,139 @@
+"""The launcher's hang rules on hand-written trace lines: busy is not waiting, provable
+mismatches are called at once, a stuck rank needs its own timeout, a cut trace blinds nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ddpdoctor.progress import DEADLOCK, HANG, SETTLE, STUCK, JobProgress
+from ddpdoctor.trace import schema
+
+T0 = 1000.0
+
+
+class Rank:
+    """Appends one rank's records to its trace file, as the writer would."""
+
+    def __init__(self, folder: Path, rank: int, world: int = 2) -> None:
+        self.path = folder / f"rank-{rank}.jsonl"
+        self.rank, self.id = rank, 0
+        self.seq: dict[str, int] = {}
+        self._write({**schema.header(rank, "r", 0)},
+                    {"kind": "process_start", "rank": rank, "world_size": world, "pid": 1},
+                    {"kind": "stack", "id": 0, "frames": [{"file": "t.py", "line": 5 + rank,
+                                                           "function": "f"}]})
+
+    def _write(self, *records: dict) -> None:
+        with open(self.path, "a") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+
+    def coll(self, op: str = "all_reduce", shape: int = 4, group: str = "0") -> int:
+        self.id += 1
+        seq = self.seq[group] = self.seq.get(group, 0) + 1
+        self._write({"kind": "collective", "id": self.id, "rank": self.rank, "seq": seq,
+                     "iteration": 1, "t": T0, "state": "pending", "group": group, "op": op,
+                     "label": "user", "shapes": [[shape]], "dtypes": ["float32"],
+                     "numel": shape, "stack": 0})
+        return self.id
+
+    def done(self, *pending: int) -> None:
+        self._write({"kind": "done", "t": T0, "upto": self.id, "pending": list(pending)})
+
+    def activity(self, t: float, cpu_rate: float, function: str = "save") -> None:
+        self._write({"kind": "activity", "t": t, "quiet_since": T0, "cpu": 1.0,
+                     "cpu_rate": cpu_rate, "pending": 0,
+                     "frames": [{"file": "t.py", "line": 88, "function": function}]})
+
+
+def _job(tmp_path: Path) -> tuple[JobProgress, Rank, Rank]:
+    return JobProgress(str(tmp_path)), Rank(tmp_path, 0), Rank(tmp_path, 1)
+
+
+def test_a_busy_rank_keeps_the_job_alive(tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r0.coll(), r1.coll()
+    r0.done(), r1.done()
+    r1.coll("barrier", 0)  # rank 1 waits in a barrier; rank 0 saves a checkpoint
+    job.poll(T0)
+    r0.activity(T0 + 5, 0.0)
+    job.poll(T0 + 5)
+    for later in (T0 + 100, T0 + 1000):
+        assert job.verdict(30, None, later) is None
+    assert "busy" in job.rank_line(job.ranks[0], T0 + 100)
+    assert "save() at t.py:88" in job.rank_line(job.ranks[0], T0 + 100)
+    assert "waiting" in job.rank_line(job.ranks[1], T0 + 100)
+
+
+def test_every_rank_waiting_for_the_timeout_is_a_hang(tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r0.coll("barrier", 0)
+    r1._write({"kind": "collective", "id": 1, "rank": 1, "seq": None, "p2p_seq": 1,
+               "iteration": 1, "t": T0, "state": "pending", "group": "0", "op": "recv",
+               "label": "user", "shapes": [[1]], "dtypes": ["float32"], "numel": 1,
+               "stack": 0, "peer": 0})
+    job.poll(T0)
+    assert job.verdict(30, None, T0 + 29) is None
+    assert job.verdict(30, None, T0 + 31) == HANG
+
+
+def test_collectives_that_cannot_match_are_a_deadlock_without_the_timeout(
+        tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r0.coll("barrier", 0)
+    r1.coll("all_reduce", 740)
+    job.poll(T0)
+    # Until the watchdogs confirm that both main threads are idle, nothing is proven.
+    assert job.verdict(30, None, T0 + 1) is None
+    r0.activity(T0 + 1, 0.0, "barrier")
+    r1.activity(T0 + 1, 0.0, "backward")
+    job.poll(T0 + 1)
+    assert job.verdict(30, None, T0 + 1) is None  # held for SETTLE seconds first
+    assert job.verdict(30, None, T0 + 1.01 + SETTLE) == DEADLOCK
+
+
+def test_matching_collectives_in_flight_are_no_deadlock(tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r0.coll("all_reduce", 4)
+    r1.coll("all_reduce", 4)
+    r0.activity(T0 + 1, 0.0)
+    r1.activity(T0 + 1, 0.0)
+    job.poll(T0 + 1)
+    assert job.verdict(30, None, T0 + 5) is None
+
+
+def test_a_rank_computing_with_a_collective_pending_is_busy(tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r0.coll("barrier", 0)
+    r1.coll("all_reduce", 740)
+    r0.activity(T0 + 1, 0.0)
+    r1.activity(T0 + 1, 0.95)  # an async all-reduce in flight while it computes
+    job.poll(T0 + 1)
+    assert job.verdict(30, None, T0 + 2) is None
+    assert job.verdict(30, None, T0 + 40) is None
+
+
+def test_a_rank_idle_at_one_place_is_stuck_after_its_own_timeout(tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r1.coll("barrier", 0)
+    for k in range(1, 12):
+        r0.activity(T0 + k, 0.0, "wait_for_lock")
+        job.poll(T0 + k)
+    assert job.verdict(30, 20, T0 + 11) is None
+    assert job.verdict(30, 10, T0 + 11) == STUCK
+    assert "wait_for_lock() at t.py:88" in job.reason
+
+
+def test_a_rank_whose_trace_is_cut_is_never_taken_for_waiting(tmp_path: Path) -> None:
+    job, r0, r1 = _job(tmp_path)
+    r0.coll(), r1.coll()
+    job.poll(T0)
+    assert job.verdict(30, None, T0 + 31) == HANG
+    (tmp_path / "cut").mkdir()
+    job, r0, r1 = _job(tmp_path / "cut")
+    Path(schema.cut_marker(str(r0.path))).write_bytes(b"")
+    r0.coll(), r1.coll()
+    job.poll(T0)
+    job.poll(T0)
+    assert job.verdict(30, None, T0 + 31) is None
