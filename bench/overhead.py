@@ -34,7 +34,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpdoctor.launcher import free_port
+from ddpdoctor.launch.command import free_port
 
 HERE = Path(__file__).resolve().parent
 LOOP = HERE / "ddp_loop.py"

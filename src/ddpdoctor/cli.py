@@ -20,8 +20,8 @@ from rich.table import Table
 
 from ddpdoctor import __version__, config, doctor
 from ddpdoctor.analysis.report import Report
-from ddpdoctor.launcher import RunOptions, UsageError
-from ddpdoctor.progress import JobProgress
+from ddpdoctor.launch.monitor import JobProgress
+from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.render import console as console_report
 from ddpdoctor.render import json_report, junit, markdown
 from ddpdoctor.schedule import ScheduleError
@@ -69,25 +69,23 @@ def main_options(
         except config.ConfigError as exc:
             _fail(str(exc))
         # Options missing from the command line take their value from ddpdoctor.yaml.
-        ctx.default_map = {**(ctx.default_map or {}), **defaults}
+        ctx.default_map = {**(ctx.default_map or {}), "run": defaults.get("run", {})}
+        ctx.ensure_object(dict)["torchrun_defaults"] = defaults.get("torchrun", [])
 
 
-@app.command(context_settings={"allow_interspersed_args": False})
+RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rdzv-*, "
+              "--standalone, --master-addr/--master-port, --max-restarts, --tee, --redirects, "
+              "--log-dir, --local-ranks-filter, -m, --no-python, --run-path, ...) pass through "
+              "to torchrun unchanged, in either spelling (--nproc_per_node=2); ddpdoctor's own "
+              "options are those listed here. Defaults: --nproc-per-node is the visible GPUs, "
+              "else 2 (2 with --cpu), and a free --master-port on a single node.")
+
+
+@app.command(context_settings={"allow_interspersed_args": False}, epilog=RUN_EPILOG)
 def run(
+    ctx: typer.Context,
     script: str = typer.Argument(..., help="The training script (or module with -m)."),
     args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script."),
-    nproc_per_node: Optional[int] = typer.Option(
-        None, "--nproc-per-node", min=1,
-        help="Processes per node (default: visible GPUs, else 2; 2 with --cpu)."),
-    nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun: nodes (N or MIN:MAX)."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", min=0, help="torchrun: this node's rank."),
-    rdzv_backend: Optional[str] = typer.Option(None, "--rdzv-backend", help="torchrun: rendezvous backend."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun: rendezvous endpoint."),
-    master_addr: Optional[str] = typer.Option(None, "--master-addr", help="Master address."),
-    master_port: Optional[int] = typer.Option(
-        None, "--master-port", min=1, max=65535, help="Master port (default: a free port)."),
-    max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun: restarts."),
-    module: bool = typer.Option(False, "-m", "--module", help="SCRIPT is a module name, as python -m."),
     launcher: Launcher = typer.Option(
         Launcher.torchrun, "--launcher",
         help="torchrun, or python for scripts that start their own workers (mp.spawn)."),
@@ -135,16 +133,15 @@ def run(
 
       ddpdoctor run --nproc-per-node 2 train.py --epochs 1
 
+      ddpdoctor run --standalone --nproc_per_node=4 main.py --batch-size 32
+
       ddpdoctor run --launcher python spawn_script.py
 
       ddpdoctor run --cpu --max-steps 2 --junit junit.xml train_on_gpus.py
     """
     opts = RunOptions(
-        script=script, args=list(args or []), module=module, launcher=launcher.value,
-        nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-        rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, master_addr=master_addr,
-        master_port=master_port, max_restarts=max_restarts,
-        logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
+        script=script, args=list(args or []), torchrun_args=_torchrun_args(ctx),
+        launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
         stuck_timeout=stuck_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
         max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None,
         reports=bool(junit_out or markdown_out))
@@ -190,6 +187,12 @@ def run(
     _write_ci_reports(outcome.report, info, junit_out, markdown_out)
     _say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
+
+
+def _torchrun_args(ctx: typer.Context) -> list[str]:
+    """torchrun's options: ddpdoctor.yaml's ``torchrun`` section, then the command line's."""
+    obj = ctx.find_root().obj or {}
+    return [*obj.get("torchrun_defaults", []), *obj.get("torchrun", [])]
 
 
 def _write_ci_reports(report: Optional[Report], info: markdown.RunInfo, junit_out: Optional[Path],
@@ -299,9 +302,42 @@ def schedule_compare(
     print(f"the collective schedule matches {expected}")
 
 
+def _run_own_options() -> dict[str, bool]:
+    """``run``'s own option strings, each with whether it takes a value."""
+    command = typer.main.get_command(app)
+    own = {"-h": False, "--help": False}
+    for param in command.commands["run"].params:  # type: ignore[attr-defined]
+        if param.param_type_name == "option":
+            for opt in [*param.opts, *param.secondary_opts]:
+                own[opt] = not getattr(param, "is_flag", False)
+    return own
+
+
+def split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` for typer, and torchrun's options taken out of a ``run`` command line: typer
+    sees ddpdoctor's own options, then ``--``, the script and its arguments."""
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if at is None or argv[at] != "run":
+        return argv, []
+    from ddpdoctor.launch import torchrun
+
+    rest = argv[at + 1:]
+    if any(a in ("-h", "--help") for a in rest[:next((i for i, a in enumerate(rest)
+                                                      if not a.startswith("-")), len(rest))]):
+        return argv, []
+    parts = torchrun.split(rest, _run_own_options())
+    tail = ["--", parts.script, *parts.args] if parts.script is not None else []
+    return [*argv[:at + 1], *parts.own, *tail], parts.torchrun
+
+
 def main() -> None:
     """Console-script entry point."""
     try:
-        app()
+        argv, torchrun_args = split_run_args(sys.argv[1:])
+    except UsageError as exc:
+        _say(f"error: {exc}")
+        sys.exit(doctor.EXIT_USAGE)
+    try:
+        app(args=argv, obj={"torchrun": torchrun_args}, prog_name="ddpdoctor")
     except KeyboardInterrupt:
         sys.exit(doctor.EXIT_INTERRUPTED)

@@ -1,7 +1,9 @@
 """``ddpdoctor.yaml``: defaults for ``ddpdoctor run`` options, read from the working directory.
 
-The file holds one mapping, ``run``, whose keys are ``run``'s long options without the dashes
-(``hang-timeout`` or ``hang_timeout``); options given on the command line win::
+The file holds up to two mappings. ``run``: ``run``'s own long options without the dashes
+(``hang-timeout`` or ``hang_timeout``); ``torchrun``: torchrun options, passed to torchrun
+before those of the command line (``true`` for a flag; torchrun's parser checks them when the
+job starts). Options given on the command line win::
 
     # ddpdoctor.yaml
     run:
@@ -9,6 +11,9 @@ The file holds one mapping, ``run``, whose keys are ``run``'s long options witho
       max-steps: 2
       hang-timeout: 20
       junit: ddpdoctor-junit.xml
+    torchrun:
+      nproc-per-node: 4
+      standalone: true
 
 Unknown keys, values of the wrong type and malformed YAML are refused with one line naming
 the file and the key (``ddpdoctor`` then exits with code 2). Read with ``yaml.safe_load``.
@@ -23,19 +28,10 @@ from typing import Any
 from ddpdoctor import yamlfile
 
 FILENAME = "ddpdoctor.yaml"
-SECTIONS = ("run",)
+SECTIONS = ("run", "torchrun")
 
 # Option (as spelled on the command line, without "--") -> (parameter name, value type).
 RUN_OPTIONS: dict[str, tuple[str, str]] = {
-    "nproc-per-node": ("nproc_per_node", "int"),
-    "nnodes": ("nnodes", "str"),
-    "node-rank": ("node_rank", "int"),
-    "rdzv-backend": ("rdzv_backend", "str"),
-    "rdzv-endpoint": ("rdzv_endpoint", "str"),
-    "master-addr": ("master_addr", "str"),
-    "master-port": ("master_port", "int"),
-    "max-restarts": ("max_restarts", "int"),
-    "module": ("module", "bool"),
     "launcher": ("launcher", "launcher"),
     "logdir": ("logdir", "str"),
     "backend": ("backend", "str"),
@@ -52,8 +48,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
 }
 LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).
-MINIMUM: dict[str, float] = {"nproc-per-node": 1, "node-rank": 0, "master-port": 1,
-                             "max-restarts": 0, "hang-timeout": 0.5, "stuck-timeout": 0.5,
+MINIMUM: dict[str, float] = {"hang-timeout": 0.5, "stuck-timeout": 0.5,
                              "grace": 0.0, "max-steps": 1, "max-trace-mb": 0.0}
 
 
@@ -88,8 +83,26 @@ def _convert(value: Any, kind: str, where: str) -> Any:
     raise ConfigError(f"{where} must be a string, not {value!r}")
 
 
-def parse(text: str, source: str = FILENAME) -> dict[str, dict[str, Any]]:
-    """Validate a config document; returns ``{"run": {parameter name: value}}``."""
+def _torchrun_tokens(body: dict, source: str) -> list[str]:
+    """The ``torchrun`` section as command-line tokens: ``--key value``, ``--key`` for true."""
+    tokens: list[str] = []
+    for raw_key, value in body.items():
+        key = str(raw_key).lstrip("-")
+        where = f"{source}: torchrun.{raw_key}"
+        if value is None or value is False:
+            continue
+        if value is True:
+            tokens.append(f"--{key}")
+        elif isinstance(value, (str, int, float)):
+            tokens += [f"--{key}", str(value)]
+        else:
+            raise ConfigError(f"{where} must be a string, a number or true, not {value!r}")
+    return tokens
+
+
+def parse(text: str, source: str = FILENAME) -> dict[str, Any]:
+    """Validate a config document; returns ``{"run": {parameter name: value}, "torchrun":
+    [tokens]}`` (sections that are present)."""
     try:
         data = yamlfile.load(text, source)
     except ValueError as exc:
@@ -99,7 +112,7 @@ def parse(text: str, source: str = FILENAME) -> dict[str, dict[str, Any]]:
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with a 'run' section, e.g. "
                           f"'run: {{cpu: true}}'")
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Any] = {}
     for section, body in data.items():
         if section not in SECTIONS:
             raise ConfigError(f"{source}: unknown key '{section}'"
@@ -108,6 +121,9 @@ def parse(text: str, source: str = FILENAME) -> dict[str, dict[str, Any]]:
             continue
         if not isinstance(body, dict):
             raise ConfigError(f"{source}: '{section}' must be a mapping of option: value")
+        if section == "torchrun":
+            out[section] = _torchrun_tokens(body, source)
+            continue
         values: dict[str, Any] = {}
         known = list(RUN_OPTIONS)
         for raw_key, value in body.items():
@@ -128,7 +144,7 @@ def parse(text: str, source: str = FILENAME) -> dict[str, dict[str, Any]]:
     return out
 
 
-def load(directory: str | Path | None = None) -> dict[str, dict[str, Any]]:
+def load(directory: str | Path | None = None) -> dict[str, Any]:
     """Read ``ddpdoctor.yaml`` from ``directory`` (the working directory); {} without one."""
     path = Path(directory or Path.cwd()) / FILENAME
     if not path.is_file():

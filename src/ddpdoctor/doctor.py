@@ -25,16 +25,10 @@ from pathlib import Path
 from ddpdoctor import schedule
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis.report import UNTESTED, Report
-from ddpdoctor.launcher import (
-    JobResult,
-    RunOptions,
-    UsageError,
-    check_options,
-    check_script,
-    make_logdir,
-    run_job,
-)
-from ddpdoctor.progress import JobProgress
+from ddpdoctor.launch.command import make_logdir
+from ddpdoctor.launch.job import JobResult, run_job
+from ddpdoctor.launch.monitor import JobProgress
+from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
 from ddpdoctor.trace.model import Run
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ddpdoctor.launcher import free_port
+from ddpdoctor.launch.command import free_port
 from ddpdoctor.trace.reader import read_rank
 
 from .jobs import EXAMPLES, REPO, SCRIPTS, BackgroundJob, ddpdoctor, run_job

@@ -11,6 +11,12 @@ from ddpdoctor.cli import app
 from ddpdoctor.config import ConfigError
 
 
+def test_torchrun_section_gives_torchrun_tokens() -> None:
+    got = config.parse("torchrun:\n  nproc-per-node: 4\n  standalone: true\n"
+                       "  no_python: false\n  rdzv_id: abc\n")
+    assert got == {"torchrun": ["--nproc-per-node", "4", "--standalone", "--rdzv_id", "abc"]}
+
+
 def test_run_section_gives_parameter_values_in_either_spelling() -> None:
     got = config.parse("run:\n  cpu: true\n  max-steps: 2\n  hang_timeout: 20\n"
                        "  --json: r.json\n  launcher: python\n  junit: j.xml\n")
@@ -24,7 +30,8 @@ def test_run_section_gives_parameter_values_in_either_spelling() -> None:
     ("run:\n  hang_timout: 3\n", "unknown key 'run.hang_timout' (did you mean 'hang-timeout'?)"),
     ("runn: {cpu: true}\n", "unknown key 'runn' (did you mean 'run'?)"),
     ("diff: {}\n", "unknown key 'diff'"),
-    ("run:\n  zzz: 1\n", "unknown key 'run.zzz' (known: nproc-per-node"),
+    ("run:\n  zzz: 1\n", "unknown key 'run.zzz' (known: launcher"),
+    ("torchrun:\n  nnodes: [1]\n", "torchrun.nnodes must be a string, a number or true"),
     ("run:\n  hang-timeout: abc\n", "run.hang-timeout must be a number, not 'abc'"),
     ("run:\n  max-steps: 2.5\n", "run.max-steps must be an integer"),
     ("run:\n  max-steps: true\n", "run.max-steps must be an integer"),

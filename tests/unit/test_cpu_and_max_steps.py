@@ -9,7 +9,8 @@ import pytest
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis import finding as fk
-from ddpdoctor.launcher import RunOptions, UsageError, build_command, build_env, check_options
+from ddpdoctor.launch.command import build_command, build_env
+from ddpdoctor.launch.options import RunOptions, UsageError, check_options
 from ddpdoctor.runtime import cpu_mode, env, max_steps
 from ddpdoctor.trace import schema
 
@@ -59,7 +60,7 @@ def test_cpu_sets_gloo_cpu_mode_two_processes_and_hides_gpus(tmp_path: Path) -> 
     assert environ[env.MAX_STEPS] == "2" and float(environ[env.STOP_TIMEOUT]) == 4.0
     cmd = build_command(opts)
     assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
-    opts4 = RunOptions(script="train.py", cpu=True, nproc_per_node=4)
+    opts4 = RunOptions(script="train.py", cpu=True, torchrun_args=["--nproc_per_node=4"])
     assert build_env(opts4, tmp_path, "run")[env.CPU_DEVICES] == "4"
     plain = build_env(RunOptions(script="train.py"), tmp_path, "run")
     assert env.CPU not in plain and env.MAX_STEPS not in plain

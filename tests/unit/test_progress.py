@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpdoctor.progress import DEADLOCK, HANG, SETTLE, STUCK, JobProgress
+from ddpdoctor.launch.monitor import DEADLOCK, HANG, SETTLE, STUCK, JobProgress
 from ddpdoctor.trace import schema
 
 T0 = 1000.0

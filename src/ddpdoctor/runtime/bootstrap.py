@@ -19,6 +19,7 @@ from typing import Any
 
 from ddpdoctor.runtime import env
 from ddpdoctor.runtime.recorder import Recorder
+from ddpdoctor.trace import schema
 
 _recorder: Recorder | None = None
 
@@ -153,7 +154,7 @@ def boot() -> None:
     os.register_at_fork(after_in_child=_after_fork_in_child)
     if not faulthandler.is_enabled():
         try:
-            path = os.path.join(logdir, f"fault-{os.getpid()}.txt")
+            path = os.path.join(logdir, schema.fault_file(os.getpid()))
             faulthandler.enable(open(path, "a"))  # noqa: SIM115 - must stay open
         except OSError:
             pass

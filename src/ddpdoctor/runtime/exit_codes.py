@@ -18,13 +18,14 @@ import json
 import os
 from typing import Any
 
-FILE_PREFIX = "exits-"
+from ddpdoctor.trace import schema
+
 
 
 def _write(logdir: str, codes: dict[int, int]) -> None:
     if not codes:
         return
-    path = os.path.join(logdir, f"{FILE_PREFIX}{os.getpid()}.json")
+    path = os.path.join(logdir, f"{schema.EXITS_PREFIX}{os.getpid()}.json")
     try:
         with open(path, encoding="utf-8") as fh:
             known = json.load(fh).get("exit_codes", {})

@@ -27,15 +27,10 @@ from typing import Any
 
 from ddpdoctor.trace import schema
 
-REQUEST_FILE = "hang-request.json"
 POLL_SECONDS = 0.2
 QUIET_SECONDS = 0.5  # no collective issued for this long: the rank may be outside collectives
 ACTIVITY_SECONDS = 1.0  # then an activity record this often
 USER_FRAMES = 3
-
-
-def ack_file(rank: int) -> str:
-    return f"hang-ack-{rank}"
 
 
 def thread_stacks() -> list[dict]:
@@ -74,8 +69,8 @@ class Watchdog:
 
     def __init__(self, recorder: Any, logdir: str, rank: int) -> None:
         self._recorder = recorder
-        self._request = os.path.join(logdir, REQUEST_FILE)
-        self._ack = os.path.join(logdir, ack_file(rank))
+        self._request = os.path.join(logdir, schema.HANG_REQUEST)
+        self._ack = os.path.join(logdir, schema.hang_ack(rank))
         self._library = _library_dirs()
         self._next_activity = 0.0
         self._cpu: deque[tuple[float, float]] = deque(maxlen=6)  # (time, CPU): the last second

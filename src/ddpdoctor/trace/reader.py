@@ -247,7 +247,7 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
     by torchrun's agent or the spawning script), else the signal of a faulthandler file."""
     by_pid: dict[int, int] = {}
     for folder in folders:
-        for path in sorted(folder.glob("exits-*.json")):
+        for path in sorted(folder.glob(f"{schema.EXITS_PREFIX}*.json")):
             for pid, code in (_small_json(path).get("exit_codes") or {}).items():
                 if str(pid).isdigit() and isinstance(code, int) and not isinstance(code, bool):
                     by_pid[int(pid)] = code
@@ -258,7 +258,7 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
             continue
         code = by_pid.get(pid)
         if code is None:
-            code = fault_signal(Path(trace.path).parent / f"fault-{pid}.txt")
+            code = fault_signal(Path(trace.path).parent / schema.fault_file(pid))
         if code is not None:
             codes[rank] = code
     return codes
@@ -267,7 +267,7 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
 def _stop(folders: set[Path]) -> tuple[str | None, str]:
     """Why ddpdoctor's launcher stopped the job (``job.json``): hang, deadlock or stuck."""
     for folder in folders:
-        job = _small_json(folder / "job.json")
+        job = _small_json(folder / schema.JOB_FILE)
         stopped = job.get("stopped")
         if isinstance(stopped, str):
             return stopped, str(job.get("reason", ""))

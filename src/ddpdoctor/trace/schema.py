@@ -50,9 +50,26 @@ TRACE_GLOB = "rank-*.jsonl"
 CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full disk)
 
 
+
+# The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
+JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
+EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
+HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence
+
+
 def cut_marker(trace_path: str) -> str:
     """Path of the marker a rank leaves when it could no longer write ``trace_path``."""
     return trace_path + CUT_SUFFIX
+
+
+def hang_ack(rank: int) -> str:
+    """The file a rank creates once it has written its hang evidence."""
+    return f"hang-ack-{rank}"
+
+
+def fault_file(pid: int) -> str:
+    """Python's faulthandler output of process ``pid`` (a fatal signal's Python stack)."""
+    return f"fault-{pid}.txt"
 
 
 def trace_filename(rank: int, attempt: int = 0) -> str:

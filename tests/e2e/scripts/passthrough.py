@@ -6,7 +6,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.launcher import free_port
+from ddpdoctor.launch.command import free_port
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                         world_size=1)

@@ -333,9 +333,3 @@ class JobProgress:
         parts = [f"r{r}: {self.ranks[r].completed} done, {self.rank_line(self.ranks[r], now)}"
                  for r in sorted(self.ranks)]
         return "; ".join(parts) or "waiting for ranks to start"
-
-
-def hang_request_path(logdir: str) -> str:
-    from ddpdoctor.runtime.watchdog import REQUEST_FILE
-
-    return os.path.join(logdir, REQUEST_FILE)

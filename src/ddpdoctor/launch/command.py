@@ -1,0 +1,134 @@
+"""The job's command line, its environment and its log folder.
+
+The command is torchrun (``python -m torch.distributed.run`` with the user's torchrun options,
+verbatim) or, for scripts that start their own workers with ``mp.spawn``, plain ``python``.
+Injection is a ``sitecustomize`` directory put first on ``PYTHONPATH``, so every Python process
+of the job, however started, loads the runtime.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from ddpdoctor.launch.options import RunOptions, UsageError
+from ddpdoctor.runtime import env as rank_env
+from ddpdoctor.trace import schema
+
+INJECT_DIR = str(Path(__file__).resolve().parents[1] / "runtime" / "inject")
+DEFAULT_LOG_ROOT = "ddpdoctor-logs"
+
+
+def default_nproc() -> int:
+    """Visible GPUs (without importing torch), else 2."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        if count:
+            return count
+    try:
+        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        count = 0
+    return count or 2
+
+
+def nproc(opts: RunOptions) -> int:
+    """Processes per node: as asked (a number), else 2 in CPU mode, else the visible GPUs
+    (or 2)."""
+    if opts.launcher == "torchrun" and (opts.torchrun.given("nproc_per_node")
+                                        or os.environ.get("PET_NPROC_PER_NODE")):
+        asked = opts.torchrun.nproc_per_node
+        if asked:
+            return asked
+    return 2 if opts.cpu else default_nproc()
+
+
+def stop_timeout(opts: RunOptions) -> float:
+    """How long a rank stopped by ``--max-steps`` waits for the others: half the hang timeout.
+
+    A peer that does not come is blocked elsewhere (the ranks diverged); once the stopped rank
+    has left, that peer's collective fails with a lost connection well before the hang
+    timeout, and the job ends as a divergence (exit 1) within seconds rather than as a hang.
+    """
+    return opts.hang_timeout / 2
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def make_logdir(requested: str | None) -> Path:
+    """Create the log folder (readable by the user only)."""
+    if requested:
+        path = Path(requested)
+    else:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = Path(DEFAULT_LOG_ROOT) / f"{stamp}-{os.getpid()}"
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)
+        probe = path / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot use log folder {path}: {exc.strerror or exc}") from None
+    if any(path.glob(schema.TRACE_GLOB)):
+        raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
+    return path.resolve()
+
+
+def run_id(opts: RunOptions) -> str:
+    """The id every trace of the run carries: shared by the nodes of a multi-node job."""
+    shared = opts.torchrun.run_id() if opts.launcher == "torchrun" else None
+    return shared or secrets.token_hex(8)
+
+
+def build_command(opts: RunOptions) -> list[str]:
+    """The job's command line: torchrun with the user's options (and ddpdoctor's defaults for
+    the processes per node and a free port), or plain python."""
+    if opts.launcher == "python":
+        target = ["-m", opts.script] if opts.module else [opts.script]
+        return [sys.executable, *target, *opts.args]
+    tr = opts.torchrun
+    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    if not (tr.given("nproc_per_node") or os.environ.get("PET_NPROC_PER_NODE")):
+        cmd += ["--nproc-per-node", str(nproc(opts))]
+    single = tr.nnodes_max <= 1
+    if single and not (tr.given("master_port") or tr.given("rdzv_endpoint")
+                       or tr.values.standalone):
+        cmd += ["--master-port", str(free_port())]
+    return cmd + list(opts.torchrun_args) + [opts.script, *opts.args]
+
+
+def build_env(opts: RunOptions, logdir: Path, run: str) -> dict[str, str]:
+    """The job's environment: the user's plus the injection and the ranks' configuration."""
+    environ = dict(os.environ)
+    path = environ.get("PYTHONPATH")
+    environ["PYTHONPATH"] = INJECT_DIR + (os.pathsep + path if path else "")
+    environ[rank_env.LOGDIR] = str(logdir)
+    environ[rank_env.RUN_ID] = run
+    environ[rank_env.LAUNCHER] = opts.launcher
+    environ[rank_env.LAUNCHER_PID] = str(os.getpid())
+    if opts.backend:
+        environ[rank_env.BACKEND] = opts.backend
+    if opts.cpu:
+        environ[rank_env.CPU] = "1"
+        environ[rank_env.BACKEND] = "gloo"
+        environ[rank_env.CPU_DEVICES] = str(nproc(opts))
+        environ["CUDA_VISIBLE_DEVICES"] = ""  # torch itself must not find a GPU either
+    if opts.max_trace_mb is not None:
+        environ[rank_env.MAX_TRACE_MB] = f"{opts.max_trace_mb:g}"
+    if opts.max_steps is not None:
+        environ[rank_env.MAX_STEPS] = str(opts.max_steps)
+        environ[rank_env.STOP_TIMEOUT] = f"{stop_timeout(opts):g}"
+    if opts.launcher == "python":
+        environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        environ.setdefault("MASTER_PORT", str(free_port()))
+    return environ

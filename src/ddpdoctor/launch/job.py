@@ -1,0 +1,151 @@
+"""Runs the user's job, watches it, and stops it on a hang; never leaves a process behind.
+
+While the job runs the launcher tails the traces (:mod:`ddpdoctor.launch.monitor`); when a
+hang rule fires it asks every rank for its stacks (the ``hang-request.json`` handshake of
+:mod:`ddpdoctor.trace.schema`), waits briefly for the answers, then ends every process of the
+job. At the end it writes ``job.json``: why it stopped the job, for ``diff`` to read later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ddpdoctor.launch import proctree
+from ddpdoctor.launch.command import build_command, build_env, run_id
+from ddpdoctor.launch.monitor import JobProgress
+from ddpdoctor.launch.options import RunOptions, UsageError
+from ddpdoctor.trace import schema
+
+
+@dataclass
+class JobResult:
+    """How the job ended."""
+
+    exit_code: int
+    logdir: str
+    duration: float
+    hang: bool = False
+    stop: str | None = None  # why the job was stopped: hang, deadlock or stuck (progress.py)
+    reason: str = ""  # the same, in words
+    interrupted: bool = False
+    killed: list[int] = field(default_factory=list)
+    acks: list[int] = field(default_factory=list)
+
+
+class _Signals:
+    """Turns SIGINT/SIGTERM of ddpdoctor into a flag the watch loop acts on."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.received = signum
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def run_job(opts: RunOptions, logdir: Path,
+            on_status: Callable[[JobProgress, str], None] | None = None) -> JobResult:
+    """Run the job to its end, or stop it on a hang or a signal; never leaves a process."""
+    cmd = build_command(opts)
+    environ = build_env(opts, logdir, run_id(opts))
+    proctree.become_subreaper()
+    progress = JobProgress(str(logdir))
+    started = time.time()
+    result = JobResult(exit_code=0, logdir=str(logdir), duration=0.0)
+    with _Signals() as signals:
+        try:
+            proc = subprocess.Popen(cmd, env=environ)
+        except OSError as exc:
+            raise UsageError(f"cannot start {cmd[0]}: {exc.strerror}") from None
+        next_status = started + opts.status_every
+        while proc.poll() is None:
+            time.sleep(0.2)
+            now = time.time()
+            progress.poll(now)
+            if signals.received is not None:
+                result.interrupted = True
+                break
+            verdict = progress.verdict(opts.hang_timeout, opts.stuck_timeout, now)
+            if verdict is not None:
+                result.hang, result.stop, result.reason = True, verdict, progress.reason
+                if on_status:
+                    on_status(progress, "hang")
+                result.acks = _collect_evidence(logdir, progress, proc)
+                break
+            if on_status and now >= next_status:
+                on_status(progress, "status")
+                next_status = now + opts.status_every
+        if proc.poll() is None:
+            result.killed = _stop(proc, opts)
+        try:
+            proc.wait(timeout=opts.grace + 5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # Workers that outlived their parent (re-parented to us): end them too.
+        leftovers = proctree.descendants(os.getpid())
+        if leftovers:
+            result.killed += proctree.terminate(leftovers, 1.0)
+        proctree.reap()
+    progress.poll()
+    result.exit_code = proc.returncode
+    result.duration = time.time() - started
+    write_job_record(logdir, result)
+    return result
+
+
+def write_job_record(logdir: Path, result: JobResult) -> None:
+    """What only the launcher knows, for ``diff`` to read later: why it stopped the job."""
+    record = {"stopped": result.stop, "reason": result.reason,
+              "interrupted": result.interrupted, "exit_code": result.exit_code}
+    try:
+        with open(os.open(logdir / schema.JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                  "w", encoding="utf-8") as fh:
+            json.dump(record, fh)
+    except OSError:
+        pass
+
+
+def _stop(proc: subprocess.Popen, opts: RunOptions) -> list[int]:
+    """End the job: the ranks get SIGTERM, then SIGKILL after the grace period.
+
+    torchrun's agent is ours, not the user's: it is killed outright, so that it does not print
+    its own traceback over the diagnosis; its workers live in their own sessions and are
+    re-parented to us, found through the snapshot taken first.
+    """
+    workers = proctree.descendants(proc.pid)
+    if opts.launcher == "torchrun":
+        proctree.signal_all([proc.pid], signal.SIGKILL)
+        return proctree.terminate(workers, opts.grace, exclude=proc.pid)
+    return proctree.terminate([proc.pid, *workers], opts.grace, exclude=proc.pid)
+
+
+def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Popen,
+                      wait: float = 5.0) -> list[int]:
+    """Ask every rank for its stacks and wait for their answers; returns the ranks that did."""
+    with open(os.open(logdir / schema.HANG_REQUEST, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
+        fh.write(f'{{"t": {time.time()}}}\n')
+    expected = [r for r, p in progress.ranks.items() if p.status == "running"]
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        acked = [r for r in expected if (logdir / schema.hang_ack(r)).exists()]
+        if len(acked) == len(expected) or proc.poll() is not None:
+            return acked
+        time.sleep(0.05)
+    return [r for r in expected if (logdir / schema.hang_ack(r)).exists()]

@@ -1,0 +1,145 @@
+"""torchrun's command line, read with torchrun's own parser.
+
+``ddpdoctor run`` takes torchrun's options exactly as torchrun does — both spellings
+(``--nproc-per-node`` / ``--nproc_per_node``), ``=`` or a separate value, every option a
+torch release adds — because it asks ``torch.distributed.run.get_args_parser()`` which options
+exist and whether they take a value, then lets that parser read them. ddpdoctor's own options
+(``--logdir``, ``--hang-timeout``, ...) are told apart by name; none of them is a torchrun
+option. The tokens reach torchrun verbatim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ddpdoctor.launch.options import UsageError
+
+
+@lru_cache(maxsize=1)
+def parser() -> argparse.ArgumentParser:
+    """torchrun's argument parser, made to raise :class:`UsageError` instead of exiting."""
+    from torch.distributed.run import get_args_parser
+
+    p = get_args_parser()
+
+    def error(message: str) -> None:
+        raise UsageError(f"torchrun: {message}")
+
+    p.error = error  # type: ignore[method-assign]
+    return p
+
+
+def _takes_value(action: argparse.Action) -> bool:
+    return action.nargs != 0
+
+
+@dataclass
+class Split:
+    """``ddpdoctor run``'s arguments, sorted: ddpdoctor's own options, torchrun's, the script
+    and the script's arguments (``script`` None when there is none)."""
+
+    own: list[str] = field(default_factory=list)
+    torchrun: list[str] = field(default_factory=list)
+    script: str | None = None
+    args: list[str] = field(default_factory=list)
+
+
+def split(argv: list[str], own: dict[str, bool]) -> Split:
+    """Sort ``argv`` (what follows ``ddpdoctor run``); ``own`` maps each of ddpdoctor's option
+    strings to whether it takes a value. The first argument that is neither an option nor an
+    option's value is the script; everything after it belongs to the script."""
+    actions = parser()._option_string_actions
+    out = Split()
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            if i + 1 < len(argv):
+                out.script, out.args = argv[i + 1], argv[i + 2:]
+            return out
+        name, eq, _ = token.partition("=")
+        if name in own:
+            out.own.append(token)
+            if own[name] and not eq and i + 1 < len(argv):
+                out.own.append(argv[i + 1])
+                i += 1
+        elif token.startswith("-") and len(token) > 1:
+            action = actions.get(name)
+            if action is None and not name.startswith("--") and name[:2] in actions:
+                action = actions[name[:2]]  # a short option with its value attached: -r3
+                eq = "=" if len(name) > 2 else eq
+            if action is None:
+                raise UsageError(f"unknown option {name}: neither ddpdoctor's nor torchrun's "
+                                 f"(ddpdoctor run --help lists ddpdoctor's; torchrun --help "
+                                 f"torchrun's)")
+            out.torchrun.append(token)
+            if _takes_value(action) and not eq and i + 1 < len(argv):
+                out.torchrun.append(argv[i + 1])
+                i += 1
+        else:
+            out.script, out.args = token, argv[i + 1:]
+            return out
+        i += 1
+    return out
+
+
+@dataclass
+class Torchrun:
+    """torchrun's options as given (``tokens``, passed on verbatim) and as torchrun reads them
+    (``values``, with torchrun's defaults and its ``PET_*`` environment variables)."""
+
+    tokens: list[str]
+    values: argparse.Namespace
+
+    def given(self, dest: str) -> bool:
+        """Whether the command line sets option ``dest`` (either spelling)."""
+        actions = parser()._option_string_actions
+        for token in self.tokens:
+            name = token.partition("=")[0]
+            action = actions.get(name) or (actions.get(name[:2]) if not name.startswith("--")
+                                           else None)
+            if action is not None and action.dest == dest:
+                return True
+        return False
+
+    @property
+    def module(self) -> bool:
+        return bool(self.values.module)
+
+    @property
+    def no_python(self) -> bool:
+        return bool(self.values.no_python)
+
+    @property
+    def nnodes_max(self) -> int:
+        """The largest number of nodes ``--nnodes`` allows (``N`` or ``MIN:MAX``)."""
+        text = str(self.values.nnodes or "1")
+        try:
+            return int(text.split(":")[-1])
+        except ValueError:
+            return 1
+
+    @property
+    def nproc_per_node(self) -> int | None:
+        """Processes per node when given as a number (torchrun also takes auto, cpu, gpu)."""
+        value = str(self.values.nproc_per_node or "")
+        return int(value) if value.isdigit() else None
+
+    def run_id(self) -> str | None:
+        """An id every node of a multi-node job computes alike (from the rendezvous), so the
+        traces of all nodes are recognised as one run; None on a single node."""
+        if self.nnodes_max <= 1:
+            return None
+        v = self.values
+        where = v.rdzv_endpoint or f"{v.master_addr}:{v.master_port}"
+        key = f"{v.rdzv_backend}|{where}|{v.rdzv_id}|{v.nnodes}"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def read(tokens: list[str], script: str, args: list[str]) -> Torchrun:
+    """torchrun's reading of ``tokens`` followed by the script (raises :class:`UsageError`)."""
+    values = parser().parse_args([*tokens, script, *args])
+    return Torchrun(list(tokens), values)

@@ -1,0 +1,73 @@
+"""torchrun's command line after ``ddpdoctor run``: read with torchrun's own parser, passed on
+verbatim, ddpdoctor's own options told apart (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddpdoctor.cli import split_run_args
+from ddpdoctor.launch import torchrun
+from ddpdoctor.launch.command import build_command
+from ddpdoctor.launch.options import RunOptions, UsageError, check_options
+
+LINES = [
+    # pytorch/examples distributed/ddp-tutorial-series/run_example.sh
+    ("--nnodes=1 --nproc_per_node=2 --rdzv_id=101 --rdzv_endpoint=localhost:5972 example.py",
+     ["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101", "--rdzv_endpoint=localhost:5972"],
+     "example.py", []),
+    # pytorch/examples distributed/minGPT-ddp/run_example.sh
+    ("--standalone --nproc_per_node=16 main.py", ["--standalone", "--nproc_per_node=16"],
+     "main.py", []),
+    ("--nproc-per-node auto --rdzv-conf timeout=60 --tee 3 --redirects 3 --log-dir /tmp/tl "
+     "--local-ranks-filter 0 --monitor-interval 0.5 --local-addr 127.0.0.1 t.py 50 10",
+     ["--nproc-per-node", "auto", "--rdzv-conf", "timeout=60", "--tee", "3", "--redirects",
+      "3", "--log-dir", "/tmp/tl", "--local-ranks-filter", "0", "--monitor-interval", "0.5",
+      "--local-addr", "127.0.0.1"], "t.py", ["50", "10"]),
+    ("-r3 -t3 --no-python python t.py", ["-r3", "-t3", "--no-python"], "python", ["t.py"]),
+    ("--run-path t.py --hang-timeout 9", ["--run-path"], "t.py", ["--hang-timeout", "9"]),
+]
+
+
+@pytest.mark.parametrize("line, tokens, script, args", LINES)
+def test_torchrun_lines_are_sorted_from_ddpdoctors_options(line: str, tokens: list[str],
+                                                           script: str, args: list[str]) -> None:
+    argv = ["run", "--hang-timeout", "7", "--cpu", *line.split()]
+    typer_argv, torchrun_args = split_run_args(argv)
+    assert torchrun_args == tokens
+    assert typer_argv == ["run", "--hang-timeout", "7", "--cpu", "--", script, *args]
+    read = torchrun.read(torchrun_args, script, args)
+    assert read.values.training_script == script
+
+
+def test_the_command_passes_torchrun_options_through_and_adds_only_defaults() -> None:
+    opts = RunOptions(script="main.py", torchrun_args=["--standalone", "--nproc_per_node=3"])
+    check_options(opts)
+    cmd = build_command(opts)
+    assert cmd[3:] == ["--standalone", "--nproc_per_node=3", "main.py"]
+    plain = build_command(RunOptions(script="t.py", args=["--lr", "1"]))
+    assert plain[3] == "--nproc-per-node" and "--master-port" in plain
+    assert plain[-3:] == ["t.py", "--lr", "1"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--nprocs-per-node", "2", "t.py"], "unknown option --nprocs-per-node"),
+    (["run", "--nproc-per-node", "zero", "t.py"], "--nproc-per-node must be a number"),
+    (["run", "--launcher", "python", "--standalone", "t.py"], "no meaning with --launcher"),
+])
+def test_bad_torchrun_options_are_one_line_usage_errors(argv: list[str], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        typer_argv, tokens = split_run_args(argv)
+        launcher = "python" if "python" in argv else "torchrun"
+        check_options(RunOptions(script="t.py", torchrun_args=tokens, launcher=launcher))
+
+
+def test_the_nodes_of_a_multi_node_job_share_one_run_id() -> None:
+    def run_id(node: int) -> str | None:
+        return torchrun.read(["--nnodes=2", f"--node-rank={node}", "--master-addr=10.0.0.1",
+                              "--master-port=29400"], "t.py", []).run_id()
+
+    assert run_id(0) == run_id(1) is not None
+    assert torchrun.read(["--nproc-per-node=2"], "t.py", []).run_id() is None
+    c10d = [torchrun.read(["--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1",
+                           "--rdzv-id=job7"], "t.py", []).run_id() for _ in range(2)]
+    assert c10d[0] == c10d[1] is not None
