@@ -35,6 +35,8 @@ def where_text(state: RankState) -> str:
     """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
     if state.status == rs.MISSING:
         return "left no trace"
+    if state.status == rs.REMOTE:
+        return "ran on another node (its log folder was not given)"
     if state.status == rs.FINISHED and state.max_steps is not None:
         return max_steps_text(state.max_steps)
     if state.status == rs.FINISHED:
@@ -67,8 +69,8 @@ def max_steps_text(steps: int) -> str:
 def elsewhere_detail(state: RankState) -> RankDetail:
     """A rank that did not issue the collective in question: where it was instead."""
     d = RankDetail(rank=state.rank, iteration=state.iterations, note=where_text(state))
-    if state.status == rs.MISSING:
-        d.state = "no trace"
+    if state.status in (rs.MISSING, rs.REMOTE):
+        d.state = "no trace" if state.status == rs.MISSING else "other node"
         return d
     if state.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED):
         d.state = state.status

@@ -98,6 +98,11 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
 
 def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
     notes = list(run.notes)
+    remote = [r for r, s in states.items() if s.status == rs.REMOTE]
+    if remote:
+        notes.append(f"{rank_list(remote)} ran on other nodes of this {run.nnodes}-node job; "
+                     f"this report covers the ranks here: `ddpdoctor diff` with every node's "
+                     f"log folder compares them all")
     for r, s in states.items():
         if s.status == rs.MISSING:
             notes.append(f"rank {r}: no trace file: the rank never started, or its node's "
@@ -127,7 +132,8 @@ def diagnose(run: Run) -> Report:
     """Diagnose a loaded run: what diverged or crashed first, where on each rank, and why."""
     states = rank_states(run)
     alignment = align(run)
-    cut = {r for r, s in states.items() if s.cut}
+    # Findings that rest on records a cut trace, or another node's folder, does not hold.
+    cut = {r for r, s in states.items() if s.cut or s.status == rs.REMOTE}
     found = [f for f in collect_findings(run, alignment, states)
              if not (cut and _beyond_cut(f, cut))]
     findings = order(found, states)

@@ -25,6 +25,7 @@ KILLED = "killed"
 HUNG = "hung"
 UNFINISHED = "unfinished"
 MISSING = "missing"
+REMOTE = "remote"  # no trace here, in a job of several nodes: its node's folder was not given
 
 PENDING_WINDOW = 1024
 
@@ -142,6 +143,9 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
                user_files: set[str] | None = None) -> RankState:
     """Judge one rank; ``user_files`` helps find the user's line in an exception."""
     code = run.exit_codes.get(rank)
+    if trace is None and run.nnodes > 1:
+        return RankState(rank, None, REMOTE, exit_code=code,
+                         crash_text="on another node (its log folder was not given)")
     if trace is None:
         return RankState(rank, None, MISSING, exit_code=code,
                          crash_text="no trace (the rank never started, or its file is missing)")

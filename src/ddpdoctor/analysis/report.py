@@ -71,7 +71,7 @@ class Report:
     @property
     def all_finished(self) -> bool:
         """Every rank of the world ran its script to the end (teardown aborts aside)."""
-        return bool(self.ranks) and all(r.status == rs.FINISHED for r in self.ranks)
+        return bool(self.ranks) and all(r.status in (rs.FINISHED, rs.REMOTE) for r in self.ranks)
 
 
 def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
@@ -83,6 +83,7 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
     if not any(s.collectives for s in states.values()) and \
             not any(s.trace is not None and s.trace.init == "completed" for s in states.values()):
         return UNTESTED
-    if any(s.status != rs.FINISHED or s.cut for s in states.values()):
+    if any((s.status != rs.FINISHED and s.status != rs.REMOTE) or s.cut
+           for s in states.values()):
         return INCOMPLETE
     return CLEAN

@@ -24,6 +24,9 @@ from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.trace import schema
 
 
+MULTI_NODE_LINGER = 3.0  # seconds a node waits after its evidence before stopping its ranks
+
+
 @dataclass
 class JobResult:
     """How the job ended."""
@@ -37,6 +40,7 @@ class JobResult:
     interrupted: bool = False
     killed: list[int] = field(default_factory=list)
     acks: list[int] = field(default_factory=list)
+    nnodes: int = 1  # nodes of the job (torchrun's --nnodes, its maximum)
 
 
 class _Signals:
@@ -67,7 +71,8 @@ def run_job(opts: RunOptions, logdir: Path,
     proctree.become_subreaper()
     progress = JobProgress(str(logdir))
     started = time.time()
-    result = JobResult(exit_code=0, logdir=str(logdir), duration=0.0)
+    result = JobResult(exit_code=0, logdir=str(logdir), duration=0.0,
+                       nnodes=opts.torchrun.nnodes_max if opts.launcher == "torchrun" else 1)
     with _Signals() as signals:
         try:
             proc = subprocess.Popen(cmd, env=environ)
@@ -87,6 +92,11 @@ def run_job(opts: RunOptions, logdir: Path,
                 if on_status:
                     on_status(progress, "hang")
                 result.acks = _collect_evidence(logdir, progress, proc)
+                if result.nnodes > 1:
+                    # The other nodes see the same state a moment later (the store is read
+                    # once a second): let them collect their ranks' stacks before this node's
+                    # ranks go and theirs fail on the lost connection.
+                    time.sleep(MULTI_NODE_LINGER)
                 break
             if on_status and now >= next_status:
                 on_status(progress, "status")
@@ -113,7 +123,8 @@ def run_job(opts: RunOptions, logdir: Path,
 def write_job_record(logdir: Path, result: JobResult) -> None:
     """What only the launcher knows, for ``diff`` to read later: why it stopped the job."""
     record = {"stopped": result.stop, "reason": result.reason,
-              "interrupted": result.interrupted, "exit_code": result.exit_code}
+              "interrupted": result.interrupted, "exit_code": result.exit_code,
+              "nnodes": result.nnodes}
     try:
         with open(os.open(logdir / schema.JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                   "w", encoding="utf-8") as fh:
@@ -141,7 +152,7 @@ def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Pope
     """Ask every rank for its stacks and wait for their answers; returns the ranks that did."""
     with open(os.open(logdir / schema.HANG_REQUEST, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
         fh.write(f'{{"t": {time.time()}}}\n')
-    expected = [r for r, p in progress.ranks.items() if p.status == "running"]
+    expected = [r for r, p in progress.ranks.items() if p.status == "running" and not p.remote]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         acked = [r for r in expected if (logdir / schema.hang_ack(r)).exists()]

@@ -16,6 +16,10 @@ rules, applied by :meth:`JobProgress.verdict`:
   for the timeout;
 * **stuck** — a live rank outside collectives has stayed at the same place in user code
   without using CPU for ``stuck_timeout`` seconds.
+
+In a job of several nodes the ranks of the other nodes are known from the ``peers`` records
+that local rank 0 copies from the job's c10d store (:mod:`ddpdoctor.runtime.peers`), so every
+node's launcher applies the rules to the whole world.
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ class RankProgress:
     still_since: float | None = None  # the activity's place and CPU unchanged since then
     world_size: int | None = None
     cut: bool = False  # the rank could no longer write its trace: what it does is unknown
+    remote: bool = False  # on another node: known from the peers records of local ranks
 
     def oldest_pending(self) -> Pending | None:
         return min(self.pending.values(), key=lambda p: p.seen, default=None)
@@ -160,7 +165,9 @@ class JobProgress:
                         tail.rank = int(rec.get("rank", -1))
                     except (TypeError, ValueError):
                         continue
-                    self.ranks.setdefault(tail.rank, RankProgress(tail.rank, last_progress=now))
+                    prog = self.ranks.setdefault(tail.rank,
+                                                 RankProgress(tail.rank, last_progress=now))
+                    prog.remote = False
                 elif tail.rank is not None:
                     try:
                         self._apply(self.ranks[tail.rank], tail, rec, now)
@@ -202,6 +209,9 @@ class JobProgress:
                 prog.world_size = rec["world_size"]
         elif kind == schema.ACTIVITY:
             self._activity(prog, rec)
+        elif kind == schema.PEERS:
+            for key, state in (rec.get("ranks") or {}).items():
+                self._peer(int(key), state, now)
         elif kind == schema.INIT:
             # Waiting in init_process_group counts as waiting in a collective (key 0).
             if rec.get("state") == schema.PENDING:
@@ -213,6 +223,42 @@ class JobProgress:
         elif kind == schema.EXIT:
             prog.status = str(rec.get("status", "finished"))
             prog.pending.clear()
+
+    def _peer(self, rank: int, state: dict, now: float) -> None:
+        """A rank of another node, as its last summary in the store describes it."""
+        prog = self.ranks.get(rank)
+        if prog is None:
+            prog = self.ranks[rank] = RankProgress(rank, last_progress=now, remote=True)
+        if not prog.remote:
+            return  # a local rank: its own trace is the better source
+        status = str(state.get("status", RUNNING))
+        prog.status = status
+        prog.iteration = int(state.get("iteration") or prog.iteration)
+        if isinstance(state.get("world_size"), int):
+            prog.world_size = state["world_size"]
+        completed = int(state.get("completed") or 0)
+        if completed > prog.completed:
+            prog.completed, prog.last_progress = completed, now
+        prog.issued = {str(g): int(q) for g, q in (state.get("issued") or {}).items()}
+        pending: dict[int, Pending] = {}
+        for item in state.get("pending") or []:
+            site = item.get("site")
+            c = Collective(rank=rank, id=int(item["id"]), group=str(item["group"]),
+                           seq=item.get("seq"), op=str(item["op"]),
+                           label=str(item.get("label", "user")), shapes=item.get("shapes", []),
+                           dtypes=item.get("dtypes", []), numel=int(item.get("numel", 0)),
+                           reduce_op=item.get("reduce_op"), root=item.get("root"),
+                           peer=item.get("peer"),
+                           stack=[Site(str(site[0]), int(site[1]), str(site[2]))] if site else [])
+            old = prog.pending.get(c.id)
+            pending[c.id] = Pending(old.seen if old else now, f"{c.op} ({c.label})"
+                                    + _site_text(c), c)
+        prog.pending = pending
+        activity = state.get("activity")
+        prog.activity = activity if isinstance(activity, dict) else None
+        prog.last_issue = 0.0  # the summary's activity is already the one after the last op
+        rate = (prog.activity or {}).get("cpu_rate")
+        prog.cpu_rate = float(rate) if isinstance(rate, (int, float)) else None
 
     @staticmethod
     def _complete(prog: RankProgress, now: float) -> None:

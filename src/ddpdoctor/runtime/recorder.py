@@ -48,6 +48,18 @@ class Recorder:
         self.exit_code: int | None = None
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
+    @property
+    def world_size(self) -> int | None:
+        value = os.environ.get("WORLD_SIZE", "")
+        return int(value) if value.isdigit() else None
+
+    def status(self) -> str:
+        """running, or how the rank ended (its exit record's status)."""
+        if not self._closed:
+            return "running"
+        return getattr(self, "_exit_status", None) or (
+            schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
+
     def set_internal_dirs(self, dirs: list[str]) -> None:
         """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
         self.labeler = StackLabeler(dirs)

@@ -25,11 +25,13 @@ import traceback
 from collections import deque
 from typing import Any
 
+from ddpdoctor.runtime import peers
 from ddpdoctor.trace import schema
 
 POLL_SECONDS = 0.2
 QUIET_SECONDS = 0.5  # no collective issued for this long: the rank may be outside collectives
 ACTIVITY_SECONDS = 1.0  # then an activity record this often
+PEERS_SECONDS = 1.0  # a multi-node job shares every rank's state this often
 USER_FRAMES = 3
 
 
@@ -74,14 +76,29 @@ class Watchdog:
         self._library = _library_dirs()
         self._next_activity = 0.0
         self._cpu: deque[tuple[float, float]] = deque(maxlen=6)  # (time, CPU): the last second
+        self._last_activity: dict | None = None
+        self._peers: peers.Peers | None = None
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-watchdog", daemon=True)
         self._thread.start()
+        if peers.multi_node():
+            # Its own thread: a store that stops answering must not hold up the hang evidence.
+            threading.Thread(target=self._share_loop, name="ddpdoctor-peers",
+                             daemon=True).start()
+
+    def _share_loop(self) -> None:
+        while not os.path.exists(self._request):
+            time.sleep(PEERS_SECONDS)
+            try:
+                self._share(time.time())
+            except Exception:  # the store is gone (a node ended): the traces remain
+                pass
 
     def _run(self) -> None:
         while not os.path.exists(self._request):
             time.sleep(POLL_SECONDS)
+            now = time.time()
             try:
-                self._activity(time.time())
+                self._activity(now)
             except Exception:  # what the rank is doing is enrichment; never stop the watch
                 pass
         try:
@@ -106,11 +123,26 @@ class Watchdog:
             return
         (t0, c0), (t1, c1) = self._cpu[0], self._cpu[-1]
         frame = sys._current_frames().get(threading.main_thread().ident)
-        self._recorder.emit({"kind": schema.ACTIVITY, "t": round(now, 3),
-                             "quiet_since": round(quiet_since, 3), "cpu": cpu,
-                             "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
-                             "pending": len(writer.pending()),
-                             "frames": self.user_frames(frame)})
+        record = {"kind": schema.ACTIVITY, "t": round(now, 3),
+                  "quiet_since": round(quiet_since, 3), "cpu": cpu,
+                  "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
+                  "pending": len(writer.pending()), "frames": self.user_frames(frame)}
+        self._last_activity = record
+        self._recorder.emit(record)
+
+    def _share(self, now: float) -> None:
+        """Multi-node jobs: publish this rank's state; local rank 0 records everyone's."""
+        if self._peers is None:
+            self._peers = peers.connect(self._recorder)
+            if self._peers is None:
+                return
+        activity = self._last_activity
+        if activity is not None and activity["t"] < self._recorder.last_issue:
+            activity = None
+        self._peers.publish(peers.summary(self._recorder, now, activity))
+        if self._peers.reader:
+            self._recorder.emit({"kind": schema.PEERS, "t": round(now, 3),
+                                 "ranks": self._peers.others()})
 
     def user_frames(self, frame: Any) -> list[dict]:
         """The innermost :data:`USER_FRAMES` frames of user code, innermost first (the

@@ -77,6 +77,8 @@ class TraceWriter:
         self.interval = interval
         self.failed = False  # a write failed: the trace is cut from there on
         self._next_id = 0
+        self.issued: dict[str, int] = {}  # group -> highest seq written
+        self.completed = 0  # collectives known to have completed
         self._pending: list[CollectiveRecord] = []
         self._last_write = time.monotonic()
         self._stacks: dict[tuple, int] = {}
@@ -99,6 +101,8 @@ class TraceWriter:
             self._next_id += 1
             rec.id = self._next_id
             self._pending.append(rec)
+            if rec.seq is not None:
+                self.issued[rec.group] = rec.seq
             self._encode_collective(rec, lines)
             if lines:
                 self._write_lines(lines)
@@ -154,6 +158,7 @@ class TraceWriter:
                 still.append(rec)
                 continue
             changed = True
+            self.completed += 1
             if state != schema.COMPLETED:
                 lines.append(json.dumps({"kind": schema.STATE, "id": rec.id, "state": state,
                                          "t": round(now, 6)}))

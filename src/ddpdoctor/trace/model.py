@@ -126,6 +126,7 @@ class Run:
     stopped_for_hang: bool = False
     stop: str | None = None
     stop_reason: str = ""
+    nnodes: int = 1  # nodes of the job: a rank without a trace may be on another node
 
     @property
     def missing_ranks(self) -> list[int]:

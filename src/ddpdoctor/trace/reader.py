@@ -209,7 +209,7 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
             trace.warnings.append(str(rec.get("message", "")))
         elif kind == schema.INIT:
             trace.init = str(rec.get("state"))
-        elif kind in (schema.PROGRESS, schema.HEADER):
+        elif kind in (schema.PROGRESS, schema.HEADER, schema.PEERS):
             pass
         else:
             return False  # unknown kinds of this version are damage; newer versions are refused
@@ -264,14 +264,18 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
     return codes
 
 
-def _stop(folders: set[Path]) -> tuple[str | None, str]:
-    """Why ddpdoctor's launcher stopped the job (``job.json``): hang, deadlock or stuck."""
-    for folder in folders:
+def _job_records(folders: set[Path]) -> tuple[str | None, str, int]:
+    """What the launchers wrote (``job.json``): why one stopped the job (hang, deadlock or
+    stuck) and the number of nodes of the job."""
+    stop, reason, nnodes = None, "", 1
+    for folder in sorted(folders):
         job = _small_json(folder / schema.JOB_FILE)
         stopped = job.get("stopped")
-        if isinstance(stopped, str):
-            return stopped, str(job.get("reason", ""))
-    return None, ""
+        if isinstance(stopped, str) and stop is None:
+            stop, reason = stopped, str(job.get("reason", ""))
+        if isinstance(job.get("nnodes"), int) and not isinstance(job.get("nnodes"), bool):
+            nnodes = max(nnodes, job["nnodes"])
+    return stop, reason, nnodes
 
 
 def _ranks_text(ranks: list[int]) -> str:
@@ -324,7 +328,7 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
     folders = {f.parent for f in files}
-    stop, reason = _stop(folders)
+    stop, reason, nnodes = _job_records(folders)
     return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files], notes=notes,
                exit_codes=_exit_codes(ranks, folders), stopped_for_hang=stop is not None,
-               stop=stop, stop_reason=reason)
+               stop=stop, stop_reason=reason, nnodes=nnodes)

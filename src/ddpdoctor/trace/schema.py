@@ -34,6 +34,7 @@ REPEAT = "repeat"  # a run of collectives that repeat the static part of earlier
 INIT = "init"  # init_process_group entered (state pending) and left (completed / failed)
 DONE = "done"  # every collective with id <= upto completed, except those listed as pending
 ACTIVITY = "activity"  # the rank is outside collectives: where its main thread is, its CPU
+PEERS = "peers"  # several nodes: every rank's state, read from the job's c10d store
 
 # Collective states.
 PENDING = "pending"

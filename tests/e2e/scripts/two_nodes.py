@@ -1,0 +1,35 @@
+"""A job for two ``ddpdoctor run --nnodes 2`` processes on one machine (one rank per node).
+
+``--mode healthy``: a few DDP steps. ``--mode mismatch``: then rank 0 (node 0) enters a
+barrier while rank 1 (node 1) runs another training step. ``--mode busy``: then rank 1 saves a
+checkpoint for ``--seconds`` while rank 0 waits in a barrier (busy, not hung).
+"""
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", choices=["healthy", "mismatch", "busy"], required=True)
+parser.add_argument("--seconds", type=float, default=6.0)
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(nn.Linear(16, 16))
+for step in range(3):
+    model(torch.randn(4, 16)).sum().backward()  # ddpdoctor: step
+if args.mode == "mismatch":
+    if rank == 0:
+        dist.barrier()  # ddpdoctor: barrier
+    else:
+        model(torch.randn(4, 16)).sum().backward()  # ddpdoctor: extra_step
+elif args.mode == "busy":
+    if rank == 1:
+        time.sleep(args.seconds)  # ddpdoctor: checkpoint
+    dist.barrier()
+dist.destroy_process_group()

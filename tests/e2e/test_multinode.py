@@ -1,0 +1,100 @@
+"""Two nodes on one machine: two ``ddpdoctor run --nnodes 2`` processes, one rank each, with
+static and c10d rendezvous: one run id, merged ``diff``, and hang detection over both nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.launch.command import free_port
+
+from .jobs import REPO, SCRIPTS, kill_job_processes, marker_line
+
+SCRIPT = SCRIPTS / "two_nodes.py"
+
+
+def _rendezvous(kind: str, port: int) -> list[str]:
+    if kind == "static":
+        return ["--master-addr", "127.0.0.1", "--master-port", str(port)]
+    return ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", "two-node-test"]
+
+
+def _two_nodes(tmp_path: Path, kind: str, mode: str, hang_timeout: float = 60,
+               extra: tuple = ()) -> list[tuple[subprocess.CompletedProcess, Path, dict]]:
+    port = free_port()
+    procs = []
+    for node in (0, 1):
+        logdir = tmp_path / f"node{node}"
+        cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir),
+               "--json", str(tmp_path / f"report{node}.json"), "--grace", "2",
+               "--hang-timeout", str(hang_timeout), "--nnodes", "2", "--node-rank", str(node),
+               "--nproc-per-node", "1", *_rendezvous(kind, port), str(SCRIPT), "--mode", mode,
+               *extra]
+        procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, cwd=REPO, stdin=subprocess.DEVNULL), logdir))
+    out = []
+    try:
+        for proc, logdir in procs:
+            stdout, stderr = proc.communicate(timeout=100)
+            out.append((subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
+                        logdir))
+    finally:
+        for proc, logdir in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        leftovers = [pid for _, logdir in procs for pid in kill_job_processes(logdir)]
+    assert not leftovers, f"processes outlived ddpdoctor: {leftovers}"
+    return [(p, d, json.loads((tmp_path / f"report{i}.json").read_text()))
+            for i, (p, d) in enumerate(out)]
+
+
+def _diff(*folders: Path) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "diff", "--json",
+                           *map(str, folders)], capture_output=True, text=True, cwd=REPO,
+                          timeout=60)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["static", "c10d"])
+def test_a_healthy_two_node_job_is_clean_per_node_and_merged(tmp_path: Path, kind: str) -> None:
+    nodes = _two_nodes(tmp_path, kind, "healthy")
+    for proc, _, report in nodes:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert report["verdict"] == "clean", report
+        assert "ran on other nodes" in " ".join(report["notes"])
+    code, merged = _diff(nodes[0][1], nodes[1][1])
+    assert code == 0 and merged["verdict"] == "clean"
+    assert {r["status"] for r in merged["ranks"].values()} == {"finished"}
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["static", "c10d"])
+def test_a_mismatch_across_nodes_is_caught_by_both_nodes(tmp_path: Path, kind: str) -> None:
+    nodes = _two_nodes(tmp_path, kind, "mismatch", hang_timeout=60)
+    for proc, logdir, report in nodes:
+        assert proc.returncode == 3, proc.stderr[-3000:]
+        assert "can never match" in proc.stderr
+    # Each node collected its own rank's stack; merged, the folders give the diagnosis.
+    code, merged = _diff(nodes[0][1], nodes[1][1])
+    assert code == 1
+    root = merged["findings"][0]
+    lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
+    assert lines == {0: marker_line(SCRIPT, "barrier"), 1: marker_line(SCRIPT, "extra_step")}
+    stacks = {int(r): s["hang_stack"] for r, s in merged["ranks"].items()}
+    assert stacks[0] and stacks[1]
+
+
+@pytest.mark.timeout(150)
+def test_a_rank_busy_on_the_other_node_keeps_the_job_alive(tmp_path: Path) -> None:
+    nodes = _two_nodes(tmp_path, "static", "busy", hang_timeout=2.5,
+                       extra=("--seconds", "7.5"))
+    for proc, _, report in nodes:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "hang detected" not in proc.stderr
