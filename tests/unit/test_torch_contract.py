@@ -1,7 +1,8 @@
 """The torch behaviours the recorder relies on, checked against the installed torch.
 
 If one of these fails on a new torch release, the recorder's labels or hooks need updating
-(and ``torch_hooks.SUPPORTED`` widened only then).
+(and ``torch_hooks.VERIFIED`` widened only then). ``scripts/torch-matrix`` runs this file on
+every release of the verified range.
 """
 
 from __future__ import annotations
@@ -32,16 +33,18 @@ def test_every_label_rule_names_a_function_that_exists(rule: tuple) -> None:
         assert text in body
 
 
-def test_installed_torch_is_supported() -> None:
+def test_installed_torch_is_verified_and_has_what_the_recorder_needs() -> None:
     assert torch_hooks.supported(torch.__version__)
-    assert not torch_hooks.supported("2.12.1")
-    assert not torch_hooks.supported("3.0.0")
+    assert torch_hooks.contract_problems() == []
+    assert torch_hooks.supported("2.6.0") and torch_hooks.supported("2.15.0+cu128")
+    assert not torch_hooks.supported("2.5.1") and not torch_hooks.supported("3.0.0")
 
 
 def test_c10d_returns_a_python_process_group_from_a_backend_creator() -> None:
     # _new_process_group_helper keeps a ProcessGroup subclass returned by a plugin's creator.
     source = inspect.getsource(dist.distributed_c10d._new_process_group_helper)
-    assert "issubclass(type(backend_class), ProcessGroup)" in source
+    assert ("issubclass(type(backend_class), ProcessGroup)" in source  # torch <= 2.14
+            or "isinstance(backend_class, ProcessGroup)" in source)  # torch 2.15
 
 
 def test_python_process_group_methods_the_recorder_overrides_exist() -> None:

@@ -11,8 +11,11 @@
 * with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
   ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
 
-Each of these relies on a torch behaviour that ``tests/e2e/test_torch_contract.py`` checks. On a
-torch outside :data:`SUPPORTED` nothing is patched: one warning, and the job runs untouched.
+Each of these relies on a torch behaviour that :func:`contract_problems` checks at start-up
+(and ``tests/unit/test_torch_contract.py`` in more depth). Torch releases in :data:`VERIFIED`
+passed the test suite (``scripts/torch-matrix``); on another release ddpdoctor warns once and
+records all the same, unless the start-up check finds a behaviour missing: then nothing is
+patched, one warning says which, and the job runs untouched.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any, Callable
 from ddpdoctor.runtime import env, max_steps
 from ddpdoctor.runtime.recorder import Recorder
 
-SUPPORTED = ("2.13.",)
+VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite passed on
 PLUGIN = "ddpdoctor"
 _GLOO_NAMES = ("gloo", "cpu:gloo", "cpu:gloo,cuda:gloo", "cuda:gloo,cpu:gloo")
 
@@ -34,13 +37,59 @@ _recorder: Recorder | None = None
 _backend_override: str | None = None
 
 
+def minor(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a torch version string such as ``2.13.0+cpu``."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
 def supported(version: str) -> bool:
-    """Whether the recorder knows this torch version's internals."""
-    return version.startswith(SUPPORTED)
+    """Whether this torch release is in the verified range (:data:`VERIFIED`)."""
+    found = minor(version)
+    return found is not None and VERIFIED[0] <= found <= VERIFIED[1]
+
+
+def contract_problems() -> list[str]:
+    """The torch behaviours the recorder relies on that this torch lacks (empty: all there)."""
+    import importlib
+    import inspect
+
+    import torch.distributed as dist
+
+    problems = []
+    if not dist.is_available():
+        return ["torch.distributed is not available"]
+    c10d = dist.distributed_c10d
+    checks = {
+        "Backend.register_backend(extended_api=)": "extended_api" in inspect.signature(
+            dist.Backend.register_backend).parameters,
+        "ProcessGroup._register_backend": hasattr(dist.ProcessGroup, "_register_backend"),
+        "ProcessGroup._set_default_backend": hasattr(dist.ProcessGroup, "_set_default_backend"),
+        "distributed_c10d._world.pg_map": hasattr(getattr(c10d, "_world", None), "pg_map"),
+        "distributed_c10d._get_default_group": hasattr(c10d, "_get_default_group"),
+        "ProcessGroupGloo": hasattr(dist, "ProcessGroupGloo"),
+    }
+    from torch.nn.parallel import distributed as ddp_mod
+
+    checks["DistributedDataParallel._pre_forward"] = hasattr(
+        ddp_mod.DistributedDataParallel, "_pre_forward")
+    checks["_DDPJoinHook.main_hook"] = hasattr(getattr(ddp_mod, "_DDPJoinHook", None),
+                                               "main_hook")
+    spawn = importlib.import_module("torch.multiprocessing.spawn")
+    checks["multiprocessing.spawn._wrap(fn, i, args, error_file)"] = list(
+        inspect.signature(spawn._wrap).parameters) == ["fn", "i", "args", "error_file"]
+    for name, ok in checks.items():
+        if not ok:
+            problems.append(name)
+    return problems
 
 
 def install(recorder: Recorder, backend_override: str | None) -> bool:
-    """Patch torch for recording; returns False (after one warning) on an unsupported torch."""
+    """Patch torch for recording; returns False (after one warning) when this torch lacks a
+    behaviour the recorder needs."""
     global _recorder, _backend_override
     import torch
 
@@ -49,11 +98,15 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
         from ddpdoctor.runtime import cpu_mode
 
         cpu_mode.install()
-    if not supported(torch.__version__):
-        sys.stderr.write(f"ddpdoctor: torch {torch.__version__} is not supported by the recorder "
-                         f"(supported: {', '.join(s + 'x' for s in SUPPORTED)}); the job runs "
-                         f"without recording\n")
+    problems = contract_problems()
+    if problems:
+        sys.stderr.write(f"ddpdoctor: torch {torch.__version__} lacks what the recorder needs "
+                         f"({', '.join(problems)}); the job runs without recording\n")
         return False
+    if not supported(torch.__version__) and os.environ.get("RANK", "0") == "0":
+        low, high = (".".join(map(str, v)) for v in VERIFIED)
+        sys.stderr.write(f"ddpdoctor: torch {torch.__version__} is outside the verified range "
+                         f"({low} to {high}); recording anyway\n")
     _recorder = recorder
     _backend_override = backend_override
     recorder.set_internal_dirs(list(_internal_prefixes()))
