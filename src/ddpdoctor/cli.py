@@ -122,6 +122,12 @@ def run(
         None, "--max-trace-mb", min=0.0,
         help="For long jobs: after this many MB per rank, write only what breaks the rank's "
              "repeating pattern (the first divergence is never lost; docs/trace-format.md)."),
+    flight_recorder: bool = typer.Option(
+        False, "--flight-recorder",
+        help="Keep the collectives with PyTorch's flight recorder instead of ddpdoctor's own "
+             "recording (always so for NCCL groups, which ddpdoctor does not record yet); every "
+             "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
+             "reduce op or root."),
     expect_schedule: Optional[Path] = typer.Option(
         None, "--expect-schedule",
         help="Fail (exit 1) when the run's collective schedule differs from this file "
@@ -144,7 +150,7 @@ def run(
         launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
         stuck_timeout=stuck_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
         max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None,
-        reports=bool(junit_out or markdown_out))
+        reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder)
     try:
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:

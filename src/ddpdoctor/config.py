@@ -45,6 +45,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "junit": ("junit_out", "str"),
     "markdown": ("markdown_out", "str"),
     "expect-schedule": ("expect_schedule", "str"),
+    "flight-recorder": ("flight_recorder", "bool"),
 }
 LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).

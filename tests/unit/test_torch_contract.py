@@ -14,14 +14,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.runtime import labels, torch_hooks
+from ddpdoctor.runtime import torch_hooks
+from ddpdoctor.trace import ddp_sites
 
 
 def _module_file(suffix: str) -> str:
     return os.path.join(os.path.dirname(torch.__file__), *suffix.split("/"))
 
 
-@pytest.mark.parametrize("rule", labels._RULES, ids=lambda r: f"{r[1]}->{r[3]}")
+@pytest.mark.parametrize("rule", ddp_sites.RULES, ids=lambda r: f"{r[1]}->{r[3]}")
 def test_every_label_rule_names_a_function_that_exists(rule: tuple) -> None:
     suffix, function, text, _label, _prio = rule
     path = _module_file(suffix)

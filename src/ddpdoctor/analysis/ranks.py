@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import incomplete, stacks_of
-from ddpdoctor.trace.model import Collective, RankTrace, Run, Site
+from ddpdoctor.trace.model import Collective, RankTrace, Run, Site, is_internal_file
 
 FINISHED = "finished"
 EXCEPTION = "exception"
@@ -36,11 +36,7 @@ _COMM_TEXT = re.compile(
     r"|detected at least one rank that exhausted|socket timeout|watchdog caught collective"
     r"|econnreset|econnrefused|connection refused|collective operation timeout", re.I)
 _SOURCE_TAG = re.compile(r"^\[[^\]]*:\d+\]\s*")
-_INTERNAL_FILE = re.compile(
-    r"[/\\](site|dist)-packages[/\\]"
-    r"|[/\\]ddpdoctor[/\\](runtime|trace|analysis)[/\\]"
-    r"|[/\\]torch[/\\](distributed|nn|autograd|multiprocessing|utils|_tensor\.py)"
-    r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
+
 
 
 @dataclass
@@ -78,12 +74,6 @@ class RankState:
     def where(self) -> Collective | None:
         """Where the rank was left: the collective it waits in, else its last one."""
         return self.waiting or self.last
-
-
-def is_internal_file(path: str) -> bool:
-    """Whether ``path`` is not the user's own code: torch, ddpdoctor, an installed library or
-    the Python standard library."""
-    return bool(_INTERNAL_FILE.search(path))
 
 
 def is_comm_error(exc: dict) -> bool:

@@ -11,22 +11,22 @@ from collections.abc import Iterable
 
 from ddpdoctor.trace.model import Collective, Site
 
-# What each recorder label means; "{it}" is the iteration phrase, "{b}" the bucket index.
+# What each recorder label means; "{it}" is " of <the iteration phrase>", "{b}" " <bucket>".
 _LABELS: dict[str, str] = {
     "ddp.init": "a DDP construction collective",
     "ddp.init.verify_params": "DDP construction: the parameter-shape check",
     "ddp.init.sync_params": "DDP construction: the parameter and buffer broadcast from rank 0",
-    "ddp.buffers": "the DDP buffer broadcast of {it}",
-    "ddp.bucket": "DDP gradient bucket {b} of {it}",
-    "ddp.unused_params": "the DDP unused-parameter all-reduce of {it}",
-    "ddp.rebuild_buckets": "the DDP bucket-rebuild broadcast of {it}",
-    "syncbn": "a SyncBatchNorm collective of {it}",
-    "join.notify": "the join 'still training' all-reduce of {it}",
-    "join.grad_sync": "the join gradient-sync check of {it}",
+    "ddp.buffers": "the DDP buffer broadcast{it}",
+    "ddp.bucket": "DDP gradient bucket{b}{it}",
+    "ddp.unused_params": "the DDP unused-parameter all-reduce{it}",
+    "ddp.rebuild_buckets": "the DDP bucket-rebuild broadcast{it}",
+    "syncbn": "a SyncBatchNorm collective{it}",
+    "join.notify": "the join 'still training' all-reduce{it}",
+    "join.grad_sync": "the join gradient-sync check{it}",
     "join.num_nonjoined": "the join all-reduce counting the ranks still training, from a rank "
                           "that has joined",
     "join.terminate": "the join early-termination notice",
-    "join.shadow_bucket": "the join shadow of gradient bucket {b}, from a rank that has joined",
+    "join.shadow_bucket": "the join shadow of gradient bucket{b}, from a rank that has joined",
     "join.unused_params": "the join shadow of the unused-parameter all-reduce, from a rank that "
                           "has joined",
     "join.final_model": "the join final-model broadcast",
@@ -64,8 +64,9 @@ def describe(c: Collective) -> str:
         name = c.api or c.op
         inner = f" (its {c.op})" if c.api and c.api != c.op else ""
         return f"user {name}(){inner}"
-    bucket = "?" if c.bucket is None else str(c.bucket)
-    return template.format(it=iteration_text(c.iteration), b=bucket)
+    # Without a recorded iteration or bucket (a flight-recorder dump) the phrase says less.
+    return template.format(it="" if c.iteration is None else f" of {iteration_text(c.iteration)}",
+                           b="" if c.bucket is None else f" {c.bucket}")
 
 
 def tensor_text(shapes: list[list[int]], dtypes: list[str]) -> str:

@@ -58,6 +58,13 @@ class RuleContext:
             found = self._group_sites[key] = self.alignment.site_keys(rank, group=group)
         return found
 
+    def bucket_count(self, group: str, rank: int) -> int:
+        """How many DDP gradient-bucket all-reduces ``rank`` issued in ``group``."""
+        trace = self.run.ranks.get(rank)
+        if trace is None:
+            return 0
+        return sum(1 for c in trace.collectives if c.group == group and c.label == "ddp.bucket")
+
     def ddp_flags(self) -> dict:
         """The first recorded DDP construction's flags (broadcast_buffers, ...), or {}."""
         for trace in self.run.ranks.values():
@@ -287,6 +294,12 @@ def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
                 return None  # a collective inside the loop body: rank-conditional, not uneven
         if short and all(ctx.states[o].iterations < longest for o in short):
             return [f"DDP iterations per rank: {_counts(set(ddp) | set(short), ctx)}"]
+        if short and f.group is not None and all(d.iteration is None for d in ddp.values()):
+            # No iterations recorded (a flight-recorder dump): count the gradient all-reduces.
+            counts = {r: ctx.bucket_count(f.group, r) for r in set(ddp) | set(short)}
+            if min(counts[r] for r in ddp) > max(counts[o] for o in short):
+                return ["DDP gradient all-reduces per rank: " + ", ".join(
+                    f"rank {r}: {n}" for r, n in sorted(counts.items()))]
         if not short and len({d.iteration for d in ddp.values()}) > 1:
             return ["the ranks were in different DDP iterations at this collective"]
         return None

@@ -118,6 +118,8 @@ def build_env(opts: RunOptions, logdir: Path, run: str) -> dict[str, str]:
     environ[rank_env.LAUNCHER_PID] = str(os.getpid())
     if opts.backend:
         environ[rank_env.BACKEND] = opts.backend
+    if opts.flight_recorder:
+        environ[rank_env.FLIGHT_RECORDER] = "1"
     if opts.cpu:
         environ[rank_env.CPU] = "1"
         environ[rank_env.BACKEND] = "gloo"

@@ -182,6 +182,7 @@ class JobProgress:
             prog.iteration = c.iteration or prog.iteration
             prog.last_issue = now
             prog.still_since = None
+            prog.pending.pop(-1, None)
             if c.seq is not None:
                 prog.issued[c.group] = max(prog.issued.get(c.group, 0), c.seq)
             if c.state == schema.PENDING:
@@ -223,6 +224,14 @@ class JobProgress:
         elif kind == schema.EXIT:
             prog.status = str(rec.get("status", "finished"))
             prog.pending.clear()
+
+    @staticmethod
+    def _place_of(rec: dict) -> str:
+        frames = rec.get("frames") or []
+        if not frames or not isinstance(frames[0], dict):
+            return ""
+        f = frames[0]
+        return f" at {Path(str(f.get('file', '?'))).name}:{f.get('line', '?')}"
 
     def _peer(self, rank: int, state: dict, now: float) -> None:
         """A rank of another node, as its last summary in the store describes it."""
@@ -269,6 +278,14 @@ class JobProgress:
     def _activity(prog: RankProgress, rec: dict) -> None:
         previous = prog.activity
         prog.activity = rec
+        # A rank whose collectives ddpdoctor does not record (flight-recorder mode, NCCL) is
+        # known to wait in one only from where its main thread is: key -1 stands for it.
+        if rec.get("in_collective") and not rec.get("pending") and 0 not in prog.pending:
+            where = JobProgress._place_of(rec)
+            prog.pending.setdefault(-1, Pending(float(rec.get("quiet_since", 0.0)),
+                                                f"a collective it called{where}"))
+        elif not rec.get("in_collective"):
+            prog.pending.pop(-1, None)
         cpu, t = rec.get("cpu"), float(rec.get("t", 0.0))
         rate = rec.get("cpu_rate")
         prog.cpu_rate = float(rate) if isinstance(rate, (int, float)) else None

@@ -35,6 +35,7 @@ class RunOptions:
     max_trace_mb: float | None = None  # per-rank trace size after which only what breaks
     # the rank's pattern is written (runtime/trace_cap.py; CLI --max-trace-mb)
     reports: bool = False  # --junit or --markdown: the run is a CI check
+    flight_recorder: bool = False  # PyTorch's flight recorder instead of ddpdoctor's recorder
     _torchrun: Torchrun | None = field(default=None, repr=False)
 
     @property

@@ -10,3 +10,4 @@ STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the
 MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"  # after this many MB a trace keeps only what breaks the pattern
 LAUNCHER = "DDPDOCTOR_LAUNCHER"  # torchrun | python: how the job's top process starts workers
 LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is the top process
+FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder, not ddpdoctor's

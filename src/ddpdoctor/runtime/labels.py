@@ -3,8 +3,8 @@
 The recording process group knows *what* ran; the frames above it know *why*. A collective
 issued from inside DDP's ``_sync_buffers`` is a buffer broadcast, one issued by the autograd
 engine with no Python collective API on the stack is a Reducer gradient bucket, and so on.
-Rules match a torch function (and, where one function issues several collectives, the text of
-the line it is executing). Everything is cached per code object (and line), so the walk costs
+Rules (:mod:`ddpdoctor.trace.ddp_sites`) match a torch function (and, where one function
+issues several collectives, the text of the line it is executing). Everything is cached per code object (and line), so the walk costs
 a few microseconds. Standard library only.
 """
 
@@ -14,41 +14,12 @@ import linecache
 import os
 from types import CodeType, FrameType
 
+from ddpdoctor.trace.ddp_sites import API_FILE as _API_FILE
+from ddpdoctor.trace.ddp_sites import BACKWARD as _BACKWARD
+from ddpdoctor.trace.ddp_sites import BUCKET, UNUSED_PARAMS, USER
+from ddpdoctor.trace.ddp_sites import RULES as _RULES
+
 STACK_DEPTH = 6
-
-USER = "user"
-BUCKET = "ddp.bucket"
-UNUSED_PARAMS = "ddp.unused_params"
-
-# (path suffix, function, text the executing line must contain or None, label, priority).
-# When several rules match frames of one stack, the highest priority wins: the join protocol
-# reuses DDP helpers (its final model sync calls the init-time parameter sync), so join
-# labels outrank the helpers they call.
-_RULES: list[tuple[str, str, str | None, str, int]] = [
-    ("distributed/algorithms/join.py", "_get_num_nonjoined_procs", None, "join.num_nonjoined", 90),
-    ("distributed/algorithms/join.py", "_notify_procs_to_terminate", None, "join.terminate", 90),
-    ("distributed/algorithms/join.py", "notify_join_context", None, "join.notify", 90),
-    ("nn/parallel/distributed.py", "_match_all_reduce_for_bwd_pass", None, "join.shadow_bucket", 90),
-    ("nn/parallel/distributed.py", "_match_unused_params_allreduce", None, "join.unused_params", 90),
-    ("nn/parallel/distributed.py", "_sync_final_model", None, "join.final_model", 90),
-    ("nn/parallel/distributed.py", "_find_common_rank", None, "join.find_common_rank", 90),
-    ("nn/parallel/distributed.py", "_check_global_requires_backward_grad_sync", None,
-     "join.grad_sync", 90),
-    ("nn/parallel/distributed.py", "_pre_forward", "_rebuild_buckets", "ddp.rebuild_buckets", 80),
-    ("nn/parallel/distributed.py", "main_hook", "_rebuild_buckets", "ddp.rebuild_buckets", 80),
-    ("nn/parallel/distributed.py", "_sync_buffers", None, "ddp.buffers", 70),
-    ("nn/parallel/distributed.py", "_sync_module_buffers", None, "ddp.buffers", 70),
-    ("distributed/utils.py", "_verify_param_shape_across_processes", None,
-     "ddp.init.verify_params", 60),
-    ("distributed/utils.py", "_sync_module_states", None, "ddp.init.sync_params", 50),
-    ("distributed/utils.py", "_sync_params_and_buffers", None, "ddp.init.sync_params", 50),
-    ("nn/parallel/distributed.py", "__init__", None, "ddp.init", 40),
-    ("nn/modules/_functions.py", "forward", None, "syncbn", 30),
-    ("nn/modules/_functions.py", "backward", None, "syncbn", 30),
-    ("distributed/algorithms/ddp_comm_hooks/default_hooks.py", "*", None, BUCKET, 30),
-]
-_API_FILE = "distributed/distributed_c10d.py"
-_BACKWARD = ("autograd/graph.py", "_engine_run_backward")
 
 _NO_RULE = ()
 

@@ -42,6 +42,7 @@ class Recorder:
         self.bucket_index = 0
         self.last_issue = 0.0  # time of the last collective issued (the watchdog reads it)
         self.started = _now()
+        self.flight_recorder = False  # a group ddpdoctor does not record: dump PyTorch's on a hang
         self._early: list[dict] = []
         self._ddp_count = 0
         self._closed = False

@@ -185,7 +185,12 @@ def _wrap_init(real: Callable) -> Callable:
             backend = kwargs.pop("backend")
         if _backend_override:
             backend = _backend_override
-        recording = _recordable(backend)
+        recording = _recordable(backend) and os.environ.get(env.FLIGHT_RECORDER) != "1"
+        if not recording:
+            # What ddpdoctor does not record itself, PyTorch's flight recorder does; the
+            # watchdog dumps it into the log folder on a hang (read back by ``diff``).
+            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+            _recorder.flight_recorder = True
         rank = kwargs.get("rank", -1)
         if rank is None or rank < 0:
             rank = int(os.environ.get("RANK", "-1"))
@@ -204,10 +209,13 @@ def _wrap_init(real: Callable) -> Callable:
         if recording:
             _finish_group(pg)
         else:
-            _recorder.warn(f"backend {name!r} is not recorded (ddpdoctor records gloo groups; "
-                           f"use --backend gloo or --cpu)")
-            sys.stderr.write(f"ddpdoctor: backend {name!r}: collectives are not recorded "
-                             f"(ddpdoctor records gloo groups; try --cpu)\n")
+            why = "--flight-recorder" if os.environ.get(env.FLIGHT_RECORDER) == "1" else \
+                "ddpdoctor records gloo groups; --cpu runs the script on gloo"
+            _recorder.warn(f"backend {name!r}: collectives are kept by PyTorch's flight "
+                           f"recorder, dumped on a hang ({why})")
+            if dist.get_rank() == 0:
+                sys.stderr.write(f"ddpdoctor: backend {name!r}: collectives are kept by "
+                                 f"PyTorch's flight recorder and dumped on a hang ({why})\n")
         return result
 
     init_process_group._ddpdoctor = True

@@ -66,6 +66,21 @@ def main_thread_cpu() -> float | None:
         return None
 
 
+_COLLECTIVE_FILES = (os.sep.join(("torch", "distributed", "")),
+                     os.sep.join(("torch", "autograd", "graph.py")))
+
+
+def in_collective(frame: Any) -> bool:
+    """Whether the main thread is inside torch.distributed (a collective, a barrier, a DDP
+    call) or a backward pass: with no CPU use, a rank whose backend ddpdoctor does not record
+    is then waiting in a collective."""
+    while frame is not None:
+        if any(part in frame.f_code.co_filename for part in _COLLECTIVE_FILES):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class Watchdog:
     """Writes activity records while the rank is quiet, and answers a hang request."""
 
@@ -126,7 +141,8 @@ class Watchdog:
         record = {"kind": schema.ACTIVITY, "t": round(now, 3),
                   "quiet_since": round(quiet_since, 3), "cpu": cpu,
                   "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
-                  "pending": len(writer.pending()), "frames": self.user_frames(frame)}
+                  "pending": len(writer.pending()), "frames": self.user_frames(frame),
+                  "in_collective": in_collective(frame)}
         self._last_activity = record
         self._recorder.emit(record)
 
@@ -168,3 +184,20 @@ class Watchdog:
         self._recorder.emit({"kind": schema.HANG, "t": time.time(), "pending": pending,
                              "threads": thread_stacks()})
         self._recorder.flush()
+        if self._recorder.flight_recorder:
+            self._dump_flight_recorder()
+
+    def _dump_flight_recorder(self) -> None:
+        """PyTorch's flight-recorder ring of this rank, into the log folder (pickle)."""
+        try:
+            import torch
+
+            data = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True,
+                                                             includeStackTraces=True)
+            path = os.path.join(os.path.dirname(self._request),
+                                schema.flight_recorder_file(self._recorder.rank or 0))
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+                fh.write(data)
+        except Exception as exc:
+            self._recorder.warn(f"flight-recorder dump failed: {type(exc).__name__}: {exc}")
+            self._recorder.flush()

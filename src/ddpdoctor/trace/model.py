@@ -6,8 +6,21 @@ These are plain dataclasses so that tests can build runs by hand (see
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+_INTERNAL_FILE = re.compile(
+    r"[/\\](site|dist)-packages[/\\]"
+    r"|[/\\]ddpdoctor[/\\](runtime|trace|analysis)[/\\]"
+    r"|[/\\]torch[/\\](distributed|nn|autograd|multiprocessing|utils|_tensor\.py)"
+    r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
+
+
+def is_internal_file(path: str) -> bool:
+    """Whether ``path`` is not the user's own code: torch, ddpdoctor, an installed library or
+    the Python standard library."""
+    return bool(_INTERNAL_FILE.search(path))
 
 
 @dataclass(frozen=True)

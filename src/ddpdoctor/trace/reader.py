@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import flight_recorder, schema
 from ddpdoctor.trace.compact import NotCompact, collective_from, expand_repeat, place, read_compact
 from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site
 
@@ -39,22 +40,60 @@ class NoTraces(TraceError):
     """A log folder without any rank trace."""
 
 
-def _trace_files(paths: Iterable[str | os.PathLike]) -> list[Path]:
+# Files of a log folder that are ddpdoctor's own, never flight-recorder dumps.
+_OWN_FILES = re.compile(r"^(rank-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*|fault-\d+\.txt"
+                        r"|\.write-test)$")
+
+
+def _inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """The trace files and the flight-recorder dumps under ``paths`` (folders or files)."""
     files: list[Path] = []
+    dumps: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
             found = sorted(path.glob(schema.TRACE_GLOB))
-            if not found:
-                raise NoTraces(f"no ddpdoctor traces (rank-*.jsonl) in {path}")
+            frs = [p for p in sorted(path.iterdir())
+                   if not _OWN_FILES.match(p.name) and flight_recorder.looks_like_dump(p)]
+            if not found and not frs:
+                raise NoTraces(f"no ddpdoctor traces (rank-*.jsonl) or flight-recorder dumps "
+                               f"in {path}")
             files.extend(found)
+            dumps.extend(frs)
         elif path.is_file():
-            files.append(path)
+            if not path.name.endswith(".jsonl") and flight_recorder.looks_like_dump(path):
+                dumps.append(path)
+            else:
+                files.append(path)
         else:
             raise TraceError(f"no such file or folder: {path}")
-    if not files:
+    if not files and not dumps:
         raise TraceError("no trace files given")
-    return files
+    return files, dumps
+
+
+def _merge_dumps(ranks: dict[int, RankTrace], dumps: list[Path], notes: list[str]) -> None:
+    """Ranks known only from flight-recorder dumps, or whose trace holds no collective (a
+    backend ddpdoctor did not record): their collectives come from their dump."""
+    from_dumps: dict[int, RankTrace] = {}
+    for path in dumps:
+        try:
+            fr = flight_recorder.read_dump(path)
+        except flight_recorder.DumpError as exc:
+            notes.append(f"skipped {exc}")
+            continue
+        own = ranks.get(fr.rank)
+        if own is not None and own.collectives:
+            continue
+        if own is not None:
+            own.collectives = fr.collectives
+            from_dumps[fr.rank] = own
+        else:
+            ranks[fr.rank] = from_dumps[fr.rank] = fr
+        notes.append(f"rank {fr.rank}: collectives from its flight-recorder dump {path.name} "
+                     f"(no reduce op, root or DDP iteration recorded there)")
+    if from_dumps:
+        notes.extend(flight_recorder.align_windows(from_dumps))
 
 
 def _site(frame: dict) -> Site:
@@ -291,8 +330,9 @@ def _ranks_text(ranks: list[int]) -> str:
 
 
 def load_run(paths: Iterable[str | os.PathLike]) -> Run:
-    """Load the traces under ``paths`` (folders or files, e.g. one folder per node)."""
-    files = _trace_files(list(paths))
+    """Load the traces under ``paths`` (folders or files, e.g. one folder per node), and any
+    flight-recorder dumps there."""
+    files, dumps = _inputs(list(paths))
     ranks: dict[int, RankTrace] = {}
     notes: list[str] = []
     pool: dict = {}
@@ -308,6 +348,9 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
                 continue
         ranks[trace.rank] = trace
     run_ids = {t.run_id for t in ranks.values()}
+    _merge_dumps(ranks, dumps, notes)
+    if not ranks:
+        raise TraceError("no readable trace or flight-recorder dump: " + "; ".join(notes))
     if len(run_ids) > 1:
         raise TraceError("traces of different runs are mixed: run ids "
                          + ", ".join(sorted(repr(r) for r in run_ids)))
@@ -327,8 +370,9 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
                          f"while writing); skipped")
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
-    folders = {f.parent for f in files}
+    folders = {f.parent for f in files + dumps}
     stop, reason, nnodes = _job_records(folders)
-    return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files], notes=notes,
+    return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files + dumps],
+               notes=notes,
                exit_codes=_exit_codes(ranks, folders), stopped_for_hang=stop is not None,
                stop=stop, stop_reason=reason, nnodes=nnodes)

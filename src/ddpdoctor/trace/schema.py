@@ -68,6 +68,11 @@ def hang_ack(rank: int) -> str:
     return f"hang-ack-{rank}"
 
 
+def flight_recorder_file(rank: int) -> str:
+    """PyTorch's flight-recorder dump of a rank ddpdoctor did not record itself."""
+    return f"fr-rank-{rank}.pkl"
+
+
 def fault_file(pid: int) -> str:
     """Python's faulthandler output of process ``pid`` (a fatal signal's Python stack)."""
     return f"fault-{pid}.txt"
