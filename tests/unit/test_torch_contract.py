@@ -52,9 +52,13 @@ def test_python_process_group_methods_the_recorder_overrides_exist() -> None:
     from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
     for name in ("allreduce", "broadcast", "barrier", "allgather", "reduce", "reduce_scatter",
-                 "alltoall", "all_to_all_single", "gather", "scatter", "send", "recv",
-                 "all_gather_single", "reduce_scatter_single"):
+                 "alltoall", "gather", "scatter", "send", "recv"):
         assert hasattr(dist.ProcessGroup, name)
+        assert name in RecordingProcessGroup.__dict__
+    # Names that newer releases give the single-tensor ops (torch 2.9+); older ones reach
+    # _allgather_base, _reduce_scatter_base and alltoall_base, which the wrapper also has.
+    for name in ("all_to_all_single", "all_gather_single", "reduce_scatter_single",
+                 "_allgather_base", "_reduce_scatter_base", "alltoall_base"):
         assert name in RecordingProcessGroup.__dict__
     for inner in ("allreduce", "broadcast", "barrier", "allgather", "_allgather_base",
                   "reduce", "reduce_scatter", "_reduce_scatter_base", "alltoall",

@@ -135,8 +135,12 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
 
     inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size,
                                   timeout=opts.timeout)
-    inner.options.global_ranks_in_group = opts.global_ranks_in_group
-    inner.options.group_name = opts.group_id
+    for name, value in (("global_ranks_in_group", opts.global_ranks_in_group),
+                        ("group_name", opts.group_id)):
+        try:  # the backend's options carry these from torch 2.8 on
+            setattr(inner.options, name, value)
+        except AttributeError:
+            pass
     inner._set_sequence_number_for_group()
     pg = RecordingProcessGroup(inner, opts.store, opts.group_rank, opts.group_size,
                                opts.group_id, _recorder)
