@@ -128,6 +128,11 @@ def run(
              "recording (always so for NCCL groups, which ddpdoctor does not record yet); every "
              "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
              "reduce op or root."),
+    record_nccl: bool = typer.Option(
+        False, "--record-nccl",
+        help="UNVERIFIED: record NCCL groups with ddpdoctor's own process-group wrapper (as gloo "
+             "groups are) instead of the flight recorder; scripts/gpu-check has not yet passed "
+             "on a GPU."),
     expect_schedule: Optional[Path] = typer.Option(
         None, "--expect-schedule",
         help="Fail (exit 1) when the run's collective schedule differs from this file "
@@ -150,7 +155,8 @@ def run(
         launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
         stuck_timeout=stuck_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
         max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None,
-        reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder)
+        reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
+        record_nccl=record_nccl)
     try:
         log_path = doctor.prepare_run(opts)
     except UsageError as exc:

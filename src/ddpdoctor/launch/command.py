@@ -120,6 +120,8 @@ def build_env(opts: RunOptions, logdir: Path, run: str) -> dict[str, str]:
         environ[rank_env.BACKEND] = opts.backend
     if opts.flight_recorder:
         environ[rank_env.FLIGHT_RECORDER] = "1"
+    if opts.record_nccl:
+        environ[rank_env.RECORD_NCCL] = "1"
     if opts.cpu:
         environ[rank_env.CPU] = "1"
         environ[rank_env.BACKEND] = "gloo"

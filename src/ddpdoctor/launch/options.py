@@ -36,6 +36,7 @@ class RunOptions:
     # the rank's pattern is written (runtime/trace_cap.py; CLI --max-trace-mb)
     reports: bool = False  # --junit or --markdown: the run is a CI check
     flight_recorder: bool = False  # PyTorch's flight recorder instead of ddpdoctor's recorder
+    record_nccl: bool = False  # wrap NCCL groups too (unverified on a GPU)
     _torchrun: Torchrun | None = field(default=None, repr=False)
 
     @property

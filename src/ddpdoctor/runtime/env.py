@@ -11,3 +11,4 @@ MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"  # after this many MB a trace keeps only
 LAUNCHER = "DDPDOCTOR_LAUNCHER"  # torchrun | python: how the job's top process starts workers
 LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is the top process
 FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder, not ddpdoctor's
+RECORD_NCCL = "DDPDOCTOR_RECORD_NCCL"  # "1": wrap NCCL groups too (unverified on a GPU)

@@ -133,8 +133,17 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
 
     from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
-    inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size,
-                                  timeout=opts.timeout)
+    if _inner_kind == "nccl":
+        # Unverified on a GPU (DDPDOCTOR_RECORD_NCCL=1, scripts/gpu-check): the same wrapper
+        # around ProcessGroupNCCL; completion comes from each Work's future as for gloo.
+        nccl_opts = dist.ProcessGroupNCCL.Options()
+        nccl_opts._timeout = opts.timeout
+        inner = dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size, nccl_opts)
+        kind, devices = dist.ProcessGroup.BackendType.NCCL, ("cuda",)
+    else:
+        inner = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size,
+                                      timeout=opts.timeout)
+        kind, devices = dist.ProcessGroup.BackendType.GLOO, ("cpu", "cuda")
     for name, value in (("global_ranks_in_group", opts.global_ranks_in_group),
                         ("group_name", opts.group_id)):
         try:  # the backend's options carry these from torch 2.8 on
@@ -144,19 +153,29 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
     inner._set_sequence_number_for_group()
     pg = RecordingProcessGroup(inner, opts.store, opts.group_rank, opts.group_size,
                                opts.group_id, _recorder)
-    gloo = dist.ProcessGroup.BackendType.GLOO
-    for device in ("cpu", "cuda"):
-        pg._register_backend(torch.device(device), gloo, inner)
-    pg._set_default_backend(gloo)
+    for device in devices:
+        pg._register_backend(torch.device(device), kind, inner)
+    pg._set_default_backend(kind)
     return pg
 
 
+_NCCL_NAMES = ("nccl", "cuda:nccl")
+_inner_kind = "gloo"  # what the next recording group wraps: gloo, or nccl (opt-in)
+
+
 def _recordable(backend: Any) -> bool:
-    if backend is None:
+    """Whether groups of ``backend`` are recorded: gloo always, NCCL only with
+    ``DDPDOCTOR_RECORD_NCCL=1`` (unverified on a GPU); sets what the group wraps."""
+    global _inner_kind
+    name = str(backend).lower() if backend is not None else None
+    if name is None:
         import torch
 
-        return not torch.cuda.is_available()
-    return str(backend).lower() in _GLOO_NAMES
+        name = "nccl" if torch.cuda.is_available() else "gloo"
+    _inner_kind = "nccl" if name in _NCCL_NAMES else "gloo"
+    if _inner_kind == "nccl":
+        return os.environ.get(env.RECORD_NCCL) == "1"
+    return name in _GLOO_NAMES
 
 
 def _finish_group(pg: Any) -> None:
@@ -169,12 +188,13 @@ def _finish_group(pg: Any) -> None:
         return
     world = dist.distributed_c10d._world
     _, store = world.pg_map[pg]
-    world.pg_map[pg] = ("gloo", store)
-    world.pg_backend_config[pg] = "cpu:gloo,cuda:gloo"
+    nccl = pg._inner.name().lower() == "nccl"
+    world.pg_map[pg] = ("nccl" if nccl else "gloo", store)
+    world.pg_backend_config[pg] = "cuda:nccl" if nccl else "cpu:gloo,cuda:gloo"
     pg._name = pg.group_name
     _recorder.group_created({"group": pg.group_name, "desc": pg.group_desc,
                              "ranks": dist.get_process_group_ranks(pg), "size": pg.size(),
-                             "group_rank": pg.rank(), "backend": "gloo"})
+                             "group_rank": pg.rank(), "backend": "nccl" if nccl else "gloo"})
 
 
 def _wrap_init(real: Callable) -> Callable:
@@ -207,7 +227,7 @@ def _wrap_init(real: Callable) -> Callable:
             _recorder.init_done(False)
             raise
         pg = dist.distributed_c10d._get_default_group()
-        name = "gloo" if recording else str(dist.get_backend())
+        name = _inner_kind if recording else str(dist.get_backend())
         _recorder.start(dist.get_rank(), dist.get_world_size(), name)
         _recorder.init_done(True)
         if recording:
