@@ -25,6 +25,7 @@ from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.render import console as console_report
 from ddpdoctor.render import json_report, junit, markdown
 from ddpdoctor.schedule import ScheduleError
+from ddpdoctor.trace import redact
 from ddpdoctor.trace.reader import TraceError
 
 app = typer.Typer(
@@ -193,7 +194,8 @@ def run(
         _say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
-    info = markdown.RunInfo(name=" ".join([script, *(args or [])]), exit_code=outcome.exit_code,
+    info = markdown.RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
+                            exit_code=outcome.exit_code,
                             seconds=job.duration, logdir=str(log_path),
                             problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
     _write_ci_reports(outcome.report, info, junit_out, markdown_out)

@@ -90,13 +90,14 @@ def run_job(tmp_path: Path, script: Path | str, *script_args: str, options: tupl
 class BackgroundJob:
     """``ddpdoctor run`` started in the background, to be signalled while the job runs."""
 
-    def __init__(self, tmp_path: Path, script: Path, options: tuple = ()) -> None:
+    def __init__(self, tmp_path: Path, script: Path, options: tuple = (),
+                 script_args: tuple = ()) -> None:
         self.logdir = tmp_path / "logs"
         self.report_path = tmp_path / "report.json"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(self.logdir),
              "--json", str(self.report_path), "--grace", "2", "--hang-timeout", "5", *options,
-             str(script)],
+             str(script), *script_args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
         self.stderr = ""
 

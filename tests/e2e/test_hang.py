@@ -11,7 +11,7 @@ import pytest
 
 from ddpdoctor.trace.reader import load_run
 
-from .jobs import EXAMPLES, SCRIPTS, BackgroundJob, marker_line, run_job
+from .jobs import EXAMPLES, SCRIPTS, BackgroundJob, job_processes, marker_line, run_job
 
 HANG_TIMEOUT = 5
 GRACE = 2
@@ -90,6 +90,28 @@ def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Pat
     assert all(len(t.collectives) >= 10 for t in run.ranks.values())
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] != "clean"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script, options", [
+    ("long_loop.py", ()), ("rank0_only_barrier.py", ()),
+    ("seed001_uneven.py", ("--launcher", "python")),
+], ids=["torchrun-running", "torchrun-hung", "mp.spawn"])
+def test_sigkill_of_ddpdoctor_leaves_no_process_of_the_job(tmp_path: Path, script: str,
+                                                          options: tuple) -> None:
+    path = SCRIPTS / script if (SCRIPTS / script).exists() else EXAMPLES / script
+    extra = ("--case", "4") if script.startswith("seed001") else ()
+    with BackgroundJob(tmp_path, path, options=("--hang-timeout", "60", *options),
+                       script_args=extra) as job:
+        job.wait_for_collectives(1, 5)
+        assert job_processes(job.logdir)
+        job.proc.kill()
+        job.proc.wait()
+        deadline = time.monotonic() + 10
+        while job_processes(job.logdir) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        survivors = job_processes(job.logdir)
+        assert not survivors, f"processes outlived ddpdoctor's SIGKILL: {survivors}"
 
 
 @pytest.mark.timeout(120)

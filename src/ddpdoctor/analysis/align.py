@@ -42,7 +42,7 @@ from ddpdoctor.analysis.signature import (
     soft_difference,
 )
 from ddpdoctor.analysis.terms import REDUCING_OPS
-from ddpdoctor.trace.compact import CollectiveLog, GroupView
+from ddpdoctor.trace.compact import MAX_GAP, CollectiveLog, GroupView
 from ddpdoctor.trace.model import Collective, Run
 
 DEFAULT_GROUP = "0"
@@ -196,7 +196,7 @@ def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
                 last_group = group
             n = len(lst)
             if seq != n + 1:
-                if seq <= n:  # a repeated seq: keep the first record
+                if seq <= n or seq > n + MAX_GAP:  # repeated: keep the first; or damage
                     continue
                 lst.extend([None] * (seq - 1 - n))  # lost lines: unknown collectives
                 lid.extend([-1] * (seq - 1 - n))

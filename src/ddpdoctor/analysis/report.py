@@ -80,10 +80,12 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
     recorded a collective."""
     if any(f.is_error for f in findings):
         return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK) else DIVERGED
+    traces = [s.trace for s in states.values() if s.trace is not None]
     if not any(s.collectives for s in states.values()) and \
-            not any(s.trace is not None and s.trace.init == "completed" for s in states.values()):
+            not any(t.init == "completed" or t.damaged_lines for t in traces):
         return UNTESTED
+    # A damaged line may be a lost collective: what was compared is not all there was.
     if any((s.status != rs.FINISHED and s.status != rs.REMOTE) or s.cut
-           for s in states.values()):
+           or (s.trace is not None and s.trace.damaged_lines) for s in states.values()):
         return INCOMPLETE
     return CLEAN

@@ -8,6 +8,7 @@ of the job, however started, loads the runtime.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import socket
@@ -79,9 +80,24 @@ def make_logdir(requested: str | None) -> Path:
         probe.unlink()
     except OSError as exc:
         raise UsageError(f"cannot use log folder {path}: {exc.strerror or exc}") from None
+    _lock(path)
     if any(path.glob(schema.TRACE_GLOB)):
         raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
     return path.resolve()
+
+
+_locks: list[int] = []  # descriptors held for the life of this process
+
+
+def _lock(path: Path) -> None:
+    """One run per log folder: an exclusive lock, held until ddpdoctor exits (however)."""
+    fd = os.open(path / schema.LOCK_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(f"log folder {path} is in use by another ddpdoctor run") from None
+    _locks.append(fd)
 
 
 def run_id(opts: RunOptions) -> str:

@@ -22,6 +22,7 @@ from ddpdoctor.analysis.ranks import FINISHED
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import catalog
+from ddpdoctor.render.safe import clean, clean_report
 from ddpdoctor.trace.model import Site
 
 MAX_ROWS = 8
@@ -31,10 +32,11 @@ _COLOURS = {rp.CLEAN: "green", rp.DIVERGED: "red", rp.CRASHED: "red", rp.INCOMPL
 
 
 def code_line(site: Site | None) -> str:
-    """The source text of ``site`` when its file is readable here, else ''."""
-    if site is None or not site.file or not os.path.isfile(site.file):
+    """The source text of ``site`` when it is a Python file readable here, else ''. (Only
+    ``.py`` files: a trace names the file, and no other file is ever shown.)"""
+    if site is None or not site.file.endswith(".py") or not os.path.isfile(site.file):
         return ""
-    return linecache.getline(site.file, site.line).strip()
+    return clean(linecache.getline(site.file, site.line).strip())
 
 
 def _rank_status_line(report: Report) -> str:
@@ -210,6 +212,7 @@ def _hang_stacks(report: Report, console: Console) -> None:
 
 def render(report: Report, console: Console) -> None:
     """Print ``report`` on ``console`` (works without a terminal and without colour)."""
+    report = clean_report(report)
     _headline(report, console)
     if report.verdict == rp.INCOMPLETE:
         _unfinished(report, console)

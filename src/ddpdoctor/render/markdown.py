@@ -11,7 +11,7 @@ schedule). Pure: a function of the :class:`~ddpdoctor.analysis.report.Report` an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding, RankDetail
@@ -20,6 +20,7 @@ from ddpdoctor.analysis.report import Report
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.render.console import code_line as console_code_line
+from ddpdoctor.render.safe import clean_report, markdown_text
 from ddpdoctor.trace.model import Site
 
 MAX_ROWS = 8
@@ -172,6 +173,10 @@ def _hang_stacks(report: Report) -> list[str]:
 def render(report: Report | None, info: RunInfo,
            code_line: Callable[[Site], str] = console_code_line) -> str:
     """The Markdown summary of one ``ddpdoctor run`` (or ``diff``)."""
+    if report is not None:
+        report = clean_report(report, markdown_text)
+    info = replace(info, name=markdown_text(info.name),
+                               read_error=markdown_text(info.read_error or "") or None)
     if report is None:
         icon, word, text = "❌", "NO DIAGNOSIS", info.read_error or "the traces could not be read"
     else:

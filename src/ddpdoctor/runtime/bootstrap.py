@@ -135,12 +135,45 @@ def _after_fork_in_child() -> None:
     _recorder._closed = True
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """The job must not outlive ddpdoctor, however ddpdoctor ends (``kill -9`` included): the
+    top process dies with ddpdoctor, torchrun's workers with the agent, ``mp.spawn``'s workers
+    with the script that spawned them (Linux ``PR_SET_PDEATHSIG``). Other processes of the
+    job (a subprocess started from some thread) are left to their parents."""
+    top = _is_top_process()
+    if top:
+        os.environ[env.TOP_PID] = str(os.getpid())  # for the workers this process spawns
+    elif not (_is_torchrun_worker() or os.environ.get(env.TOP_PID) == str(os.getppid())):
+        return
+    die_with_parent()
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies. (torch's ``mp.spawn`` sets SIGINT for its
+    workers, which a worker blocked inside a collective never acts on: the wrapper of its
+    worker function calls this again.)"""
+    import signal
+
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def boot() -> None:
     """Install the runtime if the launcher asked for it (``DDPDOCTOR_LOGDIR`` is set)."""
     global _recorder
     logdir = os.environ.get(env.LOGDIR)
     if not logdir or _recorder is not None:
         return
+    _die_with_parent()
     _recorder = Recorder(logdir, os.environ.get(env.RUN_ID, ""))
     sys.meta_path.insert(0, _TorchImportHook())
     sys.excepthook = _excepthook
@@ -155,6 +188,7 @@ def boot() -> None:
     if not faulthandler.is_enabled():
         try:
             path = os.path.join(logdir, schema.fault_file(os.getpid()))
-            faulthandler.enable(open(path, "a"))  # noqa: SIM115 - must stay open
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            faulthandler.enable(open(fd, "a"))  # noqa: SIM115 - must stay open
         except OSError:
             pass

@@ -17,7 +17,7 @@ from typing import Any
 from ddpdoctor.runtime.labels import BUCKET, UNUSED_PARAMS, StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import redact, schema
 
 # Environment variables worth keeping in a trace; no other environment value is recorded.
 ENV_ALLOW_LIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -91,7 +91,7 @@ class Recorder:
                 "world_size": world_size if world_size > 0 else
                 int(os.environ.get("WORLD_SIZE", "0") or 0) or None, "host": socket.gethostname(), "pid": os.getpid(),
                 "torch": getattr(torch, "__version__", None), "python": sys.version.split()[0],
-                "backend": backend, "argv": list(sys.argv),
+                "backend": backend, "argv": redact.mask_args(list(sys.argv)),
                 "env": {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}}
 
     def init_started(self, backend: str | None) -> None:

@@ -129,15 +129,22 @@ def expand_repeat(trace: RankTrace, rec: dict, by_group: dict[str, list]) -> boo
     return True
 
 
-def place(by_group: dict[str, list], c: Collective) -> None:
-    """Put ``c`` at its position in ``by_group`` (gaps None; a repeated seq keeps the first)."""
+MAX_GAP = 1 << 16  # a sequence number this far past the collectives before it is damage
+
+
+def place(by_group: dict[str, list], c: Collective) -> bool:
+    """Put ``c`` at its position in ``by_group`` (gaps None; a repeated seq keeps the first).
+    False for a seq far beyond the group's collectives so far: damage, not a position."""
     seq = c.seq
     if seq is None or seq.__class__ is not int or seq < 1:
-        return
+        return True
     lst = by_group.setdefault(c.group, [])
+    if seq > len(lst) + MAX_GAP:
+        return False
     if seq > len(lst):
         lst.extend([None] * (seq - 1 - len(lst)))
         lst.append(c)
+    return True
 
 
 class GroupView(Sequence):
@@ -329,7 +336,8 @@ class CollectiveLog(Sequence):
             rec = json.loads(raw.decode("utf-8"))
             c = collective_from(self.rank, rec, self.stacks) \
                 if rec.get("kind") == schema.COLLECTIVE else None
-        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
+                RecursionError):
             c = None
         if c is None:
             # A line whose variable head is damaged: what its tail says, at its position.
@@ -471,7 +479,9 @@ class _Reader:
         if (not isinstance(tail_rec, dict) or list(rec)[:len(_HEAD_FIELDS)] != _HEAD_FIELDS
                 or list(rec)[len(_HEAD_FIELDS):] != list(tail_rec)
                 or not set(tail_rec) <= _TAIL_FIELDS or rec.get("stack") not in self.stacks
-                and "stack" in rec):
+                and "stack" in rec
+                or tail_rec.get("state") not in (schema.PENDING, schema.COMPLETED,
+                                                 schema.FAILED)):
             raise NotCompact("collective line outside the writer's layout")
         try:
             proto = collective_from(self.trace.rank, {**tail_rec, "id": 0}, self.stacks)

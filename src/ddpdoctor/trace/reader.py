@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
@@ -26,6 +27,8 @@ from ddpdoctor.trace.compact import NotCompact, collective_from, expand_repeat, 
 from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site
 
 MAX_LINE = 4 * 1024 * 1024
+MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
+_STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
 
 # What Python's faulthandler writes for each fatal signal, and the exit code it means.
 _FAULT_SIGNALS = {"Segmentation fault": -11, "Aborted": -6, "Floating point exception": -8,
@@ -42,7 +45,7 @@ class NoTraces(TraceError):
 
 # Files of a log folder that are ddpdoctor's own, never flight-recorder dumps.
 _OWN_FILES = re.compile(r"^(rank-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*|fault-\d+\.txt"
-                        r"|\.write-test)$")
+                        r"|\.write-test|\.lock)$")
 
 
 def _inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
@@ -101,9 +104,19 @@ def _site(frame: dict) -> Site:
                 str(frame.get("function", "?")))
 
 
+def _regular(path: Path) -> None:
+    """Refuse what is not a regular file (a FIFO would block ``open`` forever)."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise TraceError(f"{path} is not a regular file")
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+
+
 def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
     """Read one rank's trace file (``pool`` lets ranks with identical collective sequences
     share one copy of it)."""
+    _regular(path)
     try:
         with open(path, "rb") as fh:
             trace = _read_compact(path, fh, pool)
@@ -147,10 +160,20 @@ def _header(path: Path, line: bytes) -> dict:
     if not isinstance(head, dict) or head.get("format") != schema.FORMAT:
         raise TraceError(f"{path} is not a ddpdoctor trace")
     version = head.get("version")
-    if not isinstance(version, int) or version > schema.VERSION:
+    if not _is_int(version) or version < 1:
+        raise TraceError(f"{path}: the header's version {version!r} is not a version number")
+    if version > schema.VERSION:
         raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
                          f"version {schema.VERSION} and older: upgrade ddpdoctor")
+    for key in ("rank", "attempt"):
+        value = head.get(key, 0)
+        if not _is_int(value) or not 0 <= value < MAX_RANKS:
+            raise TraceError(f"{path}: the header's {key} {value!r} is not a rank number")
     return head
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
@@ -197,7 +220,7 @@ def _parse(raw: bytes) -> object:
         return None
     try:
         return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         return None
 
 
@@ -209,13 +232,24 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
     try:
         if kind == schema.COLLECTIVE:
             c = collective_from(trace.rank, rec, stacks)
+            if c.state not in _STATES:
+                return False
+            damaged = ("stack" in rec and rec["stack"] not in stacks) or \
+                (trace.collectives and c.id != trace.collectives[-1].id + 1)
+            if by_group is not None:
+                known = len(by_group.get(c.group, ()))
+                if not place(by_group, c):
+                    return False
+                damaged = damaged or (_is_int(c.seq) and c.seq > known + 1)
+            if damaged:  # a lost line before it, or a reference to nothing: kept, counted
+                trace.damaged_lines += 1
             trace.collectives.append(c)
             by_id[c.id] = c
-            if by_group is not None:
-                place(by_group, c)
         elif kind == schema.REPEAT:
             return by_group is not None and expand_repeat(trace, rec, by_group)
         elif kind == schema.CAP:
+            if not (_is_int(rec.get("bytes")) and _is_int(rec.get("max_bytes"))):
+                return False
             trace.cap = rec
         elif kind == schema.DONE:
             done = _completion(rec)
@@ -260,7 +294,10 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
 def fault_signal(path: Path) -> int | None:
     """The signal exit code recorded in a faulthandler file (``fault-<pid>.txt``), if any."""
     try:
-        text = path.read_text(errors="replace")[:4096]
+        if not stat.S_ISREG(path.stat().st_mode):
+            return None
+        with open(path, "rb") as fh:  # its first bytes name the signal; the file may be big
+            text = fh.read(4096).decode("utf-8", "replace")
     except OSError:
         return None
     for name, code in _FAULT_SIGNALS.items():
@@ -354,13 +391,17 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     if len(run_ids) > 1:
         raise TraceError("traces of different runs are mixed: run ids "
                          + ", ".join(sorted(repr(r) for r in run_ids)))
-    sizes = {t.world_size for t in ranks.values() if t.world_size}
-    world_size = max(sizes) if sizes else max(ranks) + 1
+    sizes = {t.world_size for t in ranks.values() if _is_int(t.world_size) and t.world_size > 0}
+    if any(s > MAX_RANKS for s in sizes):
+        notes.append(f"a world size beyond {MAX_RANKS} ranks was ignored (damaged header)")
+        sizes = {s for s in sizes if s <= MAX_RANKS}
+    world_size = max(sizes | {max(ranks) + 1})
     if len(sizes) > 1:
         notes.append(f"ranks disagree on the world size: {sorted(sizes)}")
     capped = sorted(r for r, t in ranks.items() if t.cap is not None)
     if capped:
-        mb = (ranks[capped[0]].cap.get("max_bytes") or 0) / 2 ** 20
+        limit = ranks[capped[0]].cap.get("max_bytes")
+        mb = limit / 2 ** 20 if _is_int(limit) else 0
         notes.append(f"{_ranks_text(capped)}: the trace reached its size cap ({mb:g} MB, "
                      f"DDPDOCTOR_MAX_TRACE_MB); after it, collectives that repeat the rank's "
                      f"pattern are stored as runs and their times are interpolated")

@@ -54,6 +54,7 @@ CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full d
 
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
 JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
+LOCK_FILE = ".lock"  # held by the one ddpdoctor run writing into the folder
 EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
 HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence
 

@@ -1,0 +1,62 @@
+"""Text that came from a trace, made safe to show: no terminal control sequences, no NUL.
+
+A trace is data written by the user's processes (exception messages, function and file
+names): a crafted one could clear the terminal, set its title or plant OSC 8 links. Every
+reporter renders a report passed through :func:`clean_report`, which copies it with every
+string stripped of control characters (tab and newline kept); Markdown's also escapes HTML and
+link syntax (:func:`markdown_text`); XML escaping is the XML library's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ddpdoctor.analysis.report import Report
+
+# ESC-introduced sequences (CSI, OSC ... BEL/ST, single-character escapes), then any other C0
+# or C1 control character except tab and newline.
+_SEQUENCES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\\\)?|\x1b[@-_]")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+T = TypeVar("T")
+
+
+def clean(text: str) -> str:
+    """``text`` without terminal control sequences and control characters."""
+    return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+
+
+def markdown_text(text: str) -> str:
+    """:func:`clean` text that Markdown shows as written: no HTML, no links."""
+    return (clean(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("](", "]\\("))
+
+
+def _map(value: T, fn: Callable[[str], str]) -> T:
+    if isinstance(value, str):
+        return fn(value)  # type: ignore[return-value]
+    if isinstance(value, list):
+        return [_map(v, fn) for v in value]  # type: ignore[return-value]
+    if isinstance(value, tuple):
+        return tuple(_map(v, fn) for v in value)  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {_map(k, fn): _map(v, fn) for k, v in value.items()}  # type: ignore
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if not f.init:
+                continue
+            old = getattr(value, f.name)
+            new = _map(old, fn)
+            if new is not old:
+                changes[f.name] = new
+        return dataclasses.replace(value, **changes) if changes else value  # type: ignore
+    return value
+
+
+def clean_report(report: Report, fn: Callable[[str], str] = clean) -> Report:
+    """A copy of ``report`` whose every string went through ``fn`` (:func:`clean`)."""
+    return _map(report, fn)

@@ -1,0 +1,147 @@
+"""Damaged and hostile log folders: ``ddpdoctor diff`` answers each with one line or a report,
+the documented exit code, no traceback, a bounded read; and reports carry nothing raw."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.cli import app
+from ddpdoctor.render import console, markdown
+from ddpdoctor.render.safe import clean
+from ddpdoctor.trace import redact
+from ddpdoctor.trace.reader import load_run
+
+HEADER = {"kind": "header", "format": "ddpdoctor-trace", "version": 3, "rank": 0,
+          "run_id": "r", "attempt": 0}
+START = {"kind": "process_start", "rank": 0, "world_size": 2, "pid": 1}
+STACK = {"kind": "stack", "id": 0, "frames": [{"file": "t.py", "line": 3, "function": "f"}]}
+
+
+def _coll(**kw) -> dict:
+    return {"kind": "collective", "id": 1, "rank": 0, "seq": 1, "iteration": 0, "t": 1.0,
+            "state": "pending", "group": "0", "op": "all_reduce", "label": "user",
+            "shapes": [[2]], "dtypes": ["float32"], "numel": 2, "stack": 0, **kw}
+
+
+DONE = {"kind": "done", "t": 2, "upto": 1, "pending": []}
+EXIT = {"kind": "exit", "status": "finished", "t": 3}
+HEALTHY = [START, STACK, _coll(), DONE, EXIT]
+
+
+def _folder(tmp: Path, head: dict | None = None, records: list | None = None,
+            raw: bytes | None = None, crlf: bool = False) -> Path:
+    for rank in (0, 1):
+        lines = [json.dumps({**HEADER, "rank": rank, **(head or {})})]
+        lines += [json.dumps({**r, "rank": rank} if "rank" in r else r)
+                  for r in (HEALTHY if records is None else records)]
+        data = ("\r\n" if crlf else "\n").join(lines) + "\n"
+        path = tmp / f"rank-{rank}.jsonl"
+        path.write_bytes(raw if raw is not None and rank == 0 else data.encode())
+    return tmp
+
+
+CASES = [
+    ("header rank [0]", dict(head={"rank": [0]}), 2),
+    ("attempt 'x'", dict(head={"attempt": "x"}), 2),
+    ("version -1", dict(head={"version": -1}), 2),
+    ("version '2'", dict(head={"version": "2"}), 2),
+    ("version 2.0", dict(head={"version": 2.0}), 2),
+    ("world_size 'two'", dict(records=[{**START, "world_size": "two"}, STACK, _coll()]), 1),
+    ("world_size 10**6", dict(records=[{**START, "world_size": 10**6}, STACK, _coll()]), 1),
+    ("world_size 10**9", dict(records=[{**START, "world_size": 10**9}, STACK, _coll()]), 1),
+    ("cap with strings", dict(records=HEALTHY + [{"kind": "cap", "t": 1, "bytes": "x",
+                                                  "max_bytes": "y"}]), 1),
+    ("a deleted collective line", dict(records=[START, STACK, _coll(), _coll(id=3, seq=3),
+                                                {**DONE, "upto": 3}, EXIT]), 1),
+    ("seq 10**9", dict(records=[START, STACK, _coll(seq=10**9), DONE, EXIT]), 1),
+    ("seq 10**40", dict(records=[START, STACK, _coll(seq=10**40), DONE, EXIT]), 1),
+    ("nested 200,000 deep", dict(raw=json.dumps(HEADER).encode() + b"\n" + b"[" * 200_000
+                                 + b"]" * 200_000 + b"\n"), 1),
+    ("unknown stack id", dict(records=[START, STACK, _coll(stack=99), DONE, EXIT]), 1),
+    ("unknown state", dict(records=[START, STACK, _coll(state="exploded"), DONE, EXIT]), 1),
+    ("a gap in the ids", dict(records=[START, STACK, _coll(), _coll(id=3, seq=3), EXIT]), 1),
+    ("CRLF line endings", dict(crlf=True), 0),
+]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("name, spec, code", CASES, ids=[c[0] for c in CASES])
+def test_damaged_folders_get_their_exit_code_and_no_traceback(tmp_path: Path, name: str,
+                                                              spec: dict, code: int) -> None:
+    result = CliRunner().invoke(app, ["diff", str(_folder(tmp_path, **spec))])
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and result.exception is None or \
+        isinstance(result.exception, SystemExit)
+    if code == 1:
+        assert "CLEAN" not in result.output
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_named_like_a_trace_is_refused_not_waited_on(tmp_path: Path) -> None:
+    _folder(tmp_path)
+    os.remove(tmp_path / "rank-1.jsonl")
+    os.mkfifo(tmp_path / "rank-1.jsonl")
+    result = CliRunner().invoke(app, ["diff", str(tmp_path)])
+    assert result.exit_code == 2 and "not a regular file" in result.output
+
+
+def test_a_big_fault_file_is_read_by_its_first_bytes(tmp_path: Path) -> None:
+    _folder(tmp_path, records=[START, STACK, _coll()])
+    with open(tmp_path / "fault-1.txt", "wb") as fh:
+        fh.write(b"Fatal Python error: Segmentation fault\n")
+        fh.truncate(2 * 1024**3)  # sparse: 2 GB that must not be read
+    assert load_run([tmp_path]).exit_codes == {0: -11, 1: -11}
+
+
+def test_reports_strip_terminal_escapes_and_markdown_escapes_html(tmp_path: Path) -> None:
+    evil = "boom\x1b[2J\x1b]0;pwned\x07\x1b]8;;http://x\x1b\\link\x00 <script>x</script>"
+    exc = {"kind": "exception", "type": "ValueError", "message": evil, "t": 2.0,
+           "frames": [{"file": "t.py", "line": 3, "function": "f\x1b[31m"}]}
+    _folder(tmp_path, records=[START, STACK, _coll(), DONE, exc])
+    report = diagnose(load_run([tmp_path]))
+    from rich.console import Console
+    import io
+
+    buffer = io.StringIO()
+    console.render(report, Console(file=buffer, width=200, color_system=None))
+    text = buffer.getvalue()
+    assert "\x1b" not in text and "\x00" not in text and "pwned" not in text
+    assert "boom" in text and "link" in text
+    md = markdown.render(report, markdown.RunInfo(name="t.py --api-key s3cret"))
+    assert "<script>" not in md and "&lt;script&gt;" in md
+    assert clean("a\x1b[1mb\x07c") == "abc"
+
+
+def test_secret_looking_arguments_are_masked() -> None:
+    argv = ["train.py", "--api-key", "secret123", "--token=abc", "HF_TOKEN=xyz", "--lr", "1",
+            "--password"]
+    assert redact.mask_args(argv) == ["train.py", "--api-key", "***", "--token=***",
+                                      "HF_TOKEN=***", "--lr", "1", "--password"]
+
+
+def test_markdown_and_junit_names_mask_secrets(tmp_path: Path) -> None:
+    name = " ".join(redact.mask_args(["t.py", "--api-key", "secret123"]))
+    assert "secret123" not in markdown.render(None, markdown.RunInfo(name=name))
+
+
+def test_log_folder_files_are_private(tmp_path: Path) -> None:
+    from ddpdoctor.launch.command import make_logdir
+    from ddpdoctor.launch.options import UsageError
+
+    path = make_logdir(str(tmp_path / "logs"))
+    assert stat.S_IMODE(path.stat().st_mode) == 0o700
+    with pytest.raises(UsageError, match="in use by another ddpdoctor run"):
+        import subprocess
+        import sys
+
+        code = ("from ddpdoctor.launch.command import make_logdir; "
+                f"make_logdir({str(path)!r})")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        raise UsageError(proc.stderr.strip().splitlines()[-1])
