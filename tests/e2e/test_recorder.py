@@ -143,8 +143,8 @@ def test_teardown_abort_after_finishing_is_a_warning_not_a_failure(tmp_path: Pat
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("argv, message", [
     (["run", "does_not_exist.py"], "script not found"),
-    (["run", "--nproc-per-node", "zero", "x.py"], "Invalid value"),
-    (["run", "--bogus-option", "x.py"], "No such option"),
+    (["run", "--nproc-per-node", "zero", "x.py"], "--nproc-per-node must be a number"),
+    (["run", "--bogus-option", "x.py"], "unknown option --bogus-option"),
     (["diff", "/nonexistent/logs"], "no such file or folder"),
 ])
 def test_bad_input_gives_one_clear_line_and_no_traceback(tmp_path: Path, argv: list[str],

@@ -1,0 +1,44 @@
+"""Launch lines pasted from pytorch/examples after ``ddpdoctor run``, unchanged: torchrun reads
+its options itself; the job runs on gloo here (``--cpu``) and stops after one DDP step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddpdoctor.launch.command import free_port
+
+from .jobs import EXAMPLES, run_job
+
+SCRIPT = EXAMPLES / "ci" / "multigpu_torchrun_style.py"
+
+LINES = {
+    # distributed/ddp-tutorial-series/run_example.sh
+    "ddp-tutorial-series": "--nnodes=1 --nproc_per_node=2 --rdzv_id=101 "
+                           "--rdzv_endpoint=localhost:{port}",
+    # distributed/minGPT-ddp/run_example.sh
+    "minGPT-ddp": "--standalone --nproc_per_node=2",
+    "tee-and-filters": "--nproc-per-node 2 --tee 3 --local-ranks-filter 0 --log-dir {tmp}/tl "
+                       "--monitor-interval 0.2 --local-addr 127.0.0.1 --rdzv-conf timeout=60",
+    "no-python": "--nproc_per_node=2 --no-python python",
+    "run-path": "--nproc-per-node=2 --run-path",
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(LINES))
+def test_a_pasted_launch_line_runs_unchanged(tmp_path: Path, name: str) -> None:
+    line = LINES[name].format(port=free_port(), tmp=tmp_path).split()
+    # --run-path starts the workers as multiprocessing children of torchrun's agent, which
+    # waits for their return values: --max-steps (which ends a rank with os._exit) does not
+    # apply there, one short epoch does.
+    steps = ("--max-steps", "1") if name != "run-path" else ()
+    args = ("--total-epochs", "1") if name == "run-path" else ()
+    job = run_job(tmp_path, SCRIPT, "--snapshot-path", str(tmp_path / "s.pt"), *args,
+                  options=("--cpu", *steps, *line))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean"
+    assert sorted(job.report["ranks"]) == ["0", "1"]
+    if name == "tee-and-filters":
+        assert (tmp_path / "tl").is_dir()  # torchrun's own --log-dir, not ddpdoctor's
