@@ -17,9 +17,13 @@ d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic
    ranks, then ranks grow at 50,000 collectives; the baseline is reading the same bytes and
    splitting their lines, and the record-by-record reader (the code before the compact path)
    is measured once at 8 x 50,000. Each diagnosis must name the injected divergence;
-e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout;
+e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout, and, for
+   collectives that provably cannot match, with a 30 s hang timeout (target 2 s);
 f. trace bytes per collective on disk, and the size of a long all_reduce loop's traces with
-   ``--max-trace-mb`` against the same job without it.
+   ``--max-trace-mb`` against the same job without it;
+g. ``ddpdoctor diff`` wall time (start-up included) and peak RSS on the worst damaged inputs:
+   2 GB sparse traces, a 2 GB fault file, absurd world sizes and sequence numbers, a line
+   nested 200,000 deep.
 
 The machine's load average is printed before and after: other processes on the machine make
 every timing noisier (the alternation and the medians are there for that).
@@ -255,6 +259,59 @@ def diff_scale(shapes: list[tuple[int, int]], legacy_at: tuple[int, int] | None,
     return rows
 
 
+# -- g: diff on damaged inputs ---------------------------------------------------------------
+def _damaged_folder(folder: Path, kind: str) -> None:
+    """Two ranks' traces, damaged as ``kind`` says (the worst inputs of the hardening issue)."""
+    folder.mkdir(parents=True)
+    start = {"kind": "process_start", "world_size": 2, "pid": 1}
+    stack = {"kind": "stack", "id": 0, "frames": [{"file": "t.py", "line": 3, "function": "f"}]}
+
+    def coll(seq: int) -> dict:
+        return {"kind": "collective", "id": 1, "seq": seq, "iteration": 0, "t": 1.0,
+                "state": "pending", "group": "0", "op": "all_reduce", "label": "user",
+                "shapes": [[2]], "dtypes": ["float32"], "numel": 2, "stack": 0}
+
+    for rank in (0, 1):
+        head = {"kind": "header", "format": "ddpdoctor-trace", "version": 3, "rank": rank,
+                "run_id": "damaged", "attempt": 0}
+        records = [start, stack, coll(1)]
+        if kind == "world_size 10**9":
+            records[0] = {**start, "world_size": 10**9}
+        elif kind == "seq 10**9":
+            records[2] = coll(10**9)
+        path = folder / f"rank-{rank}.jsonl"
+        text = "\n".join(json.dumps(r) for r in [head, *records]) + "\n"
+        if kind == "nested 200,000 deep":
+            text += "[" * 200_000 + "]" * 200_000 + "\n"
+        path.write_text(text)
+        if kind == "2 GB sparse traces":
+            with open(path, "r+b") as fh:
+                fh.truncate(2 * 1024**3)
+        if kind == "2 GB fault file":
+            with open(folder / "fault-1.txt", "wb") as fh:
+                fh.write(b"Fatal Python error: Aborted\n")
+                fh.truncate(2 * 1024**3)
+
+
+def damaged(work: Path) -> list[Row]:
+    """``diff`` wall time and peak memory on damaged inputs (target: 1 s and 200 MB each)."""
+    rows: list[Row] = []
+    idle = _diff_child(None, "idle")
+    for kind in ("2 GB sparse traces", "2 GB fault file", "world_size 10**9", "seq 10**9",
+                 "nested 200,000 deep"):
+        folder = work / ("damaged-" + "".join(c if c.isalnum() else "-" for c in kind))
+        _damaged_folder(folder, kind)
+        say(f"g: diff on {kind}")
+        res = _diff_child(folder, "compact")
+        wall, rss = res["import"] + res["load"] + res["diagnose"], res["maxrss_kb"] / 1024
+        rows.append(Row("g", f"diff on {kind}", "python + ddpdoctor imported",
+                        idle["import"], wall, "s", "≤ 1 s", wall <= 1.0,
+                        f"peak RSS {rss:.0f} MB (≤ 200 MB: {'yes' if rss <= 200 else 'NO'}); "
+                        f"verdict {res['verdict']}"))
+        shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
 # -- e: hang latency ------------------------------------------------------------------------
 def hang(rounds: int, timeout: float) -> list[Row]:
     if not (HERE / "hang_latency.py").exists():
@@ -338,6 +395,8 @@ def main() -> None:
             rows += hang(1 if quick else 3, args.hang_timeout)
         if "f" not in skip and doctor_jobs:
             rows += trace_size(doctor_jobs, 5_000 if quick else 20_000, 0.25)
+        if "g" not in skip:
+            rows += damaged(work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     load1 = os.getloadavg()

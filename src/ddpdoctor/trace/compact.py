@@ -372,6 +372,7 @@ def _id_prefixes(first: int, count: int) -> tuple[list[bytes], int]:
 
 
 CHUNK = 8 * 1024 * 1024  # bytes read at a time: memory stays bounded whatever the file size
+MAX_LINE = 4 * 1024 * 1024  # a longer line is damage: never held whole
 
 
 class _Reader:
@@ -413,6 +414,8 @@ class _Reader:
                 break
             lines = (rest + data).split(b"\n")
             rest = lines.pop()
+            if len(rest) > MAX_LINE:  # an endless line (a sparse or damaged file)
+                raise NotCompact("a line longer than the limit")
             self._index_lines(lines)
             self.feed(lines)
         if rest:  # no newline at the end: the cut-off last line

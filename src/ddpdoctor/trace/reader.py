@@ -18,15 +18,15 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, schema
-from ddpdoctor.trace.compact import NotCompact, collective_from, expand_repeat, place, read_compact
+from ddpdoctor.trace.compact import CHUNK, MAX_LINE, NotCompact, collective_from, expand_repeat, place, read_compact
 from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site
 
-MAX_LINE = 4 * 1024 * 1024
+MAX_SKIP = 64 * 1024 * 1024
 MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
 _STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
 
@@ -125,22 +125,57 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
     if trace is not None:
         return trace
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as fh:
+            return _read_records(path, fh)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
-    lines = data.split(b"\n")
-    truncated = bool(lines) and lines[-1] != b""
-    if not truncated:
-        lines = lines[:-1]
-    head = _header(path, lines[0] if lines else b"")
-    trace = _new_trace(path, head, truncated)
+
+
+def _bounded_lines(fh: BinaryIO) -> Iterator[tuple[bytes | None, bool]]:
+    """The file's lines, read in chunks, each with whether it is the cut-off last line; a line
+    longer than :data:`MAX_LINE` comes as None, its bytes skipped, never held whole; after
+    :data:`MAX_SKIP` bytes without a line end the rest of the file is left unread."""
+    rest, skipping, skipped = b"", False, 0
+    while True:
+        data = fh.read(CHUNK)
+        if not data:
+            break
+        lines = (rest + data).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if skipping:
+                skipping = False
+                yield None, False
+            else:
+                yield line, False
+        if len(rest) > MAX_LINE:
+            rest, skipping = b"", True
+            skipped += len(data)
+            if skipped > MAX_SKIP:  # megabytes without a line end: not a trace any more
+                yield None, False
+                return
+        else:
+            skipped = 0
+    if skipping:
+        yield None, True
+    elif rest:
+        yield rest, True
+
+
+def _read_records(path: Path, fh: BinaryIO) -> RankTrace:
+    """The record-by-record path: every line decoded; damage counted, never fatal."""
+    lines = _bounded_lines(fh)
+    first, _ = next(lines, (b"", True))
+    head = _header(path, first or b"")
+    trace = _new_trace(path, head, False)
     stacks: dict[int, list[Site]] = {}
     by_id: dict[int, Collective] = {}
     by_group: dict[str, list] = {}
-    for i, raw in enumerate(lines[1:], start=2):
-        rec = _parse(raw)
+    for raw, last in lines:
+        trace.truncated = last  # no newline at the end: the rank was killed mid-write
+        rec = _parse(raw) if raw is not None else None
         if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id, by_group):
-            if not (truncated and i == len(lines)):  # a cut-off last line is expected
+            if not (last and raw is not None):  # a cut-off last line is expected
                 trace.damaged_lines += 1
     if trace.version >= 3:
         # Collective lines were written before the collective ran: ``done`` records say
