@@ -10,6 +10,9 @@ all-reduces, the ``find_unused_parameters`` int32 used-map), and the joined rank
 
 from __future__ import annotations
 
+import os
+
+from ddpdoctor.runtime import source_capture
 from ddpdoctor.trace.model import Collective, Group, RankTrace, Run, Site
 
 SCRIPT = "/work/job/train.py"
@@ -47,7 +50,11 @@ class TraceBuilder:
 
     # -- primitives --------------------------------------------------------------------------
     def site(self, line: int, function: str = "main", file: str | None = None) -> Site:
-        return Site(file or self.file, line, function)
+        """A frame as the rank records it: with its source captured when the file exists."""
+        path = file or self.file
+        got = source_capture.capture(path, line) if os.path.isfile(path) else {}
+        return Site(path, line, function, text=got.get("text", ""), indent=got.get("indent"),
+                    blocks=tuple(tuple(b) for b in got.get("blocks", ())))
 
     def new_group(self, name: str, ranks: list[int]) -> TraceBuilder:
         if self.rank in ranks:

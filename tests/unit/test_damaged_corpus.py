@@ -119,6 +119,17 @@ def test_reports_strip_terminal_escapes_and_markdown_escapes_html(tmp_path: Path
     assert clean("a\x1b[1mb\x07c") == "abc"
 
 
+def test_a_frame_naming_a_system_file_never_shows_that_file(tmp_path: Path) -> None:
+    secret = tmp_path / "shadow"
+    secret.write_text("root:SECRET-HASH:19000:0:99999:7:::\n")
+    stack = {"kind": "stack", "id": 0, "frames": [{"file": str(secret), "line": 1,
+                                                   "function": "f"}]}
+    records = [START, stack, _coll(), _coll(id=2, seq=2, op="broadcast"), DONE]
+    _folder(tmp_path / "logs", records=records) if (tmp_path / "logs").mkdir() is None else None
+    result = CliRunner().invoke(app, ["diff", str(tmp_path / "logs")])
+    assert "SECRET-HASH" not in result.output
+
+
 def test_secret_looking_arguments_are_masked() -> None:
     argv = ["train.py", "--api-key", "secret123", "--token=abc", "HF_TOKEN=xyz", "--lr", "1",
             "--password"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import incomplete, stacks_of
-from ddpdoctor.trace.model import Collective, RankTrace, Run, Site, is_internal_file
+from ddpdoctor.trace.model import Collective, RankTrace, Run, Site, is_internal_file, site_from
 
 FINISHED = "finished"
 EXCEPTION = "exception"
@@ -97,8 +97,7 @@ def user_frame(frames: list[dict], user_files: set[str]) -> Site | None:
     """The innermost frame of user code in an exception's frames (outermost first): outside
     torch, installed libraries and the standard library; else the innermost frame of a file
     that issued collectives (``user_files``); else the innermost frame."""
-    sites = [Site(str(f.get("file", "?")), int(f.get("line", 0) or 0),
-                  str(f.get("function", "?"))) for f in frames if isinstance(f, dict)]
+    sites = _sites(frames)
     for site in reversed(sites):
         if not is_internal_file(site.file):
             return site
@@ -122,11 +121,21 @@ def _hang_stack(hang: dict | None) -> list[Site]:
         return []
     for thread in hang.get("threads") or []:
         if isinstance(thread, dict) and thread.get("main"):
-            frames = [f for f in thread.get("frames") or [] if isinstance(f, dict)]
-            sites = [Site(str(f.get("file", "?")), int(f.get("line", 0) or 0),
-                          str(f.get("function", "?"))) for f in frames]
+            sites = _sites(thread.get("frames") or [])
             return [s for s in reversed(sites) if not is_internal_file(s.file)]
     return []
+
+
+def _sites(frames: object) -> list[Site]:
+    """The well-formed frame records among ``frames``, as sites."""
+    out = []
+    for f in frames if isinstance(frames, list) else []:
+        if isinstance(f, dict):
+            try:
+                out.append(site_from(f))
+            except (TypeError, ValueError):
+                continue
+    return out
 
 
 def rank_state(trace: RankTrace | None, rank: int, run: Run,

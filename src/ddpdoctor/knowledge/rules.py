@@ -24,6 +24,7 @@ from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import site_key
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import source
+from ddpdoctor.trace.compact import CollectiveLog
 from ddpdoctor.trace.model import Run, Site
 
 # Labels of the collectives a DDP training step issues (forward and backward).
@@ -57,6 +58,20 @@ class RuleContext:
         if found is None:
             found = self._group_sites[key] = self.alignment.site_keys(rank, group=group)
         return found
+
+    def ddp_frames(self, rank: int) -> list[Site]:
+        """The first user frame of each distinct stack of ``rank``'s DDP training-step
+        collectives (the forward and backward lines, with their captured source)."""
+        trace = self.run.ranks.get(rank)
+        if trace is None:
+            return []
+        colls = trace.collectives
+        items = colls.protos if isinstance(colls, CollectiveLog) else colls
+        seen: dict[int, Site] = {}
+        for c in items:
+            if c.label in DDP_STEP_LABELS and c.stack and id(c.stack) not in seen:
+                seen[id(c.stack)] = c.stack[0]
+        return list(seen.values())
 
     def bucket_count(self, group: str, rank: int) -> int:
         """How many DDP gradient-bucket all-reduces ``rank`` issued in ``group``."""
@@ -103,9 +118,9 @@ def _after_loop(d: RankDetail, rank: int, ctx: RuleContext) -> bool:
     if d.site is None:
         return False
     mine = source.indent(d.site)
-    for name, line, function in ctx.ddp_sites(rank):
-        if name == site_key(d.site)[0] and function == d.site.function:
-            theirs = source.indent(Site(d.site.file, line, function))
+    for site in ctx.ddp_frames(rank):
+        if site_key(site)[0] == site_key(d.site)[0] and site.function == d.site.function:
+            theirs = source.indent(site)
             if mine is not None and theirs is not None:
                 return mine < theirs
     return mine is None and d.op == "barrier"

@@ -2,14 +2,11 @@
 
 Built to be read in ten seconds, in a terminal or in a CI log without colour: one headline,
 one table of what each rank was doing at the root finding (ranks doing the same thing share a
-row), the code of each source line (read with ``linecache`` when the file exists here), then
+row), the code of each source line (as the rank captured it; no file is opened), then
 the cause's title, why and how to fix it; other findings folded to one line each.
 """
 
 from __future__ import annotations
-
-import linecache
-import os
 
 from rich import box
 from rich.console import Console
@@ -32,11 +29,9 @@ _COLOURS = {rp.CLEAN: "green", rp.DIVERGED: "red", rp.CRASHED: "red", rp.INCOMPL
 
 
 def code_line(site: Site | None) -> str:
-    """The source text of ``site`` when it is a Python file readable here, else ''. (Only
-    ``.py`` files: a trace names the file, and no other file is ever shown.)"""
-    if site is None or not site.file.endswith(".py") or not os.path.isfile(site.file):
-        return ""
-    return clean(linecache.getline(site.file, site.line).strip())
+    """The source text of ``site`` as its rank captured it ('' when it could not): a report
+    never opens a file a trace names."""
+    return clean(site.text) if site is not None else ""
 
 
 def _rank_status_line(report: Report) -> str:

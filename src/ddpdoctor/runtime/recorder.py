@@ -153,7 +153,8 @@ class Recorder:
     def exception(self, exc: BaseException) -> None:
         """Record an exception escaping the script (or an mp.spawn worker function)."""
         tb = traceback.extract_tb(exc.__traceback__)
-        frames = [{"file": f.filename, "line": f.lineno, "function": f.name} for f in tb]
+        frames = [{"file": f.filename, "line": f.lineno, "function": f.name,
+                   "text": (f.line or "")[:240]} for f in tb]
         self.emit({"kind": schema.EXCEPTION, "t": _now(), "type": type(exc).__name__,
                    "message": str(exc)[:2000], "frames": frames[-20:],
                    "iteration": self.iteration,

@@ -43,8 +43,8 @@ def thread_stacks() -> list[dict]:
     for ident, frame in sys._current_frames().items():
         if names.get(ident, "").startswith("ddpdoctor-"):
             continue
-        frames = [{"file": f.filename, "line": f.lineno, "function": f.name}
-                  for f in traceback.extract_stack(frame)]
+        frames = [{"file": f.filename, "line": f.lineno, "function": f.name,
+                   "text": (f.line or "")[:240]} for f in traceback.extract_stack(frame)]
         out.append({"thread": names.get(ident, str(ident)), "main": ident == main,
                     "frames": frames})
     out.sort(key=lambda s: not s["main"])

@@ -23,6 +23,7 @@ import threading
 import time
 from typing import Any
 
+from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.trace import schema
 
@@ -202,7 +203,7 @@ class TraceWriter:
         stack_id = self._stacks.get(rec.stack)
         if stack_id is None:
             stack_id = self._stacks[rec.stack] = len(self._stacks)
-            frames = [{"file": f, "line": n, "function": fn} for f, n, fn in rec.stack]
+            frames = [source_capture.frame(f, n, fn) for f, n, fn in rec.stack]
             lines.append(json.dumps({"kind": schema.STACK, "id": stack_id, "frames": frames}))
         shapes, dtypes, numel = [], [], 0
         for shape, dtype in rec.tensors:

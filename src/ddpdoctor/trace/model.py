@@ -25,14 +25,32 @@ def is_internal_file(path: str) -> bool:
 
 @dataclass(frozen=True)
 class Site:
-    """A source location: the first frame outside torch and ddpdoctor, or a stack frame."""
+    """A source location: the first frame outside torch and ddpdoctor, or a stack frame,
+    with the source the rank captured there (``text``, ``indent``, enclosing ``blocks``:
+    (line, header) innermost first) when it could read it."""
 
     file: str
     line: int
     function: str
+    text: str = field(default="", compare=False)
+    indent: int | None = field(default=None, compare=False)
+    blocks: tuple[tuple[int, str], ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
+
+
+def site_from(frame: dict) -> Site:
+    """A :class:`Site` from a frame record of a trace, its fields type-checked (raises
+    TypeError or ValueError on a malformed one)."""
+    indent = frame.get("indent")
+    blocks = frame.get("blocks") or []
+    return Site(str(frame.get("file", "?")), int(frame.get("line", 0) or 0),
+                str(frame.get("function", "?")), text=str(frame.get("text") or ""),
+                indent=indent if isinstance(indent, int) and not isinstance(indent, bool)
+                else None,
+                blocks=tuple((int(b[0]), str(b[1])) for b in blocks
+                             if isinstance(b, (list, tuple)) and len(b) == 2))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, schema
 from ddpdoctor.trace.compact import CHUNK, MAX_LINE, NotCompact, collective_from, expand_repeat, place, read_compact
-from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site
+from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site, site_from
 
 MAX_SKIP = 64 * 1024 * 1024
 MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
@@ -100,8 +100,7 @@ def _merge_dumps(ranks: dict[int, RankTrace], dumps: list[Path], notes: list[str
 
 
 def _site(frame: dict) -> Site:
-    return Site(str(frame.get("file", "?")), int(frame.get("line", 0) or 0),
-                str(frame.get("function", "?")))
+    return site_from(frame)
 
 
 def _regular(path: Path) -> None:
