@@ -174,9 +174,12 @@ def run(
     elif job.interrupted:
         _say("interrupted: job stopped, logs kept")
     if outcome.report is not None:
-        console_report.render(outcome.report, err)
+        _show(outcome.report, err)
         if json_out:
-            json_out.write_text(json.dumps(json_report.to_dict(outcome.report), indent=2))
+            extra = {"exit_code": outcome.exit_code, "duration_s": round(job.duration, 3),
+                     "logdir": str(log_path)}
+            json_out.write_text(json.dumps(json_report.to_dict(outcome.report, extra),
+                                           indent=2))
     elif outcome.read_error:
         _say(f"no diagnosis: {outcome.read_error}")
     if outcome.schedule_diff:
@@ -201,6 +204,19 @@ def run(
     _write_ci_reports(outcome.report, info, junit_out, markdown_out)
     _say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
+
+
+def _show(report: Report, console: Console) -> None:
+    """The report on a terminal (wrapped to it, in colour), or as plain long lines in a log."""
+    if console.is_terminal:
+        console_report.render(report, console)
+    else:
+        width = int(os.environ.get("COLUMNS", "0") or 0) or LOG_WIDTH
+        console.file.write(console_report.plain_text(report, max(width, 80)))
+        console.file.flush()
+
+
+LOG_WIDTH = 400  # a report written to a log is not wrapped below this width
 
 
 def _torchrun_args(ctx: typer.Context) -> list[str]:
@@ -272,7 +288,7 @@ def diff(
     if json_out:
         print(json.dumps(json_report.to_dict(report), indent=2))
     else:
-        console_report.render(report, Console(highlight=False))
+        _show(report, Console(highlight=False))
     raise typer.Exit(doctor.EXIT_OK if report.verdict == "clean" else doctor.EXIT_PROBLEM)
 
 

@@ -8,6 +8,8 @@ the cause's title, why and how to fix it; other findings folded to one line each
 
 from __future__ import annotations
 
+import io
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -203,6 +205,15 @@ def _hang_stacks(report: Report, console: Console) -> None:
                           + Text(code, style="cyan"))
     if len(rows) > MAX_ROWS:
         console.print(f"  … and {len(rows) - MAX_ROWS} more (see --json)", markup=False)
+
+
+def plain_text(report: Report, width: int = 100) -> str:
+    """The report as plain text for a log (CI): no colour, lines up to ``width`` wide instead
+    of wrapped at 80 columns, no trailing spaces."""
+    buffer = io.StringIO()
+    render(report, Console(file=buffer, width=width, color_system=None, force_terminal=False,
+                           highlight=False, emoji=False))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
 def render(report: Report, console: Console) -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from ddpdoctor import __version__
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Site
 
 FORMAT = "ddpdoctor-report"
-VERSION = 1
+VERSION = 2  # 2: the ddpdoctor version, and run's exit_code, duration_s and logdir
 
 
 def _site(site: Site | None) -> dict[str, Any] | None:
@@ -59,11 +60,14 @@ def _rank(r: RankSummary) -> dict[str, Any]:
             "hang_stack": [_site(s) for s in r.hang_stack]}
 
 
-def to_dict(report: Report) -> dict[str, Any]:
-    """The report as a JSON-able dict (see docs/report-format.md)."""
+def to_dict(report: Report, run: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The report as a JSON-able dict (see docs/report-format.md); ``run``: what ``ddpdoctor
+    run`` adds (its exit code, the job's duration, the log folder)."""
     return {
         "format": FORMAT,
         "version": VERSION,
+        "ddpdoctor": __version__,
+        **(run or {}),
         "verdict": report.verdict,
         "world_size": report.world_size,
         "ranks": {str(r.rank): _rank(r) for r in report.ranks},

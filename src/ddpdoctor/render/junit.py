@@ -11,11 +11,9 @@ console report without colour) plus any schedule difference. Pure: a function of
 
 from __future__ import annotations
 
-import io
 import re
 import xml.etree.ElementTree as ET
 
-from rich.console import Console
 
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.render import console as console_report
@@ -36,11 +34,7 @@ def clean_text(text: str) -> str:
 
 def plain_report(report: Report, width: int = 100) -> str:
     """The console report as plain text (no colour, no terminal)."""
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=width, color_system=None, force_terminal=False,
-                      highlight=False, emoji=False)
-    console_report.render(report, console)
-    return buffer.getvalue()
+    return console_report.plain_text(report, width)
 
 
 def failure_message(report: Report | None, info: RunInfo) -> str:
