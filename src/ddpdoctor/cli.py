@@ -24,9 +24,12 @@ from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.render import console as console_report
 from ddpdoctor.render import json_report, junit, markdown
+from ddpdoctor.render import timeline as timeline_render
 from ddpdoctor.schedule import ScheduleError
 from ddpdoctor.trace import redact
-from ddpdoctor.trace.reader import TraceError
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.reader import TraceError, load_run
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -129,6 +132,10 @@ def run(
              "recording (always so for NCCL groups, which ddpdoctor does not record yet); every "
              "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
              "reduce op or root."),
+    timeline_out: Optional[Path] = typer.Option(
+        None, "--timeline",
+        help="Also write a timeline of every rank here (Chrome trace-event JSON for "
+             "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')."),
     record_nccl: bool = typer.Option(
         False, "--record-nccl",
         help="UNVERIFIED: record NCCL groups with ddpdoctor's own process-group wrapper (as gloo "
@@ -182,6 +189,12 @@ def run(
                                            indent=2))
     elif outcome.read_error:
         _say(f"no diagnosis: {outcome.read_error}")
+    if timeline_out:
+        try:
+            run_traces = load_run([str(log_path)])
+            _write_timeline(run_traces, outcome.report, timeline_out)
+        except TraceError as exc:
+            _say(f"warning: no timeline: {exc}")
     if outcome.schedule_diff:
         _say(f"the collective schedule differs from {expect_schedule}:")
         for line in outcome.schedule_diff:
@@ -290,6 +303,31 @@ def diff(
     else:
         _show(report, Console(highlight=False))
     raise typer.Exit(doctor.EXIT_OK if report.verdict == "clean" else doctor.EXIT_PROBLEM)
+
+
+@app.command()
+def timeline(
+    paths: list[Path] = typer.Argument(..., help="Log folder(s) (one per node) or trace files."),
+    out: Path = typer.Option(Path("ddpdoctor-timeline.json"), "-o", "--output",
+                             help="The timeline file to write."),
+) -> None:
+    """Write a timeline of every rank (Chrome trace-event JSON): open it in ui.perfetto.dev
+    (Open trace file) or chrome://tracing. One row per rank and group, each collective a slice
+    in DDP terms, the first divergence marked and joined by arrows."""
+    try:
+        run = load_run([str(p) for p in paths])
+    except TraceError as exc:
+        _fail(str(exc))
+    _write_timeline(run, diagnose(run), out)
+
+
+def _write_timeline(run: Run, report: Optional[Report], out: Path) -> None:
+    try:
+        count = timeline_render.write(run, report, out)
+    except OSError as exc:
+        _fail(f"cannot write {out}: {exc.strerror or exc}")
+    _say(f"timeline: {out} ({count} events of {len(run.ranks)} ranks); open it in "
+         f"https://ui.perfetto.dev (Open trace file) or chrome://tracing")
 
 
 schedule_app = typer.Typer(

@@ -47,6 +47,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "expect-schedule": ("expect_schedule", "str"),
     "flight-recorder": ("flight_recorder", "bool"),
     "record-nccl": ("record_nccl", "bool"),
+    "timeline": ("timeline_out", "str"),
 }
 LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).
