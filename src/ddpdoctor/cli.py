@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
@@ -16,14 +15,13 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from ddpdoctor import __version__, config, doctor
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.render import console as console_report
-from ddpdoctor.render import json_report, junit, markdown
+from ddpdoctor.render import json_report, junit, live, markdown
 from ddpdoctor.render import timeline as timeline_render
 from ddpdoctor.schedule import ScheduleError
 from ddpdoctor.trace import redact
@@ -171,7 +169,12 @@ def run(
         _fail(str(exc))
     _say(f"recording to {log_path}")
     try:
-        outcome = doctor.run(opts, log_path, _status_printer(opts))
+        if err.is_terminal and sys.stdout.isatty():
+            opts.status_every = LIVE_EVERY
+            with live.LiveView(err) as view:
+                outcome = doctor.run(opts, log_path, view.status, view.output)
+        else:
+            outcome = doctor.run(opts, log_path, _status_printer(opts))
     except UsageError as exc:
         _fail(str(exc))
     job = outcome.job
@@ -230,6 +233,7 @@ def _show(report: Report, console: Console) -> None:
 
 
 LOG_WIDTH = 400  # a report written to a log is not wrapped below this width
+LIVE_EVERY = 0.5  # seconds between redraws of the live view
 
 
 def _torchrun_args(ctx: typer.Context) -> list[str]:
@@ -261,31 +265,13 @@ def _write_ci_reports(report: Optional[Report], info: markdown.RunInfo, junit_ou
 
 
 def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
-    """Progress while the job runs: a compact table on a terminal, plain lines in CI logs."""
+    """Progress while the job runs, without a terminal: a plain line now and then."""
 
     def show(progress: JobProgress, event: str) -> None:
         if event == "status" and progress.ranks:
-            if err.is_terminal:
-                err.print(_status_table(progress))
-            else:
-                _say(progress.summary_line())
+            _say(live.plain_line(progress))
 
     return show
-
-
-def _status_table(progress: JobProgress) -> Table:
-    now = time.time()
-    table = Table(box=None, padding=(0, 1), header_style="dim", title_justify="left",
-                  title=f"ddpdoctor: {time.strftime('%H:%M:%S')}", title_style="dim")
-    for column in ("rank", "iter", "done", "state"):
-        table.add_column(column)
-    ranks = sorted(progress.ranks)
-    for rank in ranks[:8]:
-        p = progress.ranks[rank]
-        table.add_row(str(rank), str(p.iteration), str(p.completed), progress.rank_line(p, now))
-    if len(ranks) > 8:
-        table.add_row("...", "", "", f"{len(ranks) - 8} more ranks")
-    return table
 
 
 @app.command()

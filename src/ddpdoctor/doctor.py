@@ -89,10 +89,11 @@ def compare_schedule(expected: str, paths: Iterable[str]) -> list[str]:
 
 
 def run(opts: RunOptions, logdir: Path,
-        on_status: Callable[[JobProgress, str], None] | None = None) -> RunOutcome:
+        on_status: Callable[[JobProgress, str], None] | None = None,
+        on_output: Callable[[str, bool], None] | None = None) -> RunOutcome:
     """Run the job under instrumentation and diagnose what its ranks recorded."""
     expected = _expected_schedule(opts.expect_schedule) if opts.expect_schedule else None
-    job = run_job(opts, logdir, on_status)
+    job = run_job(opts, logdir, on_status, on_output)
     report, read_error, changes = None, None, []
     try:
         loaded = load_run([str(logdir)])

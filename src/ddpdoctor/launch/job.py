@@ -12,10 +12,12 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ddpdoctor.launch import proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
@@ -63,9 +65,27 @@ class _Signals:
             signal.signal(sig, handler)
 
 
+FIRST_STATUS = 1.5  # seconds before the first progress update
+
+
+def _pump(stream: Any, is_err: bool, sink: Callable[[str, bool], None]) -> threading.Thread:
+    """Forward the job's output, line by line, to ``sink`` (a live view draws around it)."""
+    def run() -> None:
+        for raw in iter(stream.readline, b""):
+            sink(raw.decode("utf-8", "replace"), is_err)
+        stream.close()
+
+    thread = threading.Thread(target=run, name="ddpdoctor-output", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_job(opts: RunOptions, logdir: Path,
-            on_status: Callable[[JobProgress, str], None] | None = None) -> JobResult:
-    """Run the job to its end, or stop it on a hang or a signal; never leaves a process."""
+            on_status: Callable[[JobProgress, str], None] | None = None,
+            on_output: Callable[[str, bool], None] | None = None) -> JobResult:
+    """Run the job to its end, or stop it on a hang or a signal; never leaves a process.
+    ``on_output``: the job's output goes through it (line by line) instead of straight to
+    ddpdoctor's own stdout and stderr."""
     cmd = build_command(opts)
     environ = build_env(opts, logdir, run_id(opts))
     proctree.become_subreaper()
@@ -74,11 +94,14 @@ def run_job(opts: RunOptions, logdir: Path,
     result = JobResult(exit_code=0, logdir=str(logdir), duration=0.0,
                        nnodes=opts.torchrun.nnodes_max if opts.launcher == "torchrun" else 1)
     with _Signals() as signals:
+        pipe = subprocess.PIPE if on_output else None
         try:
-            proc = subprocess.Popen(cmd, env=environ)
+            proc = subprocess.Popen(cmd, env=environ, stdout=pipe, stderr=pipe)
         except OSError as exc:
             raise UsageError(f"cannot start {cmd[0]}: {exc.strerror}") from None
-        next_status = started + opts.status_every
+        pumps = [_pump(proc.stdout, False, on_output), _pump(proc.stderr, True, on_output)] \
+            if on_output else []
+        next_status = started + min(FIRST_STATUS, opts.status_every)
         while proc.poll() is None:
             time.sleep(0.2)
             now = time.time()
@@ -108,6 +131,8 @@ def run_job(opts: RunOptions, logdir: Path,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        for pump in pumps:
+            pump.join(2.0)
         # Workers that outlived their parent (re-parented to us): end them too.
         leftovers = proctree.descendants(os.getpid())
         if leftovers:

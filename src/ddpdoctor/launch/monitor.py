@@ -389,10 +389,10 @@ class JobProgress:
             quiet = now - float(act.get("quiet_since", now))
             where = p.place()
             return f"busy {quiet:.0f}s" + (f" in {where}" if where else "")
-        return f"iteration {p.iteration}"
+        return "running"
 
     def summary_line(self, now: float | None = None) -> str:
         now = now or time.time()
-        parts = [f"r{r}: {self.ranks[r].completed} done, {self.rank_line(self.ranks[r], now)}"
-                 for r in sorted(self.ranks)]
+        parts = [f"r{r}: iter {self.ranks[r].iteration}, {self.ranks[r].completed} done, "
+                 f"{self.rank_line(self.ranks[r], now)}" for r in sorted(self.ranks)]
         return "; ".join(parts) or "waiting for ranks to start"
