@@ -83,45 +83,51 @@ RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rd
               "else 2 (2 with --cpu), and a free --master-port on a single node.")
 
 
-@app.command(context_settings={"allow_interspersed_args": False}, epilog=RUN_EPILOG)
+@app.command(context_settings={"allow_interspersed_args": False}, epilog=RUN_EPILOG,
+             short_help="Run a DDP script with every rank recorded, and diagnose it.")
 def run(
     ctx: typer.Context,
-    script: str = typer.Argument(..., help="The training script (or module with -m)."),
-    args: Optional[list[str]] = typer.Argument(None, help="Arguments for the script."),
+    script: str = typer.Argument(..., metavar="SCRIPT",
+                                 help="The training script (or module with -m)."),
+    args: Optional[list[str]] = typer.Argument(None, metavar="ARGS",
+                                               help="Arguments for the script."),
     launcher: Launcher = typer.Option(
-        Launcher.torchrun, "--launcher",
+        Launcher.torchrun, "--launcher", metavar="torchrun|python",
         help="torchrun, or python for scripts that start their own workers (mp.spawn)."),
     logdir: Optional[Path] = typer.Option(
-        None, "--logdir", help="Where the per-rank traces go (default: ./ddpdoctor-logs/<time>)."),
+        None, "--logdir", metavar="DIR",
+        help="Where the per-rank traces go (default: ./ddpdoctor-logs/<date>-<time>-<pid> in "
+             "the working directory; the folder is created private, 0700)."),
     backend: Optional[str] = typer.Option(
-        None, "--backend", help="Override the backend the script asks for (e.g. gloo)."),
+        None, "--backend", metavar="NAME", help="Override the backend the script asks for (e.g. gloo)."),
     hang_timeout: float = typer.Option(
-        30.0, "--hang-timeout", min=0.5,
+        30.0, "--hang-timeout", metavar="SECONDS", min=0.5,
         help="Seconds every live rank may wait in a collective, none progressing, before the job "
              "is a hang. A rank busy outside collectives (checkpoint, evaluation) is not waiting; "
              "collectives that provably cannot match are diagnosed at once."),
     stuck_timeout: float = typer.Option(
-        600.0, "--stuck-timeout", min=0.5,
+        600.0, "--stuck-timeout", metavar="SECONDS", min=0.5,
         help="Seconds a rank may stay at one place in its own code, outside collectives and "
              "without using CPU, before the job is stopped as stuck there."),
-    grace: float = typer.Option(5.0, "--grace", min=0.0,
+    grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0.0,
                                 help="Seconds between SIGTERM and SIGKILL when stopping the job."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the report as JSON here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                            help="Also write the report as JSON here."),
     cpu: bool = typer.Option(
         False, "--cpu",
         help="Run a script written for CUDA/NCCL on the CPU, unmodified: gloo, CUDA devices "
              "mapped to the CPU (docs/cpu-mode.md); --nproc-per-node defaults to 2."),
     max_steps: Optional[int] = typer.Option(
-        None, "--max-steps", min=1,
+        None, "--max-steps", metavar="N", min=1,
         help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0)."),
     junit_out: Optional[Path] = typer.Option(
-        None, "--junit", help="Also write a JUnit XML file: one test, failed with the diagnosis."),
+        None, "--junit", metavar="FILE", help="Also write a JUnit XML file: one test, failed with the diagnosis."),
     markdown_out: Optional[Path] = typer.Option(
-        None, "--markdown",
+        None, "--markdown", metavar="FILE",
         help="Also write the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
              "there in any case)."),
     max_trace_mb: Optional[float] = typer.Option(
-        None, "--max-trace-mb", min=0.0,
+        None, "--max-trace-mb", metavar="MB", min=0.0,
         help="For long jobs: after this many MB per rank, write only what breaks the rank's "
              "repeating pattern (the first divergence is never lost; docs/trace-format.md)."),
     flight_recorder: bool = typer.Option(
@@ -131,7 +137,7 @@ def run(
              "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
              "reduce op or root."),
     timeline_out: Optional[Path] = typer.Option(
-        None, "--timeline",
+        None, "--timeline", metavar="FILE",
         help="Also write a timeline of every rank here (Chrome trace-event JSON for "
              "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')."),
     record_nccl: bool = typer.Option(
@@ -140,7 +146,7 @@ def run(
              "groups are) instead of the flight recorder; scripts/gpu-check has not yet passed "
              "on a GPU."),
     expect_schedule: Optional[Path] = typer.Option(
-        None, "--expect-schedule",
+        None, "--expect-schedule", metavar="FILE",
         help="Fail (exit 1) when the run's collective schedule differs from this file "
              "(written by 'ddpdoctor schedule save')."),
 ) -> None:
@@ -274,9 +280,10 @@ def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
     return show
 
 
-@app.command()
+@app.command(short_help="Diagnose recorded traces (or flight-recorder dumps) again.")
 def diff(
-    paths: list[Path] = typer.Argument(..., help="Log folder(s) or trace files (one folder per node)."),
+    paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
+                                       help="Log folder(s) or trace files (one folder per node)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead."),
 ) -> None:
     """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix."""
@@ -291,10 +298,11 @@ def diff(
     raise typer.Exit(doctor.EXIT_OK if report.verdict == "clean" else doctor.EXIT_PROBLEM)
 
 
-@app.command()
+@app.command(short_help="Write a timeline of every rank for Perfetto.")
 def timeline(
-    paths: list[Path] = typer.Argument(..., help="Log folder(s) (one per node) or trace files."),
-    out: Path = typer.Option(Path("ddpdoctor-timeline.json"), "-o", "--output",
+    paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
+                                       help="Log folder(s) (one per node) or trace files."),
+    out: Path = typer.Option(Path("ddpdoctor-timeline.json"), "-o", "--output", metavar="FILE",
                              help="The timeline file to write."),
 ) -> None:
     """Write a timeline of every rank (Chrome trace-event JSON): open it in ui.perfetto.dev
@@ -319,13 +327,16 @@ def _write_timeline(run: Run, report: Optional[Report], out: Path) -> None:
 schedule_app = typer.Typer(
     no_args_is_help=True, rich_markup_mode=None,
     help="Save a job's collective schedule, and check later runs against it.")
-app.add_typer(schedule_app, name="schedule")
+app.add_typer(schedule_app, name="schedule",
+              short_help="Save a job's collective schedule; check later runs against it.")
 
 
 @schedule_app.command("save")
 def schedule_save(
-    logdir: Path = typer.Argument(..., help="Log folder of a good run (ddpdoctor run --logdir)."),
-    out: Path = typer.Argument(..., help="Schedule file to write (YAML), e.g. schedule.yaml."),
+    logdir: Path = typer.Argument(..., metavar="LOGDIR",
+                                  help="Log folder of a good run (ddpdoctor run --logdir)."),
+    out: Path = typer.Argument(..., metavar="FILE",
+                               help="Schedule file to write (YAML), e.g. schedule.yaml."),
 ) -> None:
     """Write the job's collective schedule: init, then one steady-state DDP iteration."""
     try:
@@ -340,8 +351,10 @@ def schedule_save(
 
 @schedule_app.command("compare")
 def schedule_compare(
-    expected: Path = typer.Argument(..., help="File written by 'ddpdoctor schedule save'."),
-    logdir: list[Path] = typer.Argument(..., help="Log folder(s) of the run to check."),
+    expected: Path = typer.Argument(..., metavar="FILE",
+                                    help="File written by 'ddpdoctor schedule save'."),
+    logdir: list[Path] = typer.Argument(..., metavar="LOGDIR...",
+                                        help="Log folder(s) of the run to check."),
 ) -> None:
     """Exit 1 with the differences when the run adds, removes or reshapes a collective."""
     try:

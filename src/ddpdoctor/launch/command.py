@@ -79,7 +79,8 @@ def make_logdir(requested: str | None) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise UsageError(f"cannot use log folder {path}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot use log folder {path.absolute()}: {exc.strerror or exc} "
+                         f"(choose another with --logdir)") from None
     _lock(path)
     if any(path.glob(schema.TRACE_GLOB)):
         raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
