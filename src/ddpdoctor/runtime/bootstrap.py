@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import warnings
 from typing import Any
 
 from ddpdoctor.runtime import env
@@ -175,6 +176,9 @@ def boot() -> None:
         return
     _die_with_parent()
     _recorder = Recorder(logdir, os.environ.get(env.RUN_ID, ""))
+    # torch warns once per process when numpy is missing (which a job that uses no numpy
+    # does not mind): with a dozen processes that is a dozen copies of one line.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     sys.meta_path.insert(0, _TorchImportHook())
     sys.excepthook = _excepthook
     sys.exit = _recording_exit
