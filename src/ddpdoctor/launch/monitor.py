@@ -33,7 +33,7 @@ from pathlib import Path
 from ddpdoctor.analysis.signature import hard_difference
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import collective_from, is_p2p
-from ddpdoctor.trace.model import Collective, Site
+from ddpdoctor.trace.model import Collective, Site, site_from
 
 SETTLE = 0.3  # seconds a provable deadlock must hold before it is called
 BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
@@ -96,12 +96,16 @@ class RankProgress:
 
     def place(self) -> str:
         """Where the main thread is, from the last activity record: 'save() at train.py:88'."""
-        act = self.fresh_activity()
-        frames = (act or {}).get("frames") or []
-        if not frames or not isinstance(frames[0], dict):
-            return ""
-        f = frames[0]
-        return f"{f.get('function', '?')}() at {Path(str(f.get('file', '?'))).name}:{f.get('line', '?')}"
+        return frame_text(self.fresh_activity())
+
+
+def frame_text(activity: dict | None) -> str:
+    """'save() at train.py:88': the innermost user frame of an activity record ('' if none)."""
+    frames = (activity or {}).get("frames") or []
+    if not frames or not isinstance(frames[0], dict):
+        return ""
+    f = frames[0]
+    return f"{f.get('function', '?')}() at {Path(str(f.get('file', '?'))).name}:{f.get('line', '?')}"
 
 
 class _Tail:
@@ -200,9 +204,7 @@ class JobProgress:
             if prog.pending.pop(rec.get("id"), None) is not None:
                 self._complete(prog, now)
         elif kind == schema.STACK:
-            tail.stacks[int(rec["id"])] = [Site(str(f.get("file", "?")), int(f.get("line", 0)),
-                                                str(f.get("function", "?")))
-                                           for f in rec.get("frames", [])]
+            tail.stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
         elif kind == schema.GROUP:
             self.members[str(rec["group"])] = [int(r) for r in rec.get("ranks", [])]
         elif kind == schema.PROCESS_START:
@@ -224,14 +226,6 @@ class JobProgress:
         elif kind == schema.EXIT:
             prog.status = str(rec.get("status", "finished"))
             prog.pending.clear()
-
-    @staticmethod
-    def _place_of(rec: dict) -> str:
-        frames = rec.get("frames") or []
-        if not frames or not isinstance(frames[0], dict):
-            return ""
-        f = frames[0]
-        return f" at {Path(str(f.get('file', '?'))).name}:{f.get('line', '?')}"
 
     def _peer(self, rank: int, state: dict, now: float) -> None:
         """A rank of another node, as its last summary in the store describes it."""
@@ -281,9 +275,9 @@ class JobProgress:
         # A rank whose collectives ddpdoctor does not record (flight-recorder mode, NCCL) is
         # known to wait in one only from where its main thread is: key -1 stands for it.
         if rec.get("in_collective") and not rec.get("pending") and 0 not in prog.pending:
-            where = JobProgress._place_of(rec)
+            where = frame_text(rec)
             prog.pending.setdefault(-1, Pending(float(rec.get("quiet_since", 0.0)),
-                                                f"a collective it called{where}"))
+                                                f"a collective called from {where or '?'}"))
         elif not rec.get("in_collective"):
             prog.pending.pop(-1, None)
         cpu, t = rec.get("cpu"), float(rec.get("t", 0.0))
@@ -333,10 +327,6 @@ class JobProgress:
                     return STUCK
         return None
 
-    def hang_verdict(self, timeout: float, now: float | None = None) -> bool:
-        """Whether the job hangs by the timeout or provably (:meth:`verdict`)."""
-        return self.verdict(timeout, None, now) in (HANG, DEADLOCK)
-
     def _world(self) -> list[int]:
         sizes = [p.world_size for p in self.ranks.values() if p.world_size]
         return list(range(max(sizes))) if sizes else sorted(self.ranks)
@@ -376,7 +366,7 @@ class JobProgress:
     # -- words ---------------------------------------------------------------------------------
     def rank_line(self, p: RankProgress, now: float) -> str:
         """'waiting 12s in all_reduce (ddp.bucket) at train.py:33', 'busy 45s in save() at
-        train.py:88', 'iteration 7', or how the rank ended."""
+        train.py:88', 'running', or how the rank ended."""
         if p.status != RUNNING:
             return p.status
         if p.cut:
