@@ -4,8 +4,8 @@ The recording process group knows *what* ran; the frames above it know *why*. A 
 issued from inside DDP's ``_sync_buffers`` is a buffer broadcast, one issued by the autograd
 engine with no Python collective API on the stack is a Reducer gradient bucket, and so on.
 Rules (:mod:`ddpdoctor.trace.ddp_sites`) match a torch function (and, where one function
-issues several collectives, the text of the line it is executing). Everything is cached per code object (and line), so the walk costs
-a few microseconds. Standard library only.
+issues several collectives, the text of the line it is executing). Everything is cached per
+code object (and line), so the walk costs a few microseconds. Standard library only.
 """
 
 from __future__ import annotations

@@ -69,7 +69,9 @@ class Peers:
     def others(self) -> dict[str, dict]:
         """Every other rank's last summary (ranks that published none are left out)."""
         keys = [KEY.format(run=self.run_id, rank=r) for r in range(self.world) if r != self.rank]
-        present = [k for k in keys if self.store.check([k])]
+        # multi_get waits for missing keys: one check of all of them, key by key only while
+        # some rank has not published yet.
+        present = keys if self.store.check(keys) else [k for k in keys if self.store.check([k])]
         out: dict[str, dict] = {}
         for key, raw in zip(present, self.store.multi_get(present) if present else []):
             try:
