@@ -111,3 +111,15 @@ def test_incomplete_report_says_where_unfinished_ranks_were() -> None:
     text = show(make_run(*bs))
     assert "INCOMPLETE" in text.splitlines()[0]
     assert "rank 1 (unfinished): user all_reduce() at train.py:33 in main()" in text
+
+
+def test_a_report_for_a_log_has_long_lines_no_cuts_and_no_trailing_spaces() -> None:
+    from ddpdoctor.render.console import plain_text
+
+    report = diagnose(scenarios.seed001_case2())
+    text = plain_text(report, width=400)
+    lines = text.splitlines()
+    assert all(line == line.rstrip() for line in lines)
+    assert "…" not in text  # nothing folded or cut at 400 columns
+    for f in report.findings:  # every finding's summary whole, on one line
+        assert any(f.summary in line for line in lines), f.summary
