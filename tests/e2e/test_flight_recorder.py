@@ -72,8 +72,8 @@ def test_run_with_the_flight_recorder_dumps_it_on_a_hang_and_diagnoses(tmp_path:
     path = EXAMPLES / "rank0_only_barrier.py"
     job = run_job(tmp_path, path, options=("--flight-recorder",), hang_timeout=4)
     assert job.returncode == 3, job.stderr[-3000:]
-    assert sorted(p.name for p in job.logdir.glob("fr-rank-*.pkl")) == ["fr-rank-0.pkl",
-                                                                      "fr-rank-1.pkl"]
+    assert sorted(p.name for p in job.logdir.glob("fr-rank-*")) == ["fr-rank-0.json",
+                                                                  "fr-rank-1.json"]
     root = job.report["findings"][0]
     assert root["cause"] == "rank_conditional_collective"
     assert root["ranks"]["0"]["site"]["line"] == marker_line(path, "rank0_barrier")

@@ -87,6 +87,6 @@ def test_a_crafted_pickle_is_refused_and_nothing_runs(tmp_path: Path) -> None:
 
 def test_dump_names_and_non_dumps(tmp_path: Path) -> None:
     assert fr.rank_of(Path("nccl_trace_rank_12")) == 12
-    assert fr.rank_of(Path("fr-rank-3.pkl")) == 3 and fr.rank_of(Path("notes.txt")) is None
+    assert fr.rank_of(Path("fr-rank-3.json")) == 3 and fr.rank_of(Path("notes.txt")) is None
     (tmp_path / "notes_1.txt").write_text("hello")
     assert not fr.looks_like_dump(tmp_path / "notes_1.txt")

@@ -36,6 +36,7 @@ from ddpdoctor.trace.compact import collective_from, is_p2p
 from ddpdoctor.trace.model import Collective, Site, site_from
 
 SETTLE = 0.3  # seconds a provable deadlock must hold before it is called
+REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says nothing
 BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
 STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle
 
@@ -71,6 +72,7 @@ class RankProgress:
     world_size: int | None = None
     cut: bool = False  # the rank could no longer write its trace: what it does is unknown
     remote: bool = False  # on another node: known from the peers records of local ranks
+    updated: float = 0.0  # when a peers record last described this remote rank
 
     def oldest_pending(self) -> Pending | None:
         return min(self.pending.values(), key=lambda p: p.seen, default=None)
@@ -234,6 +236,7 @@ class JobProgress:
             prog = self.ranks[rank] = RankProgress(rank, last_progress=now, remote=True)
         if not prog.remote:
             return  # a local rank: its own trace is the better source
+        prog.updated = now
         status = str(state.get("status", RUNNING))
         prog.status = status
         prog.iteration = int(state.get("iteration") or prog.iteration)
@@ -304,7 +307,12 @@ class JobProgress:
         """``hang``, ``deadlock``, ``stuck`` or None (see the module's rules)."""
         now = now or time.time()
         live = self.live()
-        if live and all(p.waiting for p in live):
+        # Another node's rank known only from an old summary (its node's ranks ended, or the
+        # store went quiet) may be doing anything: no hang is called on it; and a node none of
+        # whose own ranks still runs has nothing to stop.
+        known = not any(p.remote and now - p.updated > REMOTE_STALE for p in live) and \
+            any(not p.remote for p in live)
+        if known and all(p.waiting for p in live):
             if all(p.blocked for p in live) and self._provably_stuck(live):
                 self._deadlock_since = self._deadlock_since or now
                 if now - self._deadlock_since >= SETTLE:

@@ -16,7 +16,9 @@ with ``<logdir>/hang-ack-<rank>``. Standard library only.
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import sys
 import sysconfig
 import threading
@@ -25,7 +27,7 @@ import traceback
 from collections import deque
 from typing import Any
 
-from ddpdoctor.runtime import peers
+from ddpdoctor.runtime import peers, source_capture
 from ddpdoctor.trace import schema
 
 POLL_SECONDS = 0.2
@@ -194,10 +196,16 @@ class Watchdog:
 
             data = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True,
                                                              includeStackTraces=True)
+            dump = pickle.loads(data)  # torch's own bytes, from this process
+            for entry in dump.get("entries", []):
+                for f in entry.get("frames") or []:
+                    # The source the rank can read now, so that the report needs no file.
+                    f.update(source_capture.capture(str(f.get("filename", "")),
+                                                    int(f.get("line", 0) or 0)))
             path = os.path.join(os.path.dirname(self._request),
                                 schema.flight_recorder_file(self._recorder.rank or 0))
-            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
-                fh.write(data)
+            with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+                json.dump(dump, fh)
         except Exception as exc:
             self._recorder.warn(f"flight-recorder dump failed: {type(exc).__name__}: {exc}")
             self._recorder.flush()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.trace import ddp_sites, schema
-from ddpdoctor.trace.model import Collective, Group, RankTrace, Site, is_internal_file
+from ddpdoctor.trace.model import Collective, Group, RankTrace, Site, is_internal_file, site_from
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 # A dump's file name ends with its rank: torch's default is /tmp/nccl_trace_rank_<N>.
@@ -55,7 +55,7 @@ class _NoGlobals(pickle.Unpickler):
 
 
 def rank_of(path: Path) -> int | None:
-    """The rank a dump's file name ends with (``nccl_trace_rank_3``, ``fr-rank-3.pkl``)."""
+    """The rank a dump's file name ends with (``nccl_trace_rank_3``, ``fr-rank-3.json``)."""
     found = _RANK_IN_NAME.search(path.name)
     return int(found.group(1)) if found else None
 
@@ -107,9 +107,15 @@ def _frames(entry: dict) -> list[dict]:
 
 
 def _sites(frames: list[dict]) -> list[Site]:
-    """The user's frames, innermost first (dumps list the innermost frame first)."""
-    sites = [Site(str(f.get("filename", "?")), int(f.get("line", 0) or 0),
-                  str(f.get("name", "?"))) for f in frames]
+    """The user's frames, innermost first (dumps list the innermost frame first), with the
+    source ``ddpdoctor run`` captured into its own dumps."""
+    sites = []
+    for f in frames:
+        try:
+            sites.append(site_from({**f, "file": f.get("filename", "?"),
+                                    "function": f.get("name", "?")}))
+        except (TypeError, ValueError):
+            continue
     return [s for s in sites if not is_internal_file(s.file)][:6]
 
 

@@ -70,8 +70,9 @@ def hang_ack(rank: int) -> str:
 
 
 def flight_recorder_file(rank: int) -> str:
-    """PyTorch's flight-recorder dump of a rank ddpdoctor did not record itself."""
-    return f"fr-rank-{rank}.pkl"
+    """PyTorch's flight-recorder dump of a rank ddpdoctor did not record itself (JSON, with
+    the source of each frame captured by the rank)."""
+    return f"fr-rank-{rank}.json"
 
 
 def fault_file(pid: int) -> str:
