@@ -35,7 +35,7 @@ from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import collective_from, is_p2p
 from ddpdoctor.trace.model import Collective, Site, site_from
 
-SETTLE = 0.3  # seconds a provable deadlock must hold before it is called
+SETTLE = 0.2  # seconds a provable deadlock must hold before it is called
 REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says nothing
 BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
 STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle

@@ -30,8 +30,8 @@ from typing import Any
 from ddpdoctor.runtime import peers, source_capture
 from ddpdoctor.trace import schema
 
-POLL_SECONDS = 0.2
-QUIET_SECONDS = 0.5  # no collective issued for this long: the rank may be outside collectives
+POLL_SECONDS = 0.1
+QUIET_SECONDS = 0.3  # no collective issued for this long: the rank may be outside collectives
 ACTIVITY_SECONDS = 1.0  # then an activity record this often
 PEERS_SECONDS = 1.0  # a multi-node job shares every rank's state this often
 USER_FRAMES = 3
@@ -92,7 +92,7 @@ class Watchdog:
         self._ack = os.path.join(logdir, schema.hang_ack(rank))
         self._library = _library_dirs()
         self._next_activity = 0.0
-        self._cpu: deque[tuple[float, float]] = deque(maxlen=6)  # (time, CPU): the last second
+        self._cpu: deque[tuple[float, float]] = deque(maxlen=11)  # (time, CPU): the last second
         self._last_activity: dict | None = None
         self._peers: peers.Peers | None = None
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-watchdog", daemon=True)
