@@ -183,3 +183,18 @@ def test_catalogue_examples_exist() -> None:
     for cause in catalog.causes().values():
         if cause.example:
             assert (root / cause.example).is_file(), cause.example
+
+
+@pytest.mark.parametrize("message", [
+    "Distributed package doesn't have NCCL built in",  # pytorch/examples ddp/example.py
+    "module 'torch._C' has no attribute '_cuda_setDevice'",  # torch.cuda.set_device
+    "No CUDA GPUs are available",
+])
+def test_a_script_that_needs_a_gpu_on_a_machine_without_one_is_told_to_use_cpu(
+        message: str) -> None:
+    bs = [TraceBuilder(r, 2) for r in range(2)]
+    for b in bs:
+        b.raise_("RuntimeError", message, line=12)
+    root = diagnose(make_run(*bs)).root
+    assert root.kind == "rank_crashed" and root.cause == "no_gpu"
+    assert "--cpu" in " ".join(root.evidence)

@@ -132,6 +132,7 @@ _NO_GPU = re.compile(r"not compiled with CUDA|no CUDA GPUs are available|found n
                      r"|ProcessGroupNCCL is only supported with GPUs|no GPUs found"
                      r"|CUDA driver initialization failed|CUDA is not available"
                      r"|has no attribute '_cuda_"  # torch.cuda.* on a CPU-only build of torch
+                     r"|doesn't have NCCL built in|NCCL is not available"
                      r"|(needs|requires) (a )?GPUs?\b", re.I)
 _MODEL_MISMATCH = re.compile(r"appears not to match|DDP expects same model across all ranks",
                              re.I)
