@@ -164,9 +164,10 @@ def run(
     """
     opts = RunOptions(
         script=script, args=list(args or []), torchrun_args=_torchrun_args(ctx),
-        launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend, hang_timeout=hang_timeout,
-        stuck_timeout=stuck_timeout, grace=grace, cpu=cpu, max_steps=max_steps,
-        max_trace_mb=max_trace_mb, expect_schedule=str(expect_schedule) if expect_schedule else None,
+        launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend,
+        hang_timeout=hang_timeout, stuck_timeout=stuck_timeout, grace=grace, cpu=cpu,
+        max_steps=max_steps, max_trace_mb=max_trace_mb,
+        expect_schedule=str(expect_schedule) if expect_schedule else None,
         reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
         record_nccl=record_nccl)
     try:
