@@ -16,7 +16,7 @@ from types import CodeType, FrameType
 
 from ddpdoctor.trace.ddp_sites import API_FILE as _API_FILE
 from ddpdoctor.trace.ddp_sites import BACKWARD as _BACKWARD
-from ddpdoctor.trace.ddp_sites import BUCKET, UNUSED_PARAMS, USER
+from ddpdoctor.trace.ddp_sites import BUCKET, USER
 from ddpdoctor.trace.ddp_sites import RULES as _RULES
 
 STACK_DEPTH = 6

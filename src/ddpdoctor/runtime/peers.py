@@ -15,6 +15,8 @@ import json
 import os
 from typing import Any
 
+from ddpdoctor.trace.model import numel
+
 KEY = "ddpdoctor/{run}/{rank}"
 MAX_PENDING = 8  # pending collectives a summary lists
 
@@ -36,7 +38,7 @@ def summary(recorder: Any, now: float, activity: dict | None) -> dict:
         site = r.stack[0] if r.stack else None
         pending.append({"id": r.id, "group": r.group, "seq": r.seq, "op": r.op,
                         "label": r.label, "shapes": shapes, "dtypes": dtypes,
-                        "numel": sum(_numel(s) for s in shapes), "t": r.t,
+                        "numel": numel(shapes), "t": r.t,
                         "reduce_op": getattr(r.reduce_op, "name", r.reduce_op)
                         if r.reduce_op is not None else None, "root": r.root, "peer": r.peer,
                         "site": list(site) if site else None})
@@ -44,13 +46,6 @@ def summary(recorder: Any, now: float, activity: dict | None) -> dict:
             "world_size": recorder.world_size, "issued": dict(writer.issued) if writer else {},
             "completed": writer.completed if writer else 0, "pending": pending,
             "activity": activity}
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 class Peers:

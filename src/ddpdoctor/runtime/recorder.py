@@ -14,10 +14,11 @@ import time
 import traceback
 from typing import Any
 
-from ddpdoctor.runtime.labels import BUCKET, UNUSED_PARAMS, StackLabeler
+from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
 from ddpdoctor.trace import redact, schema
+from ddpdoctor.trace.ddp_sites import BUCKET, UNUSED_PARAMS
 
 # Environment variables worth keeping in a trace; no other environment value is recorded.
 ENV_ALLOW_LIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",

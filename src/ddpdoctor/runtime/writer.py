@@ -26,6 +26,7 @@ from typing import Any
 from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.model import numel
 
 
 class CollectiveRecord:
@@ -205,16 +206,10 @@ class TraceWriter:
             stack_id = self._stacks[rec.stack] = len(self._stacks)
             frames = [source_capture.frame(f, n, fn) for f, n, fn in rec.stack]
             lines.append(json.dumps({"kind": schema.STACK, "id": stack_id, "frames": frames}))
-        shapes, dtypes, numel = [], [], 0
-        for shape, dtype in rec.tensors:
-            shapes.append(list(shape))
-            dtypes.append(str(dtype).replace("torch.", ""))
-            n = 1
-            for d in shape:
-                n *= d
-            numel += n
+        shapes = [list(shape) for shape, _ in rec.tensors]
+        dtypes = [str(dtype).replace("torch.", "") for _, dtype in rec.tensors]
         out = {"group": rec.group, "op": rec.op, "label": rec.label, "shapes": shapes,
-               "dtypes": dtypes, "numel": numel, "stack": stack_id}
+               "dtypes": dtypes, "numel": numel(shapes), "stack": stack_id}
         if rec.reduce_op is not None:
             out["reduce_op"] = getattr(rec.reduce_op, "name", str(rec.reduce_op))
         for name in ("api", "root", "peer"):

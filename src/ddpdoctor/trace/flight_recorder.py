@@ -25,7 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.trace import ddp_sites, schema
-from ddpdoctor.trace.model import Collective, Group, RankTrace, Site, is_internal_file, site_from
+from ddpdoctor.trace.model import (
+    Collective,
+    Group,
+    RankTrace,
+    Site,
+    is_internal_file,
+    numel,
+    site_from,
+)
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 # A dump's file name ends with its rank: torch's default is /tmp/nccl_trace_rank_<N>.
@@ -123,12 +131,6 @@ def _collective(rank: int, entry: dict, index: int) -> Collective:
     name = str(entry.get("profiling_name", "")).split(":")[-1]
     p2p = bool(entry.get("is_p2p"))
     sizes = [list(map(int, s)) for s in entry.get("input_sizes") or [] if isinstance(s, list)]
-    numel = 0
-    for shape in sizes:
-        n = 1
-        for d in shape:
-            n *= d
-        numel += n
     frames = _frames(entry)
     group = entry.get("process_group")
     state = str(entry.get("state", ""))
@@ -141,7 +143,7 @@ def _collective(rank: int, entry: dict, index: int) -> Collective:
             [(str(f.get("filename", "")), str(f.get("name", ""))) for f in frames]),
         shapes=sizes, dtypes=[_DTYPES.get(str(d), str(d).lower())
                               for d in entry.get("input_dtypes") or []],
-        numel=numel, t=float(entry.get("time_created_ns") or 0) / 1e9,
+        numel=numel(sizes), t=float(entry.get("time_created_ns") or 0) / 1e9,
         state=schema.COMPLETED if state == "completed" else schema.PENDING,
         stack=_sites(frames))
 

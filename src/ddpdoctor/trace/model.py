@@ -6,6 +6,7 @@ These are plain dataclasses so that tests can build runs by hand (see
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,11 @@ _INTERNAL_FILE = re.compile(
     r"|[/\\]ddpdoctor[/\\](runtime|trace|analysis)[/\\]"
     r"|[/\\]torch[/\\](distributed|nn|autograd|multiprocessing|utils|_tensor\.py)"
     r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
+
+
+def numel(shapes: Sequence[Sequence[int]]) -> int:
+    """Elements in all the tensors of these shapes."""
+    return sum(math.prod(shape) for shape in shapes)
 
 
 def is_internal_file(path: str) -> bool:
