@@ -212,8 +212,8 @@ def run(
     elif expect_schedule and outcome.report is not None:
         _say(f"the collective schedule matches {expect_schedule}")
     if outcome.report is not None and outcome.report.verdict == "untested":
-        _say("warning: NOTHING WAS TESTED - the script initialised no process group and issued "
-             "no collective" + (" (exit 4 in CI mode)" if outcome.exit_code == doctor.EXIT_UNTESTED
+        _say("warning: NOTHING WAS TESTED - no collective was recorded on any rank (see the "
+             "notes)" + (" (exit 4 in CI mode)" if outcome.exit_code == doctor.EXIT_UNTESTED
                                 else "; in CI mode (--cpu, --max-steps, --junit, $CI) this "
                                      "fails with exit 4"))
     if outcome.teardown_only:

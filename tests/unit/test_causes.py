@@ -198,3 +198,19 @@ def test_a_script_that_needs_a_gpu_on_a_machine_without_one_is_told_to_use_cpu(
     root = diagnose(make_run(*bs)).root
     assert root.kind == "rank_crashed" and root.cause == "no_gpu"
     assert "--cpu" in " ".join(root.evidence)
+
+
+def test_two_ranks_on_one_gpu_is_named_with_nccls_own_line() -> None:
+    """What NCCL 2.28 raised on the device machine: both ranks of a 2-rank job on cuda:0."""
+    message = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid "
+               "usage (run with NCCL_DEBUG=WARN for details), NCCL version 2.28.9\n"
+               "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.\n"
+               "Last error:\nDuplicate GPU detected : rank 0 and rank 1 both on CUDA device 60")
+    bs = [TraceBuilder(r, 2) for r in range(2)]
+    for b in bs:
+        b.raise_("DistBackendError", message, line=7)
+    root = diagnose(make_run(*bs)).root
+    assert root.kind == "rank_crashed" and root.cause == "shared_gpu"
+    assert root.evidence == ["NCCL refused ranks 0, 1: Duplicate GPU detected : rank 0 and "
+                             "rank 1 both on CUDA device 60"]
+    assert "set_device" in root.advice

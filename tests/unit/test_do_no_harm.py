@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 from ddpdoctor.runtime.recorder import Recorder
+from ddpdoctor.trace.reader import read_rank
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ddpdoctor"
 
@@ -39,8 +40,10 @@ def test_a_recorder_error_disables_recording_and_the_collective_still_runs(
     assert pg.allreduce([torch.ones(2)], opts) == "work"
     assert backend.calls == 2
     err = capsys.readouterr().err
-    assert err.count("recording disabled") == 1 and "recorder bug" in err
+    assert err.count("recording stopped") == 1 and "recorder bug" in err
     recorder.close()
+    trace = read_rank(tmp_path / "rank-0.jsonl")  # what follows is missing: a cut trace
+    assert trace.cut and "recorder bug" in trace.lost
 
 
 def test_a_backend_error_reaches_the_user_and_is_recorded_as_failed(tmp_path: Path) -> None:

@@ -134,3 +134,25 @@ def test_fault_files_give_the_signal_of_a_rank(tmp_path: Path) -> None:
                                            "Current thread 0x1 (most recent call first):\n")
     (tmp_path / "fault-42.txt").write_text("")
     assert load_run([tmp_path]).exit_codes == {0: -11}
+
+
+def test_a_rank_that_stopped_recording_makes_the_run_incomplete(tmp_path: Path) -> None:
+    """Recording raised on one rank (the group's wrapper turned itself off): the collectives
+    after it are missing, so identical-looking traces must not read as clean."""
+    from ddpdoctor.analysis import diagnose
+
+    lost = {"kind": "warning", "t": 3.5, "lost": True,
+            "message": "recording stopped for group 0: ValueError: boom"}
+    for rank in (0, 1):
+        extra = [lost] if rank == 1 else []
+        _write(tmp_path / f"rank-{rank}.jsonl", rank, [
+            {"kind": "process_start", "rank": rank, "world_size": 2, "pid": 1},
+            STACK, _coll(1, rank=rank), _coll(2, rank=rank), *extra,
+            {"kind": "exit", "status": "finished"}])
+    assert read_rank(tmp_path / "rank-1.jsonl").cut
+    assert not read_rank(tmp_path / "rank-0.jsonl").cut
+    report = diagnose(load_run([tmp_path]))
+    assert report.verdict == "incomplete"
+    assert any("rank 1: its trace is cut after collective #2" in n
+               and "stopped recording (recording stopped for group 0: ValueError: boom)" in n
+               for n in report.notes), report.notes

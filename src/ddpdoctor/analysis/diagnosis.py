@@ -108,16 +108,18 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
             notes.append(f"rank {r}: no trace file: the rank never started, or its node's "
                          f"log folder was not given")
         elif s.trace is not None:
-            notes.extend(f"rank {r}: {w}" for w in s.trace.warnings)
+            notes.extend(f"rank {r}: {w}" for w in s.trace.warnings if w != s.trace.lost)
     if run.ranks and not any(t.collectives for t in run.ranks.values()):
         notes.append("no collective was recorded on any rank: nothing was tested")
     for r, s in states.items():
         if s.cut:
             last = s.last
             after = f" after collective #{last.seq} ({describe(last)})" if last else ""
-            notes.append(f"rank {r}: its trace is cut{after}: the rank could not write it "
-                         f"(a full disk or a file-size limit), so nothing after that point is "
-                         f"compared")
+            why = (f"the rank stopped recording ({s.trace.lost})"
+                   if s.trace is not None and s.trace.lost else
+                   "the rank could not write it (a full disk or a file-size limit)")
+            notes.append(f"rank {r}: its trace is cut{after}: {why}, so nothing after that "
+                         f"point is compared")
     stopped: dict[int, list[int]] = {}
     for r, s in states.items():
         if s.max_steps is not None:

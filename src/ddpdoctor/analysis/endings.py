@@ -31,9 +31,13 @@ def _primary_crashes(states: dict[int, RankState]) -> set[int]:
     if raised:
         return raised
     killed = {r for r, s in states.items() if s.status == rs.KILLED}
-    # After one rank dies, torchrun stops the others with SIGTERM (then SIGKILL).
-    not_term = {r for r in killed if states[r].exit_code not in (-15, None)}
-    return not_term or killed
+    if killed:
+        # After one rank dies, torchrun stops the others with SIGTERM (then SIGKILL).
+        not_term = {r for r in killed if states[r].exit_code not in (-15, None)}
+        return not_term or killed
+    # Only transport errors, and nothing here that caused them: they are what is known
+    # (NCCL refusing a communicator fails every rank with DistBackendError).
+    return {r for r, s in states.items() if s.status == rs.EXCEPTION}
 
 
 def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:

@@ -23,8 +23,7 @@ VERDICT_TEXT = {
     DIVERGED: "the ranks stopped issuing the same collectives",
     CRASHED: "a rank failed and the others were left waiting",
     INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
-    UNTESTED: "no process group was initialised and no collective recorded: nothing was "
-              "tested",
+    UNTESTED: "no collective was recorded on any rank: nothing was tested",
 }
 
 
@@ -81,8 +80,10 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
     if any(f.is_error for f in findings):
         return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK) else DIVERGED
     traces = [s.trace for s in states.values() if s.trace is not None]
+    # A group set up and never used, or used only on a backend ddpdoctor leaves to PyTorch's
+    # flight recorder (NCCL, no hang to dump it), compared nothing either.
     if not any(s.collectives for s in states.values()) and \
-            not any(t.init == "completed" or t.damaged_lines for t in traces):
+            not any(t.damaged_lines for t in traces):
         return UNTESTED
     # A damaged line may be a lost collective: what was compared is not all there was.
     if any((s.status != rs.FINISHED and s.status != rs.REMOTE) or s.cut

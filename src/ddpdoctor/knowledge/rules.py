@@ -134,6 +134,8 @@ _NO_GPU = re.compile(r"not compiled with CUDA|no CUDA GPUs are available|found n
                      r"|has no attribute '_cuda_"  # torch.cuda.* on a CPU-only build of torch
                      r"|doesn't have NCCL built in|NCCL is not available"
                      r"|(needs|requires) (a )?GPUs?\b", re.I)
+# NCCL refuses two ranks of one communicator on one GPU (ncclInvalidUsage).
+_SHARED_GPU = re.compile(r"Duplicate GPU detected|both on CUDA device", re.I)
 _MODEL_MISMATCH = re.compile(r"appears not to match|DDP expects same model across all ranks",
                              re.I)
 
@@ -161,6 +163,15 @@ def _no_gpu(f: Finding, ctx: RuleContext) -> list[str] | None:
     at = f" at {site_text(where)}" if where else ""
     return [f"{rank_list([h[0] for h in hits])} failed{at}: {_first_line(message)}",
             "this machine has no usable GPU; `ddpdoctor run --cpu` runs the script on the CPU"]
+
+
+def _shared_gpu(f: Finding, ctx: RuleContext) -> list[str] | None:
+    hits = [(r, m) for r, m in _exceptions(f, ctx) if _SHARED_GPU.search(m)]
+    if not hits:
+        return None
+    line = next((ln.strip() for ln in hits[0][1].splitlines() if _SHARED_GPU.search(ln)),
+                _first_line(hits[0][1]))
+    return [f"NCCL refused {rank_list([h[0] for h in hits])}: {line[:300]}"]
 
 
 def _ddp_init_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
@@ -390,6 +401,7 @@ Rule = Callable[[Finding, RuleContext], "list[str] | None"]
 
 RULES: list[tuple[str, Rule]] = [
     ("no_gpu", _no_gpu),
+    ("shared_gpu", _shared_gpu),
     ("ddp_model_mismatch", _ddp_init_mismatch),
     ("rank_crashed", _rank_crashed),
     ("group_order_inversion", _group_order_inversion),

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import linecache
 import os
+import sys
+import threading
 from types import CodeType, FrameType
 
 from ddpdoctor.trace.ddp_sites import API_FILE as _API_FILE
@@ -65,7 +67,16 @@ class StackLabeler:
 
         ``stack`` is a tuple of (file, line, function) from the first frame outside torch and
         ddpdoctor outwards, at most :data:`STACK_DEPTH` frames; empty when no user frame.
+        ``frame`` None: C++ called the collective with no Python frame above it, as DDP's
+        Reducer does from the autograd engine's device thread when gradients are on a GPU;
+        the site is then where the main thread is (its ``loss.backward()``).
         """
+        if frame is None:
+            main = _main_thread_frame()
+            if main is None:
+                return BUCKET, None, ()
+            label, api, stack = self.describe(main)
+            return (BUCKET if label == USER else label), api, stack
         kinds = self._kinds
         label, prio, api, backward = None, -1, None, False
         f = frame
@@ -96,3 +107,11 @@ class StackLabeler:
                 label = USER
         return label, api, tuple(stack)
 
+
+def _main_thread_frame() -> FrameType | None:
+    """The main thread's current frame, or None when called on the main thread itself (a
+    collective from C++ with no Python frame *there* has no other site to show)."""
+    main = threading.main_thread().ident
+    if main is None or main == threading.get_ident():
+        return None
+    return sys._current_frames().get(main)

@@ -69,12 +69,17 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 else:
                     self._seq += 1
                     seq, p2p_seq = self._seq, None
+                # The caller of allreduce() etc.; None when C++ called it with no Python
+                # frame above (DDP's Reducer on the autograd engine's CUDA device thread).
+                caller = sys._getframe(1).f_back
                 rec = self._recorder.record(self._name, seq, p2p_seq, op, _tensors(tensors),
-                                            reduce_op, root, peer, sys._getframe(2))
+                                            reduce_op, root, peer, caller)
             except Exception as exc:  # never let recording break the user's collective
                 self._enabled = False
-                sys.stderr.write(f"ddpdoctor: recording disabled for group {self._name}: "
-                                 f"{type(exc).__name__}: {exc}\n")
+                message = (f"recording stopped for group {self._name}: "
+                           f"{type(exc).__name__}: {exc}")
+                sys.stderr.write(f"ddpdoctor: {message}\n")
+                self._recorder.warn(message, lost=True)
         try:
             work = getattr(self._inner, method)(*args)
         except BaseException:

@@ -162,8 +162,13 @@ class Recorder:
                    "traceback": "".join(traceback.format_exception(exc))[-8000:]})
         self._exit_status = schema.EXIT_EXCEPTION
 
-    def warn(self, message: str) -> None:
-        self.emit({"kind": schema.WARNING, "t": _now(), "message": message})
+    def warn(self, message: str, lost: bool = False) -> None:
+        """A note for the report; ``lost``: collectives from here on go unrecorded, so the
+        trace is incomplete (the analysis treats it as cut)."""
+        record = {"kind": schema.WARNING, "t": _now(), "message": message}
+        if lost:
+            record["lost"] = True
+        self.emit(record)
 
     def close(self, status: str | None = None, extra: dict | None = None) -> None:
         """Write the exit record (with ``extra`` fields) and stop the writer (atexit)."""

@@ -134,6 +134,7 @@ class RankTrace:
     completion: Completion = field(default_factory=Completion)  # format 3: the last ``done``
     activity: dict | None = None  # the last ``activity`` record: the rank outside collectives
     cut: bool = False  # the rank could no longer write its trace (full disk): it ends early
+    lost: str = ""  # why the rank stopped recording (a cut trace too), from a ``warning``
     cap: dict | None = None  # the ``cap`` record: the trace reached DDPDOCTOR_MAX_TRACE_MB
     warnings: list[str] = field(default_factory=list)
     damaged_lines: int = 0

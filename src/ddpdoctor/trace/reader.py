@@ -314,6 +314,9 @@ def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
             trace.exit = rec
         elif kind == schema.WARNING:
             trace.warnings.append(str(rec.get("message", "")))
+            if rec.get("lost") is True:  # the rank stopped recording a group: a cut trace
+                trace.cut = True
+                trace.lost = str(rec.get("message", ""))
         elif kind == schema.INIT:
             trace.init = str(rec.get("state"))
         elif kind in (schema.PROGRESS, schema.HEADER, schema.PEERS):
