@@ -13,8 +13,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperCommand
 
 from ddpdoctor import __version__, config, doctor
 from ddpdoctor.analysis.report import Report
@@ -35,6 +37,27 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 err = Console(stderr=True, highlight=False)
+
+
+class _Command(TyperCommand):
+    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS]...``, arguments without the
+    ``<str>`` / ``<list[Path]>`` types typer adds (their metavar already says what they are)."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.metavar or (param.name or "").upper()
+                if param.nargs != 1 and not name.endswith("..."):
+                    name += "..."
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for param in self.params:
+            if isinstance(param, TyperArgument):
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+        super().format_help(ctx, formatter)
 
 
 class Launcher(str, Enum):
@@ -83,7 +106,8 @@ RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rd
               "else 2 (2 with --cpu), and a free --master-port on a single node.")
 
 
-@app.command(context_settings={"allow_interspersed_args": False}, epilog=RUN_EPILOG,
+@app.command(cls=_Command, context_settings={"allow_interspersed_args": False},
+             epilog=RUN_EPILOG,
              short_help="Run a DDP script with every rank recorded, and diagnose it.")
 def run(
     ctx: typer.Context,
@@ -281,7 +305,7 @@ def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
     return show
 
 
-@app.command(short_help="Diagnose recorded traces (or flight-recorder dumps) again.")
+@app.command(cls=_Command, short_help="Diagnose recorded traces (or flight-recorder dumps) again.")
 def diff(
     paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
                                        help="Log folder(s) or trace files (one folder per node)."),
@@ -299,7 +323,7 @@ def diff(
     raise typer.Exit(doctor.EXIT_OK if report.verdict == "clean" else doctor.EXIT_PROBLEM)
 
 
-@app.command(short_help="Write a timeline of every rank for Perfetto.")
+@app.command(cls=_Command, short_help="Write a timeline of every rank for Perfetto.")
 def timeline(
     paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
                                        help="Log folder(s) (one per node) or trace files."),
@@ -332,7 +356,7 @@ app.add_typer(schedule_app, name="schedule",
               short_help="Save a job's collective schedule; check later runs against it.")
 
 
-@schedule_app.command("save")
+@schedule_app.command("save", cls=_Command)
 def schedule_save(
     logdir: Path = typer.Argument(..., metavar="LOGDIR",
                                   help="Log folder of a good run (ddpdoctor run --logdir)."),
@@ -350,7 +374,7 @@ def schedule_save(
     print(f"wrote {out}: {entries} collectives ({parts}) of {sched.world_size} ranks")
 
 
-@schedule_app.command("compare")
+@schedule_app.command("compare", cls=_Command)
 def schedule_compare(
     expected: Path = typer.Argument(..., metavar="FILE",
                                     help="File written by 'ddpdoctor schedule save'."),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from rich.console import Console
 
 from ddpdoctor.analysis import diagnose
@@ -51,12 +53,23 @@ def test_diverged_report_shows_verdict_ranks_lines_code_cause_and_fix(tmp_path) 
     assert "Last matched before it: #15: DDP gradient bucket 0 of iteration 3 on ranks 0, 1" in text
 
 
-def test_follow_ons_are_one_line_each() -> None:
-    text = show(scenarios.seed001_case2())
-    also = [line.strip() for line in text.split("Also found (2):")[1].strip().splitlines()]
-    assert len(also) == 2
-    assert also[0].startswith("• rank_exited_early (follow-on)")
-    assert also[1].startswith("• rank_crashed (follow-on)")
+@pytest.mark.parametrize("width", [60, 100, 400])
+def test_follow_ons_are_never_cut_and_wrap_under_their_bullet(width: int) -> None:
+    report = diagnose(scenarios.seed001_case2())
+    text = show(scenarios.seed001_case2(), width=width)
+    block = text.split("Also found (2):")[1].split("\n\n")[0].strip("\n").splitlines()
+    bullets = [i for i, line in enumerate(block) if line.startswith("  • ")]
+    assert len(bullets) == 2
+    assert block[bullets[0]].startswith("  • rank_exited_early (follow-on)")
+    assert block[bullets[1]].startswith("  • rank_crashed (follow-on)")
+    assert "…" not in "\n".join(block)
+    # continuation lines sit under the text, not under the bullet
+    assert all(line.startswith("    ") for i, line in enumerate(block) if i not in bullets)
+    joined = " ".join(line[4:].strip() for line in block)
+    for f in report.findings[1:]:
+        assert " ".join(f.summary.split()) in " ".join(joined.split())
+    if width == 400:
+        assert len(block) == 2  # a wide terminal: one line each
 
 
 def test_crash_report_names_the_exception_and_the_line() -> None:

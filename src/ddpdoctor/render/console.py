@@ -162,11 +162,15 @@ def _folded(findings: list[Finding], console: Console) -> None:
         return
     console.print()
     console.print(Text(f"Also found ({len(findings)}):", style="bold"))
+    # A grid wraps a long summary under its own first word, never cut: the bullet stands alone.
+    grid = Table.grid(padding=0)
+    grid.add_column(no_wrap=True)
+    grid.add_column(overflow="fold")
     for f in findings[:MAX_FOLDED]:
         tag = f"{f.kind}" + (" (follow-on)" if f.follow_on else "") + \
             (" [warning]" if not f.is_error else "")
-        console.print(Text("  • ") + Text(tag, style="bold") + Text(f": {f.summary}"),
-                      no_wrap=True, overflow="ellipsis")
+        grid.add_row("  • ", Text(tag, style="bold") + Text(f": {f.summary}"))
+    console.print(grid)
     if len(findings) > MAX_FOLDED:
         console.print(f"  … and {len(findings) - MAX_FOLDED} more (see --json)", markup=False)
 

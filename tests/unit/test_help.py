@@ -1,0 +1,28 @@
+"""``--help`` of every command: the usual usage line, no typer type tags, nothing cut."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from ddpdoctor.cli import app
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["run"], "Usage: ddpdoctor run [OPTIONS] SCRIPT [ARGS...]"),
+    (["diff"], "Usage: ddpdoctor diff [OPTIONS] LOGDIR..."),
+    (["timeline"], "Usage: ddpdoctor timeline [OPTIONS] LOGDIR..."),
+    (["schedule", "save"], "Usage: ddpdoctor schedule save [OPTIONS] LOGDIR FILE"),
+    (["schedule", "compare"], "Usage: ddpdoctor schedule compare [OPTIONS] FILE LOGDIR..."),
+])
+def test_help_reads_like_a_unix_command(argv: list[str], usage: str) -> None:
+    result = CliRunner().invoke(app, [*argv, "--help"], prog_name="ddpdoctor",
+                                env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == usage
+    assert not re.search(r"<(str|int|float|path|list\[[^]]*\]|[a-z]+ range)>", result.output,
+                         re.I), result.output
+    assert "{" not in result.output.splitlines()[0]
+    assert not any(line.endswith(" ") for line in result.output.splitlines())
