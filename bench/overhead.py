@@ -6,16 +6,16 @@ this module prints the overhead part of it:
 * caller-thread µs per recorded collective: the recording process group's hot path around a
   backend that returns at once, against calling that backend directly (in this process), and
   the whole process's CPU per collective once the writer thread has encoded and written it;
-* a small all-reduce loop on 2 gloo ranks: plain torchrun, ``ddpdoctor run`` and plain
-  torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` (PyTorch's own collective checker);
-* a DDP training loop (>= 5 ms steps, BatchNorm buffers, 4 gradient buckets), plain torchrun
-  against ``ddpdoctor run``; and inside one ``ddpdoctor run`` job, recording switched on and
-  off every 10 steps (``ddp_loop.py --ab``): the recording cost, free of drift between jobs.
+* a realistic DDP job (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm,
+  ``bucket_cap_mb=0.5``, 2 gloo ranks): plain torchrun, ``ddpdoctor run`` and plain torchrun
+  with ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` -- each rank's CPU time and the median step time;
+* a small all-reduce loop (``small_ops.py``), the same three ways: µs and process CPU µs per op.
 
 Jobs of the different kinds alternate (A B C A B C ...), and the figure reported is the median
-of the per-round ratios, so that drift of the machine between rounds hits every kind alike.
-Every job runs with a tag in its environment; a job that overruns its time limit is stopped
-and its processes (torchrun workers run in their own sessions) are found by that tag.
+of the per-round ratios with their spread, so that drift of the machine between rounds hits
+every kind alike. Every job runs with a tag in its environment; a job that overruns its time
+limit is stopped and its processes (torchrun workers run in their own sessions) are found by
+that tag.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import statistics
@@ -31,13 +32,15 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpdoctor.launch.command import free_port
 
 HERE = Path(__file__).resolve().parent
-LOOP = HERE / "ddp_loop.py"
+CNN = HERE / "cnn_job.py"
+SMALL_OPS = HERE / "small_ops.py"
 TAG_ENV = "DDPDOCTOR_BENCH_TAG"
 PLAIN, DOCTOR, DETAIL = "plain", "ddpdoctor", "detail"
 
@@ -159,13 +162,20 @@ def stop_tagged(tag: str) -> None:
 
 @dataclass
 class JobResult:
-    """One benchmark job: its ``BENCH`` line, and for ddpdoctor jobs the trace it wrote."""
+    """One benchmark job: the ``BENCH`` line of every rank, the CPU time of the whole job
+    (launchers included, from the moment it started), and for ddpdoctor jobs the trace."""
 
-    value: float
+    ranks: list[dict]
+    job_cpu_s: float
     trace_bytes: int = 0
     collective_lines: int = 0
     collective_bytes: int = 0
-    extra: dict = field(default_factory=dict)
+
+    def median(self, key: str) -> float:
+        return statistics.median(r[key] for r in self.ranks)
+
+    def total(self, key: str) -> float:
+        return sum(r[key] for r in self.ranks)
 
 
 def _trace_stats(logdir: Path) -> tuple[int, int, int]:
@@ -181,38 +191,42 @@ def _trace_stats(logdir: Path) -> tuple[int, int, int]:
     return total, lines, coll
 
 
-def job(kind: str, mode: str, steps: int, env: dict[str, str] | None = None,
-        timeout: float = 300.0, ab: int = 0) -> JobResult:
-    """Run ``bench/ddp_loop.py`` once on 2 gloo ranks: plain torchrun, under ``ddpdoctor run``,
-    or plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``. ``ab``: under ddpdoctor, switch
-    recording on and off every ``ab`` steps (the result's ``value`` is then the on/off ratio)."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = None,
+        timeout: float = 300.0, options: tuple[str, ...] = ()) -> JobResult:
+    """Run ``script`` once on 2 gloo ranks: plain torchrun, under ``ddpdoctor run`` (with
+    ``options``), or plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
     tag = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-"))
     environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag})
     environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
-    script = [str(LOOP), "--mode", mode, "--steps", str(steps), "--ab", str(ab)]
     if kind == DOCTOR:
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),
-               *script]
+               *options, "--nproc-per-node", "2", str(script), *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(free_port()), *script]
+               "--master-port", str(free_port()), str(script), *args]
         if kind == DETAIL:
             environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    cpu0 = _children_cpu()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
     except subprocess.TimeoutExpired:
         stop_tagged(tag)
-        raise SystemExit(f"benchmark job ({kind}, {mode}) ran past {timeout:.0f} s") from None
+        raise SystemExit(f"benchmark job ({kind}, {script.name}) ran past {timeout:.0f} s") \
+            from None
     finally:
         stop_tagged(tag)
     try:
-        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")), None)
-        if line is None:
-            raise SystemExit(f"benchmark job ({kind}, {mode}) failed:\n{out.stderr[-3000:]}")
-        value = json.loads(line[6:])
-        result = JobResult(value.get("ab_ratio", float("nan")) if ab else
-                           value["step_ms" if mode == "ddp" else "op_us"], extra=value)
+        lines = [json.loads(ln[6:]) for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
+        if len(lines) != 2:
+            raise JobFailed(f"{kind} job of {script.name} failed (exit {out.returncode}): "
+                            + _last_error(out.stderr))
+        result = JobResult(sorted(lines, key=lambda r: r["rank"]), _children_cpu() - cpu0)
         if kind == DOCTOR:
             result.trace_bytes, result.collective_lines, result.collective_bytes = \
                 _trace_stats(work / "logs")
@@ -221,14 +235,33 @@ def job(kind: str, mode: str, steps: int, env: dict[str, str] | None = None,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def alternate(kinds: list[str], mode: str, steps: int, rounds: int,
-              env: dict[str, dict[str, str]] | None = None) -> dict[str, list[JobResult]]:
-    """``rounds`` rounds of one job of each kind, in turn (A B C A B C ...)."""
+class JobFailed(Exception):
+    """A benchmark job ended without its BENCH lines (DETAIL does, on DDP with torch 2.13)."""
+
+
+def _last_error(stderr: str) -> str:
+    """The last line naming an error, for a one-line reason."""
+    for line in reversed(stderr.splitlines()):
+        if "Error" in line or "error" in line:
+            return line.strip()[:200]
+    return (stderr.strip().splitlines() or ["no output"])[-1][:200]
+
+
+def alternate(kinds: list[str], script: Path, args: list[str], rounds: int,
+              ) -> tuple[dict[str, list[JobResult]], dict[str, str]]:
+    """``rounds`` rounds of one job of each kind, in turn (A B C A B C ...). A kind whose
+    first job fails is dropped, with the reason, from the later rounds."""
     out: dict[str, list[JobResult]] = {k: [] for k in kinds}
+    failed: dict[str, str] = {}
     for _ in range(rounds):
         for kind in kinds:
-            out[kind].append(job(kind, mode, steps, (env or {}).get(kind)))
-    return out
+            if kind in failed:
+                continue
+            try:
+                out[kind].append(job(kind, script, args))
+            except JobFailed as exc:
+                failed[kind] = str(exc)
+    return out, failed
 
 
 @dataclass
@@ -247,68 +280,54 @@ class Paired:
         """Median of the per-round ratios."""
         return statistics.median(self.ratios)
 
+    @property
+    def low_high(self) -> tuple[float, float]:
+        """The interquartile range of the per-round ratios (min–max under 4 rounds)."""
+        r = sorted(self.ratios)
+        if len(r) < 4:
+            return r[0], r[-1]
+        q = statistics.quantiles(r, n=4)
+        return q[0], q[2]
+
     def spread(self) -> str:
-        """'×0.98–1.03 over 8 rounds' (min–max of the per-round ratios)."""
-        r = self.ratios
-        return f"×{min(r):.3f}–{max(r):.3f} over {len(r)} rounds"
+        """'IQR ×0.98–1.03 of 8 rounds'."""
+        lo, hi = self.low_high
+        what = "IQR" if len(self.ratios) >= 4 else "range"
+        return f"{what} ×{lo:.3f}–{hi:.3f} of {len(self.ratios)} rounds"
 
 
 def paired(results: dict[str, list[JobResult]], base: str, other: str,
-           key: str | None = None) -> Paired:
-    """The per-round values of two kinds of :func:`alternate`'s results (``key``: another
-    figure of the ``BENCH`` line)."""
-    def values(kind: str) -> list[float]:
-        return [r.value if key is None else r.extra[key] for r in results[kind]]
-
-    return Paired(values(base), values(other))
-
-
-@dataclass
-class InJob:
-    """Recording on against off inside ``ddpdoctor run`` jobs: per block-pair ratios."""
-
-    ratios: list[float]
-    on: float
-    off: float
-
-    @property
-    def ratio(self) -> float:
-        return statistics.median(self.ratios)
-
-    def spread(self) -> str:
-        """Interquartile range of the pair ratios, and how many pairs."""
-        q = statistics.quantiles(self.ratios, n=4)
-        return f"IQR ×{q[0]:.3f}–{q[2]:.3f} over {len(self.ratios)} block pairs"
-
-
-def in_job_ab(mode: str, steps: int, block: int, jobs: int) -> InJob:
-    """``jobs`` ddpdoctor jobs that switch recording on and off every ``block`` steps (ops)."""
-    extras = [job(DOCTOR, mode, steps, ab=block).extra for _ in range(jobs)]
-    return InJob([r for e in extras for r in e["ab_ratios"]],
-                 statistics.median(e["ab_on"] for e in extras),
-                 statistics.median(e["ab_off"] for e in extras))
+           value: Callable[[JobResult], float]) -> Paired:
+    """``value`` of two kinds of :func:`alternate`'s results, round by round."""
+    return Paired([value(r) for r in results[base]], [value(r) for r in results[other]])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6, help="rounds of alternating jobs")
-    parser.add_argument("--ddp-steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--ops", type=int, default=3000)
     args = parser.parse_args()
     hp = hot_path_us()
     print(f"hot path: caller-thread CPU plain {hp.plain_us:.2f} µs, recorded "
           f"{hp.recorded_us:.2f} µs (wall {hp.recorded_wall_us:.2f} µs; process CPU incl. "
           f"writer {hp.cpu_us:.2f} µs)")
-    ops = alternate([PLAIN, DOCTOR, DETAIL], "allreduce", args.ops, args.rounds)
+    res, failed = alternate([PLAIN, DOCTOR, DETAIL], CNN, ["--steps", str(args.steps)],
+                            args.rounds)
     for kind in (DOCTOR, DETAIL):
-        p = paired(ops, PLAIN, kind)
+        if kind in failed:
+            print(f"CNN job, {kind}: {failed[kind]}")
+            continue
+        cpu = paired(res, PLAIN, kind, lambda r: r.total("cpu_s"))
+        step = paired(res, PLAIN, kind, lambda r: r.median("step_ms"))
+        print(f"CNN job, {kind}: rank CPU ×{cpu.ratio:.4f} ({cpu.spread()}), step "
+              f"×{step.ratio:.4f} ({step.spread()})")
+    ops, failed = alternate([PLAIN, DOCTOR, DETAIL], SMALL_OPS, ["--ops", str(args.ops)],
+                            args.rounds)
+    for kind in (DOCTOR, DETAIL):
+        p = paired(ops, PLAIN, kind, lambda r: r.median("op_us"))
         print(f"all_reduce loop, {kind}: µs per op {statistics.median(p.other):.1f} vs "
               f"{statistics.median(p.base):.1f} plain, ×{p.ratio:.3f} ({p.spread()})")
-    ddp = paired(alternate([PLAIN, DOCTOR], "ddp", args.ddp_steps, args.rounds), PLAIN, DOCTOR)
-    print(f"DDP step: ms {statistics.median(ddp.other):.2f} vs {statistics.median(ddp.base):.2f}"
-          f" plain, ×{ddp.ratio:.3f} ({ddp.spread()}; target ≤ ×1.02)")
-    ab = in_job_ab("ddp", 600, 10, 1)
-    print(f"DDP step, recording on/off inside one job: ×{ab.ratio:.3f} ({ab.spread()})")
 
 
 if __name__ == "__main__":

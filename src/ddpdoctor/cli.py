@@ -432,4 +432,23 @@ def main() -> None:
     try:
         app(args=argv, obj={"torchrun": torchrun_args}, prog_name="ddpdoctor")
     except KeyboardInterrupt:
-        sys.exit(doctor.EXIT_INTERRUPTED)
+        _exit(doctor.EXIT_INTERRUPTED)
+    except SystemExit as exc:
+        _exit(exc.code)
+
+
+def _exit(code: object) -> None:
+    """Exit with ``code``. Once torch is imported (``run`` reads torchrun's options with
+    torch's parser), the interpreter's own teardown takes ~0.8 s: nothing is left to clean up
+    by then, so the output is flushed and the process ends at once."""
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    number = code if isinstance(code, int) else (0 if code is None else 1)
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(number)

@@ -103,7 +103,8 @@ def run_job(opts: RunOptions, logdir: Path,
             if on_output else []
         next_status = started + min(FIRST_STATUS, opts.status_every)
         while proc.poll() is None:
-            time.sleep(0.2)
+            # Poll faster once some rank waits: a provable deadlock is called within 2 s.
+            time.sleep(0.1 if any(p.waiting for p in progress.live()) else 0.2)
             now = time.time()
             progress.poll(now)
             if signals.received is not None:

@@ -1,6 +1,8 @@
 """In-rank watchdog: says what a quiet rank is doing, and answers the launcher's hang request.
 
-A daemon thread in every rank wakes every :data:`POLL_SECONDS`. While the rank issues no
+A daemon thread in every rank wakes every :data:`POLL_SECONDS` while the rank is quiet, and
+no sooner than the moment it would turn quiet while it issues collectives (a wake-up costs a
+busy rank far more CPU than the check it makes). While the rank issues no
 collective for :data:`QUIET_SECONDS`, it writes an ``activity`` record every
 :data:`ACTIVITY_SECONDS`: where the main thread is (its innermost frames of user code) and how
 much CPU it has used. That is how the launcher tells a rank *busy* outside collectives (a
@@ -112,7 +114,9 @@ class Watchdog:
 
     def _run(self) -> None:
         while not os.path.exists(self._request):
-            time.sleep(POLL_SECONDS)
+            # An active rank cannot be hung: sleep until it would have been quiet long enough.
+            quiet_at = max(self._recorder.last_issue, self._recorder.started) + QUIET_SECONDS
+            time.sleep(min(QUIET_SECONDS, max(POLL_SECONDS, quiet_at - time.time())))
             now = time.time()
             try:
                 self._activity(now)
