@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -222,7 +223,7 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
     finally:
         stop_tagged(tag)
     try:
-        lines = [json.loads(ln[6:]) for ln in out.stdout.splitlines() if ln.startswith("BENCH ")]
+        lines = bench_lines(out.stdout)
         if len(lines) != 2:
             raise JobFailed(f"{kind} job of {script.name} failed (exit {out.returncode}): "
                             + _last_error(out.stderr))
@@ -235,15 +236,28 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
         shutil.rmtree(work, ignore_errors=True)
 
 
+def bench_lines(stdout: str) -> list[dict]:
+    """The ``BENCH {json}`` records in a job's output (two ranks' lines may share a line)."""
+    decoder = json.JSONDecoder()
+    out = []
+    for piece in stdout.split("BENCH ")[1:]:
+        try:
+            out.append(decoder.raw_decode(piece)[0])
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 class JobFailed(Exception):
     """A benchmark job ended without its BENCH lines (DETAIL does, on DDP with torch 2.13)."""
 
 
 def _last_error(stderr: str) -> str:
-    """The last line naming an error, for a one-line reason."""
+    """The last line naming an exception ('RuntimeError: ...'), for a one-line reason."""
     for line in reversed(stderr.splitlines()):
-        if "Error" in line or "error" in line:
-            return line.strip()[:200]
+        found = re.search(r"\b\w*(Error|Exception): .*", line)
+        if found:
+            return found.group(0).strip()[:200]
     return (stderr.strip().splitlines() or ["no output"])[-1][:200]
 
 

@@ -32,8 +32,9 @@ class RunOptions:
     cpu: bool = False  # run a CUDA/NCCL script on the CPU with gloo (runtime/cpu_mode.py)
     max_steps: int | None = None  # stop every rank at the start of DDP iteration N+1
     expect_schedule: str | None = None  # schedule file the run must match (schedule.py)
-    max_trace_mb: float | None = None  # per-rank trace size after which only what breaks
-    # the rank's pattern is written (runtime/trace_cap.py; CLI --max-trace-mb)
+    # Per-rank trace size after which only what breaks the rank's pattern is written
+    # (runtime/trace_cap.py; CLI --max-trace-mb): bench/run.py item f measures the hour.
+    max_trace_mb: float | None = 16.0
     reports: bool = False  # --junit or --markdown: the run is a CI check
     flight_recorder: bool = False  # PyTorch's flight recorder instead of ddpdoctor's recorder
     record_nccl: bool = False  # wrap NCCL groups too (unverified on a GPU)
