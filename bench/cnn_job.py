@@ -83,7 +83,8 @@ def main() -> None:
     print("BENCH " + json.dumps({
         "rank": dist.get_rank(), "cpu_s": cpu, "wall_s": wall, "steps": args.steps,
         "step_ms": statistics.median(times) * 1e3, "params": params,
-        "process_cpu_s": total_cpu, "main_cpu_s": main_cpu, "tool_threads_cpu_s": sum(tools.values()),
+        "process_cpu_s": total_cpu, "main_cpu_s": main_cpu,
+        "tool_threads_cpu_s": sum(tools.values()),
         "tool_threads": tools}),
         flush=True)
     dist.destroy_process_group()

@@ -55,8 +55,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import overhead  # noqa: E402
-from ddpdoctor.launch.options import RunOptions  # noqa: E402
 import synth  # noqa: E402
+from ddpdoctor.launch.options import RunOptions  # noqa: E402
 
 MB = 1024 * 1024
 DEFAULT_CAP_MB = RunOptions.max_trace_mb  # the class default

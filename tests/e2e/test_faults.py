@@ -1,4 +1,5 @@
-"""Faults during ``ddpdoctor run`` never cost the evidence, and ddpdoctor does no harm to the job."""
+"""Faults during ``ddpdoctor run`` never cost the evidence, and ddpdoctor does no harm to the
+job."""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ SLACK = 20
 
 HANGS = [
     pytest.param("seed001_uneven.py", ("--case", "4"), ("--launcher", "python"),
-                 {0: "case4_join", 1: "case4_barrier"}, "collective_inside_join", id="join-barrier"),
+                 {0: "case4_join", 1: "case4_barrier"}, "collective_inside_join",
+                 id="join-barrier"),
     pytest.param("seed001_uneven.py", ("--case", "5"), ("--launcher", "python"),
                  {0: "case5_barrier", 1: "case5_backward"}, "uneven_inputs", id="uneven-barrier"),
     pytest.param("rank0_only_barrier.py", (), (), {0: "rank0_barrier", 1: "train_backward"},

@@ -44,7 +44,7 @@ def _two_nodes(tmp_path: Path, kind: str, mode: str, hang_timeout: float = 60,
             out.append((subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr),
                         logdir))
     finally:
-        for proc, logdir in procs:
+        for proc, _logdir in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
@@ -78,7 +78,7 @@ def test_a_healthy_two_node_job_is_clean_per_node_and_merged(tmp_path: Path, kin
 @pytest.mark.parametrize("kind", ["static", "c10d"])
 def test_a_mismatch_across_nodes_is_caught_by_both_nodes(tmp_path: Path, kind: str) -> None:
     nodes = _two_nodes(tmp_path, kind, "mismatch", hang_timeout=60)
-    for proc, logdir, report in nodes:
+    for proc, _logdir, _report in nodes:
         assert proc.returncode == 3, proc.stderr[-3000:]
         assert "can never match" in proc.stderr
     # Each node collected its own rank's stack; merged, the folders give the diagnosis.
@@ -95,6 +95,6 @@ def test_a_mismatch_across_nodes_is_caught_by_both_nodes(tmp_path: Path, kind: s
 def test_a_rank_busy_on_the_other_node_keeps_the_job_alive(tmp_path: Path) -> None:
     nodes = _two_nodes(tmp_path, "static", "busy", hang_timeout=2.5,
                        extra=("--seconds", "7.5"))
-    for proc, _, report in nodes:
+    for proc, _, _report in nodes:
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "hang detected" not in proc.stderr

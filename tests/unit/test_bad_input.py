@@ -108,7 +108,8 @@ def test_a_missing_rank_is_said(tmp_path: Path) -> None:
     assert "INCOMPLETE" in out and "rank 2 (missing)" in out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(junk=st.binary(max_size=300), cut=st.integers(min_value=0, max_value=2000))
 def test_reader_never_raises_anything_but_trace_error(tmp_path: Path, junk: bytes,
                                                       cut: int) -> None:

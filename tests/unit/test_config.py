@@ -6,9 +6,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from ddpdoctor import config
-from ddpdoctor.cli import app
-from ddpdoctor.config import ConfigError
+from ddpdoctor.cli import app, config
+from ddpdoctor.cli.config import ConfigError
 
 
 def test_torchrun_section_gives_torchrun_tokens() -> None:
@@ -89,7 +88,7 @@ def test_cli_takes_defaults_from_config_and_flags_win(tmp_path, monkeypatch) -> 
         seen["opts"] = opts
         raise typer.Exit(0)
 
-    monkeypatch.setattr("ddpdoctor.doctor.prepare_run", fake_prepare)
+    monkeypatch.setattr("ddpdoctor.cli.run.prepare_run", fake_prepare)
     CliRunner().invoke(app, ["run", "--backend", "gloo", "--max-steps", "1", "x.py", "--a"])
     opts = seen["opts"]
     assert opts.cpu is True and opts.max_steps == 1 and opts.backend == "gloo"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 
 import pytest
-
 from rich.console import Console
 
 from ddpdoctor.analysis import diagnose

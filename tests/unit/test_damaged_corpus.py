@@ -106,8 +106,9 @@ def test_reports_strip_terminal_escapes_and_markdown_escapes_html(tmp_path: Path
            "frames": [{"file": "t.py", "line": 3, "function": "f\x1b[31m"}]}
     _folder(tmp_path, records=[START, STACK, _coll(), DONE, exc])
     report = diagnose(load_run([tmp_path]))
-    from rich.console import Console
     import io
+
+    from rich.console import Console
 
     buffer = io.StringIO()
     console.render(report, Console(file=buffer, width=200, color_system=None))

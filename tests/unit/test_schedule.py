@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ddpdoctor import schedule
-from ddpdoctor.schedule import ScheduleError
+from ddpdoctor.analysis import schedule
+from ddpdoctor.analysis.schedule import ScheduleError
 
 from .factories import TraceBuilder, healthy_ddp, make_run, ranks
 

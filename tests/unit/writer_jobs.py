@@ -2,8 +2,9 @@
 
 :func:`writer_job` plays a job of several ranks through :class:`TraceWriter` (the writer each
 rank runs), with gradient buckets that are sometimes still running at a completion batch
-(their completion arrives with a later ``done`` record), a logging all-reduce every 50 steps, one rank that
-evaluates through DDP alone (seed 000) and, optionally, a second group and point-to-point ops.
+(their completion arrives with a later ``done`` record), a logging all-reduce every 50 steps,
+one rank that evaluates through DDP alone (seed 000) and, optionally, a second group and
+point-to-point ops.
 """
 
 from __future__ import annotations

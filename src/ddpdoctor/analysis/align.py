@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis.finding import FindingKind
 from ddpdoctor.analysis.signature import (
     DTYPE,
     FREE_SHAPE_OPS,
@@ -61,7 +62,7 @@ class Divergence:
     issued one; ``context`` holds the last matched collective before it, per rank.
     """
 
-    kind: str
+    kind: FindingKind
     group: str
     seq: int | None
     at: dict[int, Collective | None]
@@ -362,7 +363,7 @@ def _classify(g: GroupAlignment, index: int, traced: list[int], join_sites: dict
     elif len(present) < len(at):
         kind, field_name = fk.MISSING_COLLECTIVE, "missing"
     elif not want_error:
-        for r, c in present.items():
+        for c in present.values():
             soft = soft_difference(ref, c, join_sites)
             if soft:
                 kind, field_name = fk.CALLSITE_DIVERGENCE, soft

@@ -19,10 +19,10 @@ from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
 from ddpdoctor.analysis.report import RankSummary, Report, verdict_of
+from ddpdoctor.analysis.rules import RuleContext, recognise
 from ddpdoctor.analysis.terms import describe, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog
-from ddpdoctor.knowledge.rules import RuleContext, recognise
 from ddpdoctor.trace.model import Run
 
 _POSITION_KINDS = fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE)

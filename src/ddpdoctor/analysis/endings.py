@@ -161,7 +161,8 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
         return []
     first = states[ranks[0]]
     one = len(ranks) == 1
-    summary = (f"{rank_list(ranks).capitalize()} finished {'its script' if one else 'their scripts'}"
+    scripts = "its script" if one else "their scripts"
+    summary = (f"{rank_list(ranks).capitalize()} finished {scripts}"
                f", then {'its process' if one else 'their processes'} died with "
                f"{first.crash_text.split(' after ')[0]} while shutting down (a known gloo + DDP "
                f"teardown abort); the results are complete.")

@@ -9,23 +9,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from ddpdoctor.trace.model import Collective, Site
 
-OP_MISMATCH = "op_mismatch"
-SHAPE_MISMATCH = "shape_mismatch"
-DTYPE_MISMATCH = "dtype_mismatch"
-REDUCE_OP_MISMATCH = "reduce_op_mismatch"
-ROOT_MISMATCH = "root_mismatch"
-GROUP_MISMATCH = "group_mismatch"
-MISSING_COLLECTIVE = "missing_collective"
-CALLSITE_DIVERGENCE = "callsite_divergence"
-WAIT_CYCLE = "wait_cycle"
-RANK_CRASHED = "rank_crashed"
-RANK_EXITED_EARLY = "rank_exited_early"
-TEARDOWN_ABORT = "teardown_abort"
-INIT_INCOMPLETE = "init_incomplete"
-RANK_STUCK = "rank_stuck"  # stopped by the launcher: a rank idle at one place in user code
+OP_MISMATCH: Final = "op_mismatch"
+SHAPE_MISMATCH: Final = "shape_mismatch"
+DTYPE_MISMATCH: Final = "dtype_mismatch"
+REDUCE_OP_MISMATCH: Final = "reduce_op_mismatch"
+ROOT_MISMATCH: Final = "root_mismatch"
+GROUP_MISMATCH: Final = "group_mismatch"
+MISSING_COLLECTIVE: Final = "missing_collective"
+CALLSITE_DIVERGENCE: Final = "callsite_divergence"
+WAIT_CYCLE: Final = "wait_cycle"
+RANK_CRASHED: Final = "rank_crashed"
+RANK_EXITED_EARLY: Final = "rank_exited_early"
+TEARDOWN_ABORT: Final = "teardown_abort"
+INIT_INCOMPLETE: Final = "init_incomplete"
+RANK_STUCK: Final = "rank_stuck"  # stopped by the launcher: a rank idle at one place in user code
 
 MISMATCH_KINDS = (OP_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH, REDUCE_OP_MISMATCH,
                   ROOT_MISMATCH)
@@ -33,8 +34,13 @@ KINDS = MISMATCH_KINDS + (GROUP_MISMATCH, MISSING_COLLECTIVE, CALLSITE_DIVERGENC
                           RANK_CRASHED, RANK_EXITED_EARLY, TEARDOWN_ABORT, INIT_INCOMPLETE,
                           RANK_STUCK)
 
-ERROR = "error"
-WARNING = "warning"
+FindingKind = Literal["op_mismatch", "shape_mismatch", "dtype_mismatch", "reduce_op_mismatch",
+                      "root_mismatch", "group_mismatch", "missing_collective",
+                      "callsite_divergence", "wait_cycle", "rank_crashed", "rank_exited_early",
+                      "teardown_abort", "init_incomplete", "rank_stuck"]
+Severity = Literal["error", "warning"]
+ERROR: Final = "error"
+WARNING: Final = "warning"
 
 
 @dataclass
@@ -71,8 +77,8 @@ class RankDetail:
 class Finding:
     """One diagnosed problem. ``t`` orders findings in time; ``follow_on`` marks consequences."""
 
-    kind: str
-    severity: str
+    kind: FindingKind
+    severity: Severity
     group: str | None
     seq: int | None
     summary: str

@@ -3,8 +3,8 @@
 A rank is judged by what it recorded first (its ``exit`` and ``exception`` records) and by the
 launcher's exit codes second, so a rank that finished its script and then aborted in teardown
 (gloo + DDP on torch 2.13) counts as finished, with a teardown abort noted. A rank stopped by
-``--max-steps`` (exit status ``max_steps``) counts as finished too, with ``max_steps`` set. An exception that
-merely reports a vanished peer or a timeout ("Connection closed by peer") is marked
+``--max-steps`` (exit status ``max_steps``) counts as finished too, with ``max_steps`` set. An
+exception that merely reports a vanished peer or a timeout ("Connection closed by peer") is marked
 ``comm_error``: it is a consequence of another rank's problem, not a cause.
 """
 
@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import incomplete, stacks_of
 from ddpdoctor.trace.model import Collective, RankTrace, Run, Site, is_internal_file, site_from
 
-FINISHED = "finished"
-EXCEPTION = "exception"
-FAILED = "failed"  # sys.exit() with a non-zero code
-KILLED = "killed"
-HUNG = "hung"
-UNFINISHED = "unfinished"
-MISSING = "missing"
-REMOTE = "remote"  # no trace here, in a job of several nodes: its node's folder was not given
+FINISHED: Final = "finished"
+EXCEPTION: Final = "exception"
+FAILED: Final = "failed"  # sys.exit() with a non-zero code
+KILLED: Final = "killed"
+HUNG: Final = "hung"
+UNFINISHED: Final = "unfinished"
+MISSING: Final = "missing"
+REMOTE: Final = "remote"  # no trace here, in a job of several nodes: its folder was not given
+RankStatus = Literal["finished", "exception", "failed", "killed", "hung", "unfinished",
+                     "missing", "remote"]
 
 PENDING_WINDOW = 1024
 
@@ -45,7 +48,7 @@ class RankState:
 
     rank: int
     trace: RankTrace | None
-    status: str
+    status: RankStatus
     exit_code: int | None = None
     pending: list[Collective] = field(default_factory=list)
     last: Collective | None = None

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.details import left_detail
 from ddpdoctor.analysis.finding import Finding, RankDetail
-from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.ranks import RankState, RankStatus
 from ddpdoctor.trace.model import Site
 
-CLEAN = "clean"
-DIVERGED = "diverged"
-CRASHED = "crashed"
-INCOMPLETE = "incomplete"
-UNTESTED = "untested"
+CLEAN: Final = "clean"
+DIVERGED: Final = "diverged"
+CRASHED: Final = "crashed"
+INCOMPLETE: Final = "incomplete"
+UNTESTED: Final = "untested"
+Verdict = Literal["clean", "diverged", "crashed", "incomplete", "untested"]
 VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE, UNTESTED)
 # What each verdict means, in the words every reporter shows.
 VERDICT_TEXT = {
@@ -32,7 +34,7 @@ class RankSummary:
     """How one rank ended and how far it got."""
 
     rank: int
-    status: str
+    status: RankStatus
     iterations: int = 0
     collectives: int = 0
     last: RankDetail | None = None
@@ -52,7 +54,7 @@ class RankSummary:
 class Report:
     """What ``ddpdoctor diff`` found in one run."""
 
-    verdict: str
+    verdict: Verdict
     world_size: int
     ranks: list[RankSummary]
     findings: list[Finding] = field(default_factory=list)
@@ -73,7 +75,7 @@ class Report:
         return bool(self.ranks) and all(r.status in (rs.FINISHED, rs.REMOTE) for r in self.ranks)
 
 
-def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> str:
+def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> Verdict:
     """clean / diverged / crashed / incomplete / untested, from the ordered findings and rank
     endings. Clean needs every rank finished with its whole trace; untested means no rank
     recorded a collective."""

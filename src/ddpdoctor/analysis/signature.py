@@ -33,10 +33,9 @@ JOIN_EXIT_LABELS = frozenset({"join.num_nonjoined", "join.terminate", "join.shad
 
 SiteKey = tuple[str, int, str]
 
-# Field names :func:`compare` returns, most decisive first.
+# The differences :func:`hard_difference` and :func:`soft_difference` name.
 OP, SHAPE, DTYPE, REDUCE_OP, ROOT, LABEL, CALLSITE = (
     "op", "shape", "dtype", "reduce_op", "root", "label", "callsite")
-HARD_FIELDS = (OP, SHAPE, DTYPE, REDUCE_OP, ROOT)
 
 
 def site_key(site: Site | None) -> SiteKey | None:
@@ -117,7 +116,3 @@ def soft_difference(a: Collective, b: Collective, join_sites: dict[int, set]) ->
         return None
     return CALLSITE
 
-
-def compare(a: Collective, b: Collective, join_sites: dict[int, set]) -> str | None:
-    """The most decisive difference between two collectives at one position, or None."""
-    return hard_difference(a, b) or soft_difference(a, b, join_sites)

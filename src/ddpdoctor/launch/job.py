@@ -25,7 +25,6 @@ from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.trace import schema
 
-
 MULTI_NODE_LINGER = 3.0  # seconds a node waits after its evidence before stopping its ranks
 
 

@@ -107,7 +107,8 @@ def frame_text(activity: dict | None) -> str:
     if not frames or not isinstance(frames[0], dict):
         return ""
     f = frames[0]
-    return f"{f.get('function', '?')}() at {Path(str(f.get('file', '?'))).name}:{f.get('line', '?')}"
+    name = Path(str(f.get("file", "?"))).name
+    return f"{f.get('function', '?')}() at {name}:{f.get('line', '?')}"
 
 
 class _Tail:

@@ -31,7 +31,7 @@ class RunOptions:
     status_every: float = 10.0
     cpu: bool = False  # run a CUDA/NCCL script on the CPU with gloo (runtime/cpu_mode.py)
     max_steps: int | None = None  # stop every rank at the start of DDP iteration N+1
-    expect_schedule: str | None = None  # schedule file the run must match (schedule.py)
+    expect_schedule: str | None = None  # schedule file the run must match (analysis/schedule.py)
     # Per-rank trace size after which only what breaks the rank's pattern is written
     # (runtime/trace_cap.py; CLI --max-trace-mb): bench/run.py item f measures the hour.
     max_trace_mb: float | None = 16.0

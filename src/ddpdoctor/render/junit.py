@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.render import console as console_report
 from ddpdoctor.render.markdown import RunInfo, failed

@@ -47,17 +47,13 @@ import sys
 import sysconfig
 from typing import Any
 
+from ddpdoctor.runtime import patches
 from ddpdoctor.runtime.env import CPU_DEVICES
 
 NCCL_NAMES = frozenset({"nccl", "cuda:nccl", "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo"})
 
 _installed = False
 _current_device: int | None = None
-
-
-def active() -> bool:
-    """Whether CPU mode is installed in this process."""
-    return _installed
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -208,12 +204,11 @@ def _patch_cuda(torch: Any) -> None:
         def __exit__(self, *exc: object) -> bool:
             return False
 
-    cuda.is_available, cuda.device_count = is_available, count
-    cuda.set_device, cuda.current_device, cuda.synchronize = set_device, current_device, \
-        synchronize
-    cuda.get_device_name, cuda.reset_peak_memory_stats = get_device_name, \
-        reset_peak_memory_stats
-    cuda.device = device
+    for name, fn in (("is_available", is_available), ("device_count", count),
+                     ("set_device", set_device), ("current_device", current_device),
+                     ("synchronize", synchronize), ("get_device_name", get_device_name),
+                     ("reset_peak_memory_stats", reset_peak_memory_stats), ("device", device)):
+        patches.replace(cuda, name, fn)
     _patch_accelerator(torch, set_device, current_device, synchronize)
 
 
@@ -244,13 +239,14 @@ def _patch_accelerator(torch: Any, set_device: Any, current_device: Any, synchro
     def current_device_index() -> int:
         return current_device()
 
-    patches = {"is_available": is_available, "current_accelerator": current_accelerator,
-               "device_count": count, "set_device_index": set_device_index,
-               "set_device_idx": set_device_index, "current_device_index": current_device_index,
-               "current_device_idx": current_device_index, "synchronize": synchronize}
-    for name, fn in patches.items():
+    replacements = {"is_available": is_available, "current_accelerator": current_accelerator,
+                    "device_count": count, "set_device_index": set_device_index,
+                    "set_device_idx": set_device_index,
+                    "current_device_index": current_device_index,
+                    "current_device_idx": current_device_index, "synchronize": synchronize}
+    for name, fn in replacements.items():
         if hasattr(acc, name):
-            setattr(acc, name, fn)
+            patches.replace(acc, name, fn)
 
 
 def _patch_modules(torch: Any) -> None:
@@ -267,14 +263,15 @@ def _patch_modules(torch: Any) -> None:
     def cuda(self: Any, device: Any = None) -> Any:
         return self
 
-    module.to, module.cuda = to, cuda
+    patches.replace(module, "to", to)
+    patches.replace(module, "cuda", cuda)
     real_default = torch.set_default_device
 
     @functools.wraps(real_default)
     def set_default_device(device: Any) -> None:
         real_default(_cpu() if is_cuda_device(device) else device)
 
-    torch.set_default_device = set_default_device
+    patches.replace(torch, "set_default_device", set_default_device)
 
 
 def _patch_data(torch: Any) -> None:
@@ -292,7 +289,7 @@ def _patch_data(torch: Any) -> None:
             kwargs["pin_memory"] = False
         real_init(self, *args, **kwargs)
 
-    loader.__init__ = __init__
+    patches.replace(loader, "__init__", __init__)
     real_load = torch.serialization.load
 
     @functools.wraps(real_load)
@@ -301,7 +298,8 @@ def _patch_data(torch: Any) -> None:
             map_location_ = kwargs.pop("map_location")
         return real_load(f, map_location(map_location_), *args, **kwargs)
 
-    torch.load = torch.serialization.load = load
+    patches.replace(torch, "load", load)
+    patches.replace(torch.serialization, "load", load)
 
 
 def _patch_distributed(torch: Any) -> None:
@@ -324,7 +322,8 @@ def _patch_distributed(torch: Any) -> None:
             args = args[:7] + (None,) + args[8:]
         return real_init(backend, *args, **kwargs)
 
-    c10d.init_process_group = dist.init_process_group = init_process_group
+    patches.replace(c10d, "init_process_group", init_process_group)
+    patches.replace(dist, "init_process_group", init_process_group)
 
     from torch.nn.parallel import distributed as ddp_mod
 
@@ -339,7 +338,7 @@ def _patch_distributed(torch: Any) -> None:
                 kwargs[name] = None
         real_ddp_init(self, module, *args, **kwargs)
 
-    ddp.__init__ = ddp_init
+    patches.replace(ddp, "__init__", ddp_init)
 
 
 def install() -> bool:
@@ -355,7 +354,9 @@ def install() -> bool:
     _patch_modules(torch)
     _patch_data(torch)
     _patch_distributed(torch)
-    _make_mode().__enter__()  # stays pushed for the life of the process (this thread)
+    mode = _make_mode()
+    mode.__enter__()  # stays pushed for the life of the process (this thread)
+    patches.on_uninstall("CUDA-to-CPU TorchFunctionMode", lambda: mode.__exit__(None, None, None))
     _installed = True
     return True
 

@@ -7,7 +7,8 @@ CPU = "DDPDOCTOR_CPU"  # "1": map CUDA to the CPU in every rank (runtime/cpu_mod
 CPU_DEVICES = "DDPDOCTOR_CPU_DEVICES"  # what torch.cuda.device_count() answers in CPU mode
 MAX_STEPS = "DDPDOCTOR_MAX_STEPS"  # N: stop every rank at the start of DDP iteration N+1
 STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the others
-MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"  # after this many MB a trace keeps only what breaks the pattern
+# after this many MB a trace keeps only what breaks the pattern
+MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"
 LAUNCHER = "DDPDOCTOR_LAUNCHER"  # torchrun | python: how the job's top process starts workers
 LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is the top process
 FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder, not ddpdoctor's

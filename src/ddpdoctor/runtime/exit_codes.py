@@ -18,8 +18,8 @@ import json
 import os
 from typing import Any
 
+from ddpdoctor.runtime import patches
 from ddpdoctor.trace import schema
-
 
 
 def _write(logdir: str, codes: dict[int, int]) -> None:
@@ -61,7 +61,7 @@ def _patch_torchrun(logdir: str) -> None:
         return result
 
     _poll._ddpdoctor = True  # type: ignore[attr-defined]
-    context._poll = _poll
+    patches.replace(context, "_poll", _poll)
 
 
 def _patch_spawn(logdir: str) -> None:
@@ -83,7 +83,7 @@ def _patch_spawn(logdir: str) -> None:
                 pass
 
     join._ddpdoctor = True  # type: ignore[attr-defined]
-    context.join = join
+    patches.replace(context, "join", join)
 
 
 def install(logdir: str, launcher: str) -> None:

@@ -60,11 +60,6 @@ def configure_from_env() -> int | None:
     return limit
 
 
-def limit() -> int | None:
-    """The configured step limit."""
-    return _limit
-
-
 def check(recorder: Any) -> None:
     """Stop this rank if it has done its N iterations (call before counting a new one)."""
     if _limit is not None and recorder is not None and recorder.iteration >= _limit:

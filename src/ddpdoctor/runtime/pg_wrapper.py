@@ -167,7 +167,8 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     def scatter(self, *args: Any) -> Any:
         opts = args[2] if len(args) > 2 else None
-        return self._issue("scatter", "scatter", args, args[0], root=getattr(opts, "rootRank", None))
+        return self._issue("scatter", "scatter", args, args[0],
+                           root=getattr(opts, "rootRank", None))
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, *args: Any) -> Any:

@@ -90,7 +90,8 @@ class Recorder:
         return {"kind": schema.PROCESS_START, "t": _now(), "rank": rank,
                 "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
                 "world_size": world_size if world_size > 0 else
-                int(os.environ.get("WORLD_SIZE", "0") or 0) or None, "host": socket.gethostname(), "pid": os.getpid(),
+                int(os.environ.get("WORLD_SIZE", "0") or 0) or None,
+                "host": socket.gethostname(), "pid": os.getpid(),
                 "torch": getattr(torch, "__version__", None), "python": sys.version.split()[0],
                 "backend": backend, "argv": redact.mask_args(list(sys.argv)),
                 "env": {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}}

@@ -24,9 +24,10 @@ import functools
 import importlib
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ddpdoctor.runtime import env, max_steps
+from ddpdoctor.runtime import env, max_steps, patches
 from ddpdoctor.runtime.recorder import Recorder
 
 VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite passed on
@@ -119,8 +120,8 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
     dist.Backend.register_backend(PLUGIN, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
     for module in (c10d, dist):
-        module.init_process_group = _wrap_init(c10d.init_process_group)
-        module.new_group = _wrap_new_group(c10d.new_group)
+        patches.replace(module, "init_process_group", _wrap_init(c10d.init_process_group))
+        patches.replace(module, "new_group", _wrap_new_group(c10d.new_group))
     _patch_ddp()
     _patch_spawn()
     return True
@@ -308,8 +309,10 @@ def _patch_ddp() -> None:
         _recorder.next_iteration()
         real_main_hook(self)
 
-    ddp.__init__, ddp._pre_forward, join_hook.main_hook = __init__, _pre_forward, main_hook
-    ddp._ddpdoctor = True
+    patches.replace(ddp, "__init__", __init__)
+    patches.replace(ddp, "_pre_forward", _pre_forward)
+    patches.replace(join_hook, "main_hook", main_hook)
+    patches.replace(ddp, "_ddpdoctor", True)
 
 
 def _ddp_flags(model: Any, frame: Any) -> dict:
@@ -348,8 +351,7 @@ def _patch_spawn() -> None:
     spawn = importlib.import_module("torch.multiprocessing.spawn")
     if spawn._wrap is not _spawn_wrap:
         global _real_spawn_wrap
-        _real_spawn_wrap = spawn._wrap
-        spawn._wrap = _spawn_wrap
+        _real_spawn_wrap = patches.replace(spawn, "_wrap", _spawn_wrap)
 
 
 _real_spawn_wrap: Callable | None = None

@@ -34,6 +34,22 @@ class CollectiveRecord:
 
     __slots__ = ("id", "group", "seq", "p2p_seq", "op", "api", "tensors", "reduce_op",
                  "root", "peer", "label", "bucket", "iteration", "t", "stack", "work")
+    id: int
+    group: str
+    seq: int | None
+    p2p_seq: int | None
+    op: str
+    api: str | None
+    tensors: list
+    reduce_op: Any
+    root: int | None
+    peer: int | None
+    label: str
+    bucket: int | None
+    iteration: int
+    t: float
+    stack: tuple
+    work: Any
 
     def __init__(self) -> None:
         # ISSUING until the backend returned a Work; then the Work; a state string on error.

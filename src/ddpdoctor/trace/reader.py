@@ -23,7 +23,15 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, schema
-from ddpdoctor.trace.compact import CHUNK, MAX_LINE, NotCompact, collective_from, expand_repeat, place, read_compact
+from ddpdoctor.trace.compact import (
+    CHUNK,
+    MAX_LINE,
+    NotCompact,
+    collective_from,
+    expand_repeat,
+    place,
+    read_compact,
+)
 from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site, site_from
 
 MAX_SKIP = 64 * 1024 * 1024
@@ -393,7 +401,7 @@ def _job_records(folders: set[Path]) -> tuple[str | None, str, int]:
 
 def _ranks_text(ranks: list[int]) -> str:
     """'rank 3' or 'ranks 0-3, 7' (sorted input)."""
-    spans: list[str] = []
+    spans: list[list[int]] = []
     for r in ranks:
         if spans and spans[-1][1] == r - 1:
             spans[-1][1] = r

@@ -1,4 +1,4 @@
-"""Rules that recognise the known causes (``causes.yaml``) in a diagnosis.
+"""Rules that recognise the known causes (``knowledge/causes.yaml``) in a diagnosis.
 
 Each rule looks at one finding together with the aligned traces, the ranks' endings and the
 recorded DDP flags, and returns evidence sentences when its cause explains the finding (None
@@ -6,7 +6,7 @@ otherwise). :data:`RULES` is tried in order; the first match wins, so the more s
 patterns come first (a crash explains a missing collective before anything else does; a join
 collective beats uneven inputs; a collective the source shows under ``if rank == 0:`` and a
 DDP forward from a function other ranks never ran DDP from beat uneven inputs). Where
-the script is readable here, :mod:`ddpdoctor.knowledge.source` settles what the trace cannot:
+the script is readable here, :mod:`ddpdoctor.analysis.source` settles what the trace cannot:
 whether a collective sits under a rank test, or after the training loop.
 """
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
+from ddpdoctor.analysis import source
 from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import site_key
 from ddpdoctor.analysis.terms import rank_list, site_text
-from ddpdoctor.knowledge import source
 from ddpdoctor.trace.compact import CollectiveLog
 from ddpdoctor.trace.model import Run, Site
 

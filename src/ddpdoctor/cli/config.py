@@ -25,7 +25,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor import yamlfile
+from ddpdoctor.analysis import yamlfile
 
 FILENAME = "ddpdoctor.yaml"
 SECTIONS = ("run", "torchrun")

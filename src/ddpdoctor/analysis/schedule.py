@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from ddpdoctor import yamlfile
+from ddpdoctor.analysis import yamlfile
 from ddpdoctor.analysis.terms import rank_list
 from ddpdoctor.trace.model import Collective, Run
 

@@ -1,0 +1,54 @@
+"""Command line: ``ddpdoctor run``, ``diff``, ``timeline`` and ``schedule``, one module each.
+Thin: options -> one call -> renderer. ``run`` takes its defaults from ``ddpdoctor.yaml`` in the
+working directory (:mod:`ddpdoctor.cli.config`); exit codes: :mod:`ddpdoctor.cli.exits`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ddpdoctor.cli import diff, run, schedule  # noqa: F401  (each registers its commands)
+from ddpdoctor.cli.app import app, say
+from ddpdoctor.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
+from ddpdoctor.cli.run import split_run_args
+from ddpdoctor.launch.options import UsageError
+
+__all__ = ["app", "main", "split_run_args"]
+
+# --help lists the commands in this order (typer lists them as they were registered).
+_ORDER = ["run", "diff", "timeline"]
+app.registered_commands.sort(
+    key=lambda c: _ORDER.index(c.name) if c.name in _ORDER else len(_ORDER))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        argv, torchrun_args = split_run_args(sys.argv[1:])
+    except UsageError as exc:
+        say(f"error: {exc}")
+        sys.exit(EXIT_USAGE)
+    try:
+        app(args=argv, obj={"torchrun": torchrun_args}, prog_name="ddpdoctor")
+    except KeyboardInterrupt:
+        _exit(EXIT_INTERRUPTED)
+    except SystemExit as exc:
+        _exit(exc.code)
+
+
+def _exit(code: object) -> None:
+    """Exit with ``code``. Once torch is imported (``run`` reads torchrun's options with
+    torch's parser), the interpreter's own teardown takes ~0.8 s: nothing is left to clean up
+    by then, so the output is flushed and the process ends at once."""
+    if "torch" not in sys.modules:
+        sys.exit(code)
+    number = code if isinstance(code, int) else (0 if code is None else 1)
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(number)

@@ -1,0 +1,105 @@
+"""The ``ddpdoctor`` command group: the typer app every subcommand registers on, its help style,
+the ``ddpdoctor.yaml`` defaults, and the status lines and report output the subcommands share.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+from rich.console import Console
+from typer.core import TyperArgument, TyperCommand
+
+from ddpdoctor import __version__
+from ddpdoctor.analysis.report import Report
+from ddpdoctor.cli import config
+from ddpdoctor.cli.exits import EXIT_USAGE
+from ddpdoctor.render import console as console_report
+from ddpdoctor.render import timeline as timeline_render
+from ddpdoctor.trace.model import Run
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+    help="Find why a PyTorch DDP job hangs, and which line of code made the ranks diverge.",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err = Console(stderr=True, highlight=False)
+
+
+class HelpCommand(TyperCommand):
+    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS]...``, arguments without the
+    ``<str>`` / ``<list[Path]>`` types typer adds (their metavar already says what they are)."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.metavar or (param.name or "").upper()
+                if param.nargs != 1 and not name.endswith("..."):
+                    name += "..."
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        for param in self.params:
+            if isinstance(param, TyperArgument):
+                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+        super().format_help(ctx, formatter)
+
+
+def say(message: str) -> None:
+    """One status line on stderr, never wrapped (logs and tests grep for it)."""
+    err.print(f"ddpdoctor: {message}", markup=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> None:
+    say(f"error: {message}")
+    raise typer.Exit(code)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ddpdoctor {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """ddpdoctor records every collective of every rank, and explains hangs and divergences."""
+    if ctx.invoked_subcommand == "run":
+        try:
+            defaults = config.load()
+        except config.ConfigError as exc:
+            fail(str(exc))
+        # Options missing from the command line take their value from ddpdoctor.yaml.
+        ctx.default_map = {**(ctx.default_map or {}), "run": defaults.get("run", {})}
+        ctx.ensure_object(dict)["torchrun_defaults"] = defaults.get("torchrun", [])
+
+
+def show(report: Report, console: Console) -> None:
+    """The report on a terminal (wrapped to it, in colour), or as plain long lines in a log."""
+    if console.is_terminal:
+        console_report.render(report, console)
+    else:
+        width = int(os.environ.get("COLUMNS", "0") or 0) or LOG_WIDTH
+        console.file.write(console_report.plain_text(report, max(width, 80)))
+        console.file.flush()
+
+
+LOG_WIDTH = 400  # a report written to a log is not wrapped below this width
+
+
+def write_timeline(run: Run, report: Optional[Report], out: Path) -> None:
+    try:
+        count = timeline_render.write(run, report, out)
+    except OSError as exc:
+        fail(f"cannot write {out}: {exc.strerror or exc}")
+    say(f"timeline: {out} ({count} events of {len(run.ranks)} ranks); open it in "
+         f"https://ui.perfetto.dev (Open trace file) or chrome://tracing")

@@ -1,0 +1,51 @@
+"""``ddpdoctor diff`` and ``ddpdoctor timeline``: diagnose recorded traces again, or draw them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from ddpdoctor.analysis import diagnose
+from ddpdoctor.cli.app import HelpCommand, app, fail, show, write_timeline
+from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM
+from ddpdoctor.render import json_report
+from ddpdoctor.trace.reader import TraceError, load_run
+
+
+@app.command(cls=HelpCommand,
+             short_help="Diagnose recorded traces (or flight-recorder dumps) again.")
+def diff(
+    paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
+                                       help="Log folder(s) or trace files (one folder per node)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead."),
+) -> None:
+    """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix."""
+    try:
+        report = diagnose(load_run([str(p) for p in paths]))
+    except TraceError as exc:
+        fail(str(exc))
+    if json_out:
+        print(json.dumps(json_report.to_dict(report), indent=2))
+    else:
+        show(report, Console(highlight=False))
+    raise typer.Exit(EXIT_OK if report.verdict == "clean" else EXIT_PROBLEM)
+
+
+@app.command(cls=HelpCommand, short_help="Write a timeline of every rank for Perfetto.")
+def timeline(
+    paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
+                                       help="Log folder(s) (one per node) or trace files."),
+    out: Path = typer.Option(Path("ddpdoctor-timeline.json"), "-o", "--output", metavar="FILE",
+                             help="The timeline file to write."),
+) -> None:
+    """Write a timeline of every rank (Chrome trace-event JSON): open it in ui.perfetto.dev
+    (Open trace file) or chrome://tracing. One row per rank and group, each collective a slice
+    in DDP terms, the first divergence marked and joined by arrows."""
+    try:
+        run = load_run([str(p) for p in paths])
+    except TraceError as exc:
+        fail(str(exc))
+    write_timeline(run, diagnose(run), out)

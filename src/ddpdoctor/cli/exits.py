@@ -1,0 +1,21 @@
+"""The exit codes of ``ddpdoctor``, in one place.
+
+====  =====================================================================================
+0     the job succeeded and nothing diverged (``diff``: the traces are clean)
+1     a problem was found: a rank crashed or diverged (``run``: or the job's own non-zero code,
+      or the collective schedule differs from ``--expect-schedule``)
+2     bad usage or unreadable input
+3     ``run`` detected a hang (or a rank stuck in its own code), collected the evidence and
+      stopped the job
+4     ``run`` in CI mode (``--cpu``, ``--max-steps``, ``--junit``, ``--markdown`` or ``$CI``
+      set): nothing was tested (no process group initialised, no collective recorded)
+130   ``run`` was interrupted (SIGINT/SIGTERM); the job was stopped, the logs kept
+====  =====================================================================================
+"""
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_HANG = 3
+EXIT_UNTESTED = 4
+EXIT_INTERRUPTED = 130

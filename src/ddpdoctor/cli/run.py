@@ -1,0 +1,341 @@
+"""``ddpdoctor run``: start the script under torchrun (or as its own launcher) with every rank
+recorded, watch it, and diagnose what the ranks recorded; the command line's torchrun options
+are told apart from ddpdoctor's own here."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ddpdoctor.analysis import diagnose, schedule
+from ddpdoctor.analysis.report import UNTESTED, Report
+from ddpdoctor.cli.app import HelpCommand, app, err, fail, say, show, write_timeline
+from ddpdoctor.cli.exits import (
+    EXIT_HANG,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_UNTESTED,
+)
+from ddpdoctor.launch.command import make_logdir
+from ddpdoctor.launch.job import JobResult, run_job
+from ddpdoctor.launch.monitor import JobProgress
+from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
+from ddpdoctor.render import json_report, junit, live, markdown
+from ddpdoctor.trace import redact
+from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
+
+
+class Launcher(str, Enum):
+    torchrun = "torchrun"
+    python = "python"
+
+
+RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rdzv-*, "
+              "--standalone, --master-addr/--master-port, --max-restarts, --tee, --redirects, "
+              "--log-dir, --local-ranks-filter, -m, --no-python, --run-path, ...) pass through "
+              "to torchrun unchanged, in either spelling (--nproc_per_node=2); ddpdoctor's own "
+              "options are those listed here. Defaults: --nproc-per-node is the visible GPUs, "
+              "else 2 (2 with --cpu), and a free --master-port on a single node.")
+
+
+@app.command("run", cls=HelpCommand, context_settings={"allow_interspersed_args": False},
+             epilog=RUN_EPILOG,
+             short_help="Run a DDP script with every rank recorded, and diagnose it.")
+def run_command(
+    ctx: typer.Context,
+    script: str = typer.Argument(..., metavar="SCRIPT",
+                                 help="The training script (or module with -m)."),
+    args: Optional[list[str]] = typer.Argument(None, metavar="ARGS",
+                                               help="Arguments for the script."),
+    launcher: Launcher = typer.Option(
+        Launcher.torchrun, "--launcher", metavar="torchrun|python",
+        help="torchrun, or python for scripts that start their own workers (mp.spawn)."),
+    logdir: Optional[Path] = typer.Option(
+        None, "--logdir", metavar="DIR",
+        help="Where the per-rank traces go (default: ./ddpdoctor-logs/<date>-<time>-<pid> in "
+             "the working directory; the folder is created private, 0700)."),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", metavar="NAME",
+        help="Override the backend the script asks for (e.g. gloo)."),
+    hang_timeout: float = typer.Option(
+        30.0, "--hang-timeout", metavar="SECONDS", min=0.5,
+        help="Seconds every live rank may wait in a collective, none progressing, before the job "
+             "is a hang. A rank busy outside collectives (checkpoint, evaluation) is not waiting; "
+             "collectives that provably cannot match are diagnosed at once."),
+    stuck_timeout: float = typer.Option(
+        600.0, "--stuck-timeout", metavar="SECONDS", min=0.5,
+        help="Seconds a rank may stay at one place in its own code, outside collectives and "
+             "without using CPU, before the job is stopped as stuck there."),
+    grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0.0,
+                                help="Seconds between SIGTERM and SIGKILL when stopping the job."),
+    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
+                                            help="Also write the report as JSON here."),
+    cpu: bool = typer.Option(
+        False, "--cpu",
+        help="Run a script written for CUDA/NCCL on the CPU, unmodified: gloo, CUDA devices "
+             "mapped to the CPU (docs/cpu-mode.md); --nproc-per-node defaults to 2."),
+    max_steps: Optional[int] = typer.Option(
+        None, "--max-steps", metavar="N", min=1,
+        help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0)."),
+    junit_out: Optional[Path] = typer.Option(
+        None, "--junit", metavar="FILE",
+        help="Also write a JUnit XML file: one test, failed with the diagnosis."),
+    markdown_out: Optional[Path] = typer.Option(
+        None, "--markdown", metavar="FILE",
+        help="Also write the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
+             "there in any case)."),
+    max_trace_mb: float = typer.Option(
+        RunOptions.max_trace_mb, "--max-trace-mb", metavar="MB", min=0.0,
+        help="After this many MB per rank, write only what breaks the rank's repeating "
+             "pattern: about 25 MB per rank for an hour at 10 steps/s, and the first "
+             "divergence is never lost (docs/trace-format.md). 0 from the start; a large "
+             "value keeps every collective in full."),
+    flight_recorder: bool = typer.Option(
+        False, "--flight-recorder",
+        help="Keep the collectives with PyTorch's flight recorder instead of ddpdoctor's own "
+             "recording (always so for NCCL groups, which ddpdoctor does not record yet); every "
+             "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
+             "reduce op or root."),
+    timeline_out: Optional[Path] = typer.Option(
+        None, "--timeline", metavar="FILE",
+        help="Also write a timeline of every rank here (Chrome trace-event JSON for "
+             "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')."),
+    record_nccl: bool = typer.Option(
+        False, "--record-nccl",
+        help="UNVERIFIED: record NCCL groups with ddpdoctor's own process-group wrapper (as gloo "
+             "groups are) instead of the flight recorder; scripts/gpu-check has not yet passed "
+             "on a GPU."),
+    expect_schedule: Optional[Path] = typer.Option(
+        None, "--expect-schedule", metavar="FILE",
+        help="Fail (exit 1) when the run's collective schedule differs from this file "
+             "(written by 'ddpdoctor schedule save')."),
+) -> None:
+    """Run SCRIPT under torchrun with every rank recorded; diagnose a hang, crash or divergence.
+
+    Examples:
+
+      ddpdoctor run --nproc-per-node 2 train.py --epochs 1
+
+      ddpdoctor run --standalone --nproc_per_node=4 main.py --batch-size 32
+
+      ddpdoctor run --launcher python spawn_script.py
+
+      ddpdoctor run --cpu --max-steps 2 --junit junit.xml train_on_gpus.py
+    """
+    opts = RunOptions(
+        script=script, args=list(args or []), torchrun_args=_torchrun_args(ctx),
+        launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend,
+        hang_timeout=hang_timeout, stuck_timeout=stuck_timeout, grace=grace, cpu=cpu,
+        max_steps=max_steps, max_trace_mb=max_trace_mb,
+        expect_schedule=str(expect_schedule) if expect_schedule else None,
+        reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
+        record_nccl=record_nccl)
+    try:
+        log_path = prepare_run(opts)
+    except UsageError as exc:
+        fail(str(exc))
+    say(f"recording to {log_path}")
+    try:
+        if err.is_terminal and sys.stdout.isatty():
+            opts.status_every = LIVE_EVERY
+            with live.LiveView(err) as view:
+                outcome = run_and_diagnose(opts, log_path, view.status, view.output)
+        else:
+            outcome = run_and_diagnose(opts, log_path, _status_printer(opts))
+    except UsageError as exc:
+        fail(str(exc))
+    job = outcome.job
+    if job.hang:
+        what = "rank stuck" if job.stop == "stuck" else "hang detected"
+        say(f"{what}: {job.reason}; stacks collected from {len(job.acks)} rank(s), job stopped")
+    elif job.interrupted:
+        say("interrupted: job stopped, logs kept")
+    if outcome.report is not None:
+        show(outcome.report, err)
+        if json_out:
+            extra = {"exit_code": outcome.exit_code, "duration_s": round(job.duration, 3),
+                     "logdir": str(log_path)}
+            json_out.write_text(json.dumps(json_report.to_dict(outcome.report, extra),
+                                           indent=2))
+    elif outcome.read_error:
+        say(f"no diagnosis: {outcome.read_error}")
+    if timeline_out:
+        try:
+            run_traces = load_run([str(log_path)])
+            write_timeline(run_traces, outcome.report, timeline_out)
+        except TraceError as exc:
+            say(f"warning: no timeline: {exc}")
+    if outcome.schedule_diff:
+        say(f"the collective schedule differs from {expect_schedule}:")
+        for line in outcome.schedule_diff:
+            err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+    elif expect_schedule and outcome.report is not None:
+        say(f"the collective schedule matches {expect_schedule}")
+    if outcome.report is not None and outcome.report.verdict == "untested":
+        say("warning: NOTHING WAS TESTED - no collective was recorded on any rank (see the "
+             "notes)" + (" (exit 4 in CI mode)" if outcome.exit_code == EXIT_UNTESTED
+                                else "; in CI mode (--cpu, --max-steps, --junit, $CI) this "
+                                     "fails with exit 4"))
+    if outcome.teardown_only:
+        say(f"warning: every rank finished its script, but the job exited with code "
+             f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
+             f"not a divergence")
+    info = markdown.RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
+                            exit_code=outcome.exit_code,
+                            seconds=job.duration, logdir=str(log_path),
+                            problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
+    _write_ci_reports(outcome.report, info, junit_out, markdown_out)
+    say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
+    raise typer.Exit(outcome.exit_code)
+
+
+LIVE_EVERY = 0.5  # seconds between redraws of the live view
+
+
+def _torchrun_args(ctx: typer.Context) -> list[str]:
+    """torchrun's options: ddpdoctor.yaml's ``torchrun`` section, then the command line's."""
+    obj = ctx.find_root().obj or {}
+    return [*obj.get("torchrun_defaults", []), *obj.get("torchrun", [])]
+
+
+def _write_ci_reports(report: Optional[Report], info: markdown.RunInfo, junit_out: Optional[Path],
+                      markdown_out: Optional[Path]) -> None:
+    """--junit, --markdown and $GITHUB_STEP_SUMMARY; a file that cannot be written is a warning
+    (the diagnosis above stands)."""
+    outputs: list[tuple[Path, str, str]] = []
+    if junit_out:
+        outputs.append((junit_out, junit.render(report, info), "w"))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if markdown_out or summary:
+        text = markdown.render(report, info)
+        if markdown_out:
+            outputs.append((markdown_out, text, "w"))
+        if summary:
+            outputs.append((Path(summary), text, "a"))
+    for path, text, mode in outputs:
+        try:
+            with open(path, mode, encoding="utf-8") as fh:
+                fh.write(text)
+        except OSError as exc:
+            say(f"warning: cannot write {path}: {exc.strerror or exc}")
+
+
+def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
+    """Progress while the job runs, without a terminal: a plain line now and then."""
+
+    def show(progress: JobProgress, event: str) -> None:
+        if event == "status" and progress.ranks:
+            say(live.plain_line(progress))
+
+    return show
+
+
+@dataclass
+class RunOutcome:
+    """A finished ``ddpdoctor run``: how the job ended, the diagnosis, the exit code."""
+
+    job: JobResult
+    report: Report | None
+    exit_code: int
+    read_error: str | None = None
+    teardown_only: bool = False
+    schedule_diff: list[str] = field(default_factory=list)  # --expect-schedule differences
+
+
+def prepare_run(opts: RunOptions) -> Path:
+    """Validate the options, the script and the expected schedule, and create the log folder
+    (raises UsageError)."""
+    check_options(opts)
+    check_script(opts)
+    if opts.expect_schedule:
+        _expected_schedule(opts.expect_schedule)
+    return make_logdir(opts.logdir)
+
+
+def _expected_schedule(path: str) -> schedule.Schedule:
+    try:
+        return schedule.load(path)
+    except schedule.ScheduleError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def run_and_diagnose(opts: RunOptions, logdir: Path,
+        on_status: Callable[[JobProgress, str], None] | None = None,
+        on_output: Callable[[str, bool], None] | None = None) -> RunOutcome:
+    """Run the job under instrumentation and diagnose what its ranks recorded."""
+    expected = _expected_schedule(opts.expect_schedule) if opts.expect_schedule else None
+    job = run_job(opts, logdir, on_status, on_output)
+    report, read_error, changes = None, None, []
+    try:
+        loaded = load_run([str(logdir)])
+        loaded.stopped_for_hang = job.hang
+        report = diagnose(loaded)
+        if expected is not None:
+            changes = schedule.compare(expected, schedule.from_run(loaded))
+    except NoTraces:
+        # No process became a rank: the script never initialised a process group.
+        report = diagnose(Run(ranks={}, world_size=0, notes=[
+            "no rank trace was written: the script never called init_process_group"]))
+    except TraceError as exc:
+        read_error = str(exc)
+    outcome = _outcome(job, report, read_error)
+    if outcome.report is not None and outcome.report.verdict == UNTESTED and \
+            outcome.exit_code == EXIT_OK and opts.ci_mode:
+        outcome.exit_code = EXIT_UNTESTED
+    outcome.schedule_diff = changes
+    if changes and outcome.exit_code == EXIT_OK:
+        outcome.exit_code = EXIT_PROBLEM
+    return outcome
+
+
+def _outcome(job: JobResult, report: Report | None, read_error: str | None) -> RunOutcome:
+    if job.interrupted:
+        return RunOutcome(job, report, EXIT_INTERRUPTED, read_error)
+    if job.hang:
+        return RunOutcome(job, report, EXIT_HANG, read_error)
+    problem = report is not None and report.has_errors
+    if job.exit_code == 0:
+        return RunOutcome(job, report, EXIT_PROBLEM if problem else EXIT_OK, read_error)
+    if report is not None and not problem and report.all_finished:
+        # Every rank finished its script; the process aborted in teardown (gloo + DDP).
+        return RunOutcome(job, report, EXIT_OK, read_error, teardown_only=True)
+    return RunOutcome(job, report, job.exit_code if job.exit_code > 0 else EXIT_PROBLEM,
+                      read_error)
+
+
+def _run_own_options() -> dict[str, bool]:
+    """``run``'s own option strings, each with whether it takes a value."""
+    command = typer.main.get_command(app)
+    own = {"-h": False, "--help": False}
+    for param in command.commands["run"].params:  # type: ignore[attr-defined]
+        if param.param_type_name == "option":
+            for opt in [*param.opts, *param.secondary_opts]:
+                own[opt] = not getattr(param, "is_flag", False)
+    return own
+
+
+def split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` for typer, and torchrun's options taken out of a ``run`` command line: typer
+    sees ddpdoctor's own options, then ``--``, the script and its arguments."""
+    at = next((i for i, a in enumerate(argv) if not a.startswith("-")), None)
+    if at is None or argv[at] != "run":
+        return argv, []
+    from ddpdoctor.launch import torchrun
+
+    rest = argv[at + 1:]
+    if any(a in ("-h", "--help") for a in rest[:next((i for i, a in enumerate(rest)
+                                                      if not a.startswith("-")), len(rest))]):
+        return argv, []
+    parts = torchrun.split(rest, _run_own_options())
+    tail = ["--", parts.script, *parts.args] if parts.script is not None else []
+    return [*argv[:at + 1], *parts.own, *tail], parts.torchrun

@@ -1,0 +1,85 @@
+"""The package's layers import only downwards (docs/architecture.md), and the code that runs
+inside every rank stays on the standard library and torch."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "ddpdoctor"
+
+# What each folder may import from ddpdoctor (besides the package root's __version__). The
+# command line (cli/) sits on top and may import anything.
+ALLOWED = {
+    "trace": {"trace"},
+    "runtime": {"runtime", "trace"},
+    "knowledge": {"knowledge"},
+    "analysis": {"analysis", "trace", "knowledge"},
+    "render": {"render", "analysis", "trace", "knowledge"},
+    "launch": {"launch", "trace", "analysis", "runtime.env"},
+}
+# Third-party packages the in-rank code may use: it runs inside every training process.
+IN_RANK = {"runtime", "trace"}
+IN_RANK_THIRD_PARTY = {"torch"}
+
+
+def _imports(path: Path) -> list[str]:
+    """Modules imported by ``path`` at run time (``if TYPE_CHECKING:`` blocks left out)."""
+    tree = ast.parse(path.read_text(), str(path))
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    names = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "ddpdoctor":  # from ddpdoctor import x: x is the module
+                names.extend(f"ddpdoctor.{alias.name}" for alias in node.names)
+            else:
+                names.extend(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted((PACKAGE / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_each_layer_imports_only_the_layers_below_it(folder: str) -> None:
+    allowed = ALLOWED[folder]
+    wrong = []
+    for path in _modules(folder):
+        for name in _imports(path):
+            if not name.startswith("ddpdoctor.") or name == "ddpdoctor.__version__":
+                continue
+            inner = name.split(".", 1)[1]
+            if not any(inner == a or inner.startswith(a + ".") for a in allowed):
+                wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("folder", sorted(IN_RANK))
+def test_in_rank_code_uses_only_the_standard_library_and_torch(folder: str) -> None:
+    wrong = []
+    for path in _modules(folder):
+        for name in _imports(path):
+            root = name.split(".", 1)[0]
+            if root in sys.stdlib_module_names or root in IN_RANK_THIRD_PARTY or \
+                    root == "ddpdoctor" or root == "__future__":
+                continue
+            wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    loose = [p.name for p in PACKAGE.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert not loose
+    assert folders == set(ALLOWED) | {"cli"}
