@@ -373,6 +373,37 @@ def _id_prefixes(first: int, count: int) -> tuple[list[bytes], int]:
 
 CHUNK = 8 * 1024 * 1024  # bytes read at a time: memory stays bounded whatever the file size
 MAX_LINE = 4 * 1024 * 1024  # a longer line is damage: never held whole
+MAX_SKIP = 64 * 1024 * 1024  # this many bytes without a line end: the rest is not read
+
+
+def line_chunks(fh: BinaryIO) -> Iterator[tuple[list[bytes | None], bool]]:
+    """The file's lines, :data:`CHUNK` bytes at a time: each chunk's complete lines, then the
+    cut-off last line (no newline) alone with True. A line longer than :data:`MAX_LINE` comes
+    as None, its bytes skipped, never held whole; after :data:`MAX_SKIP` bytes without a line
+    end, a None and nothing more. Both reading paths read files through this."""
+    rest, skipping, skipped = b"", False, 0
+    while True:
+        data = fh.read(CHUNK)
+        if not data:
+            break
+        lines: list[bytes | None] = list((rest + data).split(b"\n"))
+        rest = lines.pop() or b""
+        if skipping and lines:  # the first line end closes the overlong line
+            lines[0], skipping = None, False
+        if len(rest) > MAX_LINE:
+            rest, skipping = b"", True
+            skipped += len(data)
+            if skipped > MAX_SKIP:  # megabytes without a line end: not a trace any more
+                yield lines + [None], False
+                return
+        else:
+            skipped = 0
+        if lines:
+            yield lines, False
+    if skipping:
+        yield [None], True
+    elif rest:
+        yield [rest], True
 
 
 class _Reader:
@@ -407,21 +438,13 @@ class _Reader:
         """Read the file from byte ``start`` (the line after the header) in chunks of
         :data:`CHUNK`; returns the tail code of every collective line, in file order."""
         self.offset = start
-        rest = b""
-        while True:
-            data = fh.read(CHUNK)
-            if not data:
-                break
-            lines = (rest + data).split(b"\n")
-            rest = lines.pop()
-            if len(rest) > MAX_LINE:  # an endless line (a sparse or damaged file)
+        for chunk, cut_off in line_chunks(fh):
+            if None in chunk:  # an endless line (a sparse or damaged file)
                 raise NotCompact("a line longer than the limit")
+            lines: list[bytes] = chunk  # type: ignore[assignment]  # no None: checked above
             self._index_lines(lines)
+            self.last = cut_off  # no newline at the end: the cut-off last line
             self.feed(lines)
-        if rest:  # no newline at the end: the cut-off last line
-            self._index_lines([rest])
-            self.last = True
-            self.feed([rest])
         return self.codes
 
     def _index_lines(self, lines: list[bytes]) -> None:

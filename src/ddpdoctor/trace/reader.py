@@ -24,17 +24,16 @@ from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, schema
 from ddpdoctor.trace.compact import (
-    CHUNK,
     MAX_LINE,
     NotCompact,
     collective_from,
     expand_repeat,
+    line_chunks,
     place,
     read_compact,
 )
 from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site, site_from
 
-MAX_SKIP = 64 * 1024 * 1024
 MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
 _STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
 
@@ -139,34 +138,11 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
 
 
 def _bounded_lines(fh: BinaryIO) -> Iterator[tuple[bytes | None, bool]]:
-    """The file's lines, read in chunks, each with whether it is the cut-off last line; a line
-    longer than :data:`MAX_LINE` comes as None, its bytes skipped, never held whole; after
-    :data:`MAX_SKIP` bytes without a line end the rest of the file is left unread."""
-    rest, skipping, skipped = b"", False, 0
-    while True:
-        data = fh.read(CHUNK)
-        if not data:
-            break
-        lines = (rest + data).split(b"\n")
-        rest = lines.pop()
+    """The file's lines (:func:`~ddpdoctor.trace.compact.line_chunks`), each with whether it is
+    the cut-off last line; an overlong line is None."""
+    for lines, cut_off in line_chunks(fh):
         for line in lines:
-            if skipping:
-                skipping = False
-                yield None, False
-            else:
-                yield line, False
-        if len(rest) > MAX_LINE:
-            rest, skipping = b"", True
-            skipped += len(data)
-            if skipped > MAX_SKIP:  # megabytes without a line end: not a trace any more
-                yield None, False
-                return
-        else:
-            skipped = 0
-    if skipping:
-        yield None, True
-    elif rest:
-        yield rest, True
+            yield line, cut_off
 
 
 def _read_records(path: Path, fh: BinaryIO) -> RankTrace:
