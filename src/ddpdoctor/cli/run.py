@@ -112,9 +112,9 @@ def run_command(
              "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')."),
     record_nccl: bool = typer.Option(
         False, "--record-nccl",
-        help="UNVERIFIED: record NCCL groups with ddpdoctor's own process-group wrapper (as gloo "
-             "groups are) instead of the flight recorder; scripts/gpu-check has not yet passed "
-             "on a GPU."),
+        help="Record NCCL groups with ddpdoctor's own process-group wrapper (as gloo groups "
+             "are) instead of PyTorch's flight recorder (checked on one GPU with "
+             "scripts/gpu-check; a divergence between 2 NCCL ranks is not yet verified)."),
     expect_schedule: Optional[Path] = typer.Option(
         None, "--expect-schedule", metavar="FILE",
         help="Fail (exit 1) when the run's collective schedule differs from this file "

@@ -37,7 +37,7 @@ class RunOptions:
     max_trace_mb: float | None = 16.0
     reports: bool = False  # --junit or --markdown: the run is a CI check
     flight_recorder: bool = False  # PyTorch's flight recorder instead of ddpdoctor's recorder
-    record_nccl: bool = False  # wrap NCCL groups too (unverified on a GPU)
+    record_nccl: bool = False  # wrap NCCL groups too (checked on one GPU)
     _torchrun: Torchrun | None = field(default=None, repr=False)
 
     @property

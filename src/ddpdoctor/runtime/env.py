@@ -12,5 +12,5 @@ MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"
 LAUNCHER = "DDPDOCTOR_LAUNCHER"  # torchrun | python: how the job's top process starts workers
 LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is the top process
 FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder, not ddpdoctor's
-RECORD_NCCL = "DDPDOCTOR_RECORD_NCCL"  # "1": wrap NCCL groups too (unverified on a GPU)
+RECORD_NCCL = "DDPDOCTOR_RECORD_NCCL"  # "1": wrap NCCL groups too (checked on one GPU)
 TOP_PID = "DDPDOCTOR_TOP_PID"  # the job's top process: the workers it spawns die with it

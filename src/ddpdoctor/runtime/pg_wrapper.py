@@ -79,7 +79,10 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 message = (f"recording stopped for group {self._name}: "
                            f"{type(exc).__name__}: {exc}")
                 sys.stderr.write(f"ddpdoctor: {message}\n")
-                self._recorder.warn(message, lost=True)
+                try:
+                    self._recorder.warn(message, lost=True)
+                except Exception:  # the writer itself is broken: its cut marker says so
+                    pass
         try:
             work = getattr(self._inner, method)(*args)
         except BaseException:

@@ -166,7 +166,7 @@ _inner_kind = "gloo"  # what the next recording group wraps: gloo, or nccl (opt-
 
 def _recordable(backend: Any) -> bool:
     """Whether groups of ``backend`` are recorded: gloo always, NCCL only with
-    ``DDPDOCTOR_RECORD_NCCL=1`` (unverified on a GPU); sets what the group wraps."""
+    ``DDPDOCTOR_RECORD_NCCL=1`` (checked on one GPU); sets what the group wraps."""
     global _inner_kind
     name = str(backend).lower() if backend is not None else None
     if name is None:
