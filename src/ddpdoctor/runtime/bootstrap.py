@@ -22,7 +22,7 @@ from ddpdoctor.runtime import env
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
-_recorder: Recorder | None = None
+_recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
@@ -41,7 +41,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
             real_exec(module)
             _on_torch_imported()
 
-        spec.loader.exec_module = exec_module
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
@@ -113,7 +113,7 @@ def _recording_exit(status: object = None) -> None:
     """``sys.exit`` that notes the code, so a non-zero exit is not recorded as finished."""
     if _recorder is not None:
         _recorder.exit_code = _exit_code(status)
-    _real_exit(status)
+    _real_exit(status)  # type: ignore[arg-type]  # whatever sys.exit was given
 
 
 _real_os_exit = os._exit

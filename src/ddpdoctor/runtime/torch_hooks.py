@@ -34,7 +34,7 @@ VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite p
 PLUGIN = "ddpdoctor"
 _GLOO_NAMES = ("gloo", "cpu:gloo", "cpu:gloo,cuda:gloo", "cuda:gloo,cpu:gloo")
 
-_recorder: Recorder | None = None
+_recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
 _backend_override: str | None = None
 
 
@@ -134,8 +134,10 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
 
     from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
+    inner: Any
+    devices: tuple[str, ...]
     if _inner_kind == "nccl":
-        # Unverified on a GPU (DDPDOCTOR_RECORD_NCCL=1, scripts/gpu-check): the same wrapper
+        # DDPDOCTOR_RECORD_NCCL=1 (checked on one GPU by scripts/gpu-check): the same wrapper
         # around ProcessGroupNCCL; completion comes from each Work's future as for gloo.
         nccl_opts = dist.ProcessGroupNCCL.Options()
         nccl_opts._timeout = opts.timeout
@@ -243,7 +245,7 @@ def _wrap_init(real: Callable) -> Callable:
                                  f"PyTorch's flight recorder and dumped on a hang ({why})\n")
         return result
 
-    init_process_group._ddpdoctor = True
+    init_process_group._ddpdoctor = True  # type: ignore[attr-defined]
     return init_process_group
 
 
@@ -256,7 +258,7 @@ def _wrap_new_group(real: Callable) -> Callable:
         import torch.distributed as dist
 
         if len(args) >= 3:
-            args = list(args)
+            args = list(args)  # type: ignore[assignment]  # args[2] is replaced below
             backend = args[2]
         else:
             backend = kwargs.get("backend")
@@ -274,7 +276,7 @@ def _wrap_new_group(real: Callable) -> Callable:
             _finish_group(pg)
         return pg
 
-    new_group._ddpdoctor = True
+    new_group._ddpdoctor = True  # type: ignore[attr-defined]
     return new_group
 
 
@@ -343,7 +345,7 @@ def _internal_prefixes() -> tuple[str, ...]:
 
     import ddpdoctor
 
-    return tuple(os.path.join(os.path.dirname(m.__file__), "") for m in (torch, ddpdoctor))
+    return tuple(os.path.join(os.path.dirname(str(m.__file__)), "") for m in (torch, ddpdoctor))
 
 
 # -- mp.spawn ---------------------------------------------------------------------------------
