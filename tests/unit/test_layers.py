@@ -83,3 +83,20 @@ def test_every_module_belongs_to_a_layer() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
     assert not loose
     assert folders == set(ALLOWED) | {"cli"}
+
+
+# The package's declared dependencies (pyproject.toml), by import name. typer vendors its
+# click: importing click directly works only where something else installed it.
+DECLARED = {"torch", "typer", "rich", "yaml"}
+
+
+def test_the_package_imports_only_its_declared_dependencies() -> None:
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for name in _imports(path):
+            root = name.split(".", 1)[0]
+            if root in sys.stdlib_module_names or root in DECLARED or \
+                    root in ("ddpdoctor", "__future__"):
+                continue
+            wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not wrong, "\n".join(wrong)

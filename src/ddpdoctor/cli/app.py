@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperArgument, TyperCommand
@@ -33,7 +32,7 @@ class HelpCommand(TyperCommand):
     """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS]...``, arguments without the
     ``<str>`` / ``<list[Path]>`` types typer adds (their metavar already says what they are)."""
 
-    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if isinstance(param, TyperArgument):
@@ -43,7 +42,7 @@ class HelpCommand(TyperCommand):
                 pieces.append(name if param.required else f"[{name}]")
         return pieces
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
         for param in self.params:
             if isinstance(param, TyperArgument):
                 param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
