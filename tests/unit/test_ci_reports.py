@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.knowledge import catalog
-from ddpdoctor.render import junit, markdown
-from ddpdoctor.render.markdown import RunInfo
+from ddpdoctor.render import junit, markdown, run_info
+from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.trace.model import Site
 
 from . import scenarios
@@ -86,11 +86,11 @@ def test_no_diagnosis_and_schedule_change_are_failures_too() -> None:
 
 def test_failed_is_not_clean_or_non_zero_exit_or_a_problem() -> None:
     clean = _clean()
-    assert not markdown.failed(clean, RunInfo(name="x", exit_code=0))
-    assert markdown.failed(clean, RunInfo(name="x", exit_code=3))
-    assert markdown.failed(clean, RunInfo(name="x", problems=("changed",)))
-    assert markdown.failed(None, RunInfo(name="x"))
-    assert markdown.failed(_barrier(), RunInfo(name="x", exit_code=0))
+    assert not run_info.failed(clean, RunInfo(name="x", exit_code=0))
+    assert run_info.failed(clean, RunInfo(name="x", exit_code=3))
+    assert run_info.failed(clean, RunInfo(name="x", problems=("changed",)))
+    assert run_info.failed(None, RunInfo(name="x"))
+    assert run_info.failed(_barrier(), RunInfo(name="x", exit_code=0))
 
 
 def test_markdown_summary_has_headline_table_code_cause_fix_and_notes() -> None:

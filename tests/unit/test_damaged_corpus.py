@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.cli import app
 from ddpdoctor.render import console, markdown
+from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.safe import clean
 from ddpdoctor.trace import redact
 from ddpdoctor.trace.reader import load_run
@@ -115,7 +116,7 @@ def test_reports_strip_terminal_escapes_and_markdown_escapes_html(tmp_path: Path
     text = buffer.getvalue()
     assert "\x1b" not in text and "\x00" not in text and "pwned" not in text
     assert "boom" in text and "link" in text
-    md = markdown.render(report, markdown.RunInfo(name="t.py --api-key s3cret"))
+    md = markdown.render(report, RunInfo(name="t.py --api-key s3cret"))
     assert "<script>" not in md and "&lt;script&gt;" in md
     assert clean("a\x1b[1mb\x07c") == "abc"
 

@@ -29,7 +29,7 @@ err = Console(stderr=True, highlight=False)
 
 
 class HelpCommand(TyperCommand):
-    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS]...``, arguments without the
+    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS...]``, arguments without the
     ``<str>`` / ``<list[Path]>`` types typer adds (their metavar already says what they are)."""
 
     def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:

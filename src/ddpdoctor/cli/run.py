@@ -30,6 +30,7 @@ from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
 from ddpdoctor.render import json_report, junit, live, markdown
+from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.trace import redact
 from ddpdoctor.trace.model import Run
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
@@ -190,7 +191,7 @@ def run_command(
         say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
-    info = markdown.RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
+    info = RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
                             exit_code=outcome.exit_code,
                             seconds=job.duration, logdir=str(log_path),
                             problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
@@ -208,7 +209,7 @@ def _torchrun_args(ctx: typer.Context) -> list[str]:
     return [*obj.get("torchrun_defaults", []), *obj.get("torchrun", [])]
 
 
-def _write_ci_reports(report: Optional[Report], info: markdown.RunInfo, junit_out: Optional[Path],
+def _write_ci_reports(report: Optional[Report], info: RunInfo, junit_out: Optional[Path],
                       markdown_out: Optional[Path]) -> None:
     """--junit, --markdown and $GITHUB_STEP_SUMMARY; a file that cannot be written is a warning
     (the diagnosis above stands)."""

@@ -1,12 +1,12 @@
 """The report as JUnit XML (``--junit FILE``): one test case per run, for CI servers.
 
 A CI server (GitHub Actions test reporters, GitLab, Jenkins) shows the file as one test named
-after the script; when the run is not clean (see :func:`ddpdoctor.render.markdown.failed`) the
+after the script; when the run is not clean (see :func:`ddpdoctor.render.run_info.failed`) the
 test case holds a ``failure`` whose ``message`` is a one-line verdict with the root finding and
 its cause, ``type`` the finding kind, and whose text is the full plain-text diagnosis (the
 console report without colour) plus any schedule difference. Pure: a function of the
 :class:`~ddpdoctor.analysis.report.Report` and the
-:class:`~ddpdoctor.render.markdown.RunInfo`.
+:class:`~ddpdoctor.render.run_info.RunInfo`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.render import console as console_report
-from ddpdoctor.render.markdown import RunInfo, failed
+from ddpdoctor.render.run_info import RunInfo, failed
 
 SUITE = "ddpdoctor"
 CLASSNAME = "ddpdoctor.run"

@@ -11,7 +11,7 @@ schedule). Pure: a function of the :class:`~ddpdoctor.analysis.report.Report` an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding, RankDetail
@@ -20,6 +20,7 @@ from ddpdoctor.analysis.report import Report
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.render.console import code_line as console_code_line
+from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.safe import clean_report, markdown_text
 from ddpdoctor.trace.model import Site
 
@@ -27,25 +28,6 @@ MAX_ROWS = 8
 MAX_FOLDED = 8
 
 ICONS = {rp.CLEAN: "✅", rp.DIVERGED: "❌", rp.CRASHED: "❌", rp.INCOMPLETE: "⚠️"}
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What the CI reports say about the run besides the diagnosis."""
-
-    name: str  # what ran: the script and its arguments
-    exit_code: int | None = None  # ddpdoctor's exit code (README: 0, 1, 2, 3, 130)
-    seconds: float | None = None
-    logdir: str | None = None
-    problems: tuple[str, ...] = field(default_factory=tuple)  # e.g. a schedule difference
-    read_error: str | None = None  # why there is no report, when there is none
-
-
-def failed(report: Report | None, info: RunInfo) -> bool:
-    """Whether CI should count this run as a failure: not clean, a non-zero exit, or a problem
-    found outside the diagnosis."""
-    return (report is None or report.verdict != rp.CLEAN or bool(info.problems)
-            or info.exit_code not in (None, 0))
 
 
 def _cell(text: object) -> str:
