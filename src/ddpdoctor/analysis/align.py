@@ -18,6 +18,7 @@ identical), and a rank's collectives are decoded only at the positions examined.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Sequence
@@ -67,7 +68,7 @@ class Divergence:
     seq: int | None
     at: dict[int, Collective | None]
     field: str
-    context: dict[int, Collective] = field(default_factory=dict)
+    context: dict[int, Collective] = dataclasses.field(default_factory=dict)
     p2p: bool = False
 
     @property

@@ -315,10 +315,10 @@ def compare(expected: Schedule, actual: Schedule) -> list[str]:
     for rank in ranks:
         want_s, got_s = expected.of_rank(rank), actual.of_rank(rank)
         if want_s is None or got_s is None:
-            lines = ("not in the saved schedule",) if want_s is None else ("no trace in this run",)
-            by_diff.setdefault(lines, []).append(rank)
+            why = "not in the saved schedule" if want_s is None else "no trace in this run"
+            by_diff.setdefault((why,), []).append(rank)
             continue
-        lines = []
+        lines: list[str] = []
         for section in SECTIONS:
             label = _where(section, actual.iteration if section != "init" else None)
             lines += _section_diff(want_s.section(section), got_s.section(section), label)

@@ -147,7 +147,7 @@ class RankTrace:
     @property
     def finished(self) -> bool:
         """The script ran to its end on this rank (a later teardown abort does not count)."""
-        return bool(self.exit) and self.exit.get("status") == "finished"
+        return self.exit is not None and self.exit.get("status") == "finished"
 
 
 @dataclass

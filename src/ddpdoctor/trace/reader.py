@@ -20,7 +20,7 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 from ddpdoctor.trace import flight_recorder, schema
 from ddpdoctor.trace.compact import (
@@ -190,7 +190,7 @@ def _header(path: Path, line: bytes) -> dict:
     return head
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
