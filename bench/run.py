@@ -457,8 +457,8 @@ def trace_size(jobs: list[overhead.JobResult], steps: int, seconds: float,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="fewer rounds, no 256-rank and 200,000-collective traces "
-                             "(about 2 minutes)")
+                        help="fewer rounds, no 256- or 1024-rank and no 200,000-collective "
+                             "traces (about 6 minutes)")
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds of alternating jobs for b (default 8, quick 3)")
     parser.add_argument("--skip", default="", help="items to leave out, e.g. 'e,f'")
