@@ -66,6 +66,25 @@ def test_a_busy_rank_keeps_the_job_alive(tmp_path: Path) -> None:
     assert "waiting" in job.rank_line(job.ranks[1], T0 + 100)
 
 
+def test_a_busy_rank_that_issues_its_collective_is_progress_not_a_hang(tmp_path: Path) -> None:
+    """Seen in the suite under load: rank 0 came back from a 7.5 s checkpoint and issued the
+    barrier rank 1 had waited in all along; until its completion was read, both ranks looked
+    like waiting and nothing had completed for 7.5 s, and the job was stopped as hung."""
+    job, r0, r1 = _job(tmp_path)
+    r0.coll(), r1.coll()
+    r0.done(), r1.done()
+    r1.coll("barrier", 0)
+    job.poll(T0)
+    r0.activity(T0 + 7, 1.0)
+    job.poll(T0 + 7)
+    assert job.verdict(2.5, None, T0 + 7) is None
+    r0.coll("barrier", 0)  # the checkpoint is done: rank 0 joins the barrier
+    job.poll(T0 + 7.5)
+    assert job.verdict(2.5, None, T0 + 7.6) is None
+    # Both then really wait, with nothing completing: that is a hang after the timeout.
+    assert job.verdict(2.5, None, T0 + 10.1) == HANG
+
+
 def test_every_rank_waiting_for_the_timeout_is_a_hang(tmp_path: Path) -> None:
     job, r0, r1 = _job(tmp_path)
     r0.coll("barrier", 0)

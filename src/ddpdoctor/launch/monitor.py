@@ -8,7 +8,8 @@ A rank is *waiting* when it has a collective pending and its main thread uses no
 with none pending, or one computing while an asynchronous collective runs, is *busy*). The
 rules, applied by :meth:`JobProgress.verdict`:
 
-* **hang** — every live rank has been waiting for ``timeout`` seconds and none progressed;
+* **hang** — every live rank has been waiting for ``timeout`` seconds and none progressed
+  (completed or issued a collective) for as long;
 * **deadlock** — every live rank is waiting and no pending collective can ever complete: each
   lacks a live group member that has not issued it (and is itself waiting), or meets
   a collective it provably cannot match (another op, shape, dtype, reduce op or root at the
@@ -187,7 +188,9 @@ class JobProgress:
             c = collective_from(prog.rank, rec, tail.stacks)
             prog.last_op = f"{c.op} ({c.label})"
             prog.iteration = c.iteration or prog.iteration
-            prog.last_issue = now
+            # Issuing is progress: a rank back from a long checkpoint that joins the barrier
+            # its peers wait in must not read as a hang until its completion is seen.
+            prog.last_issue = prog.last_progress = now
             prog.still_since = None
             prog.pending.pop(-1, None)
             if c.seq is not None:
