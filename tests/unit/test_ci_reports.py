@@ -6,7 +6,10 @@ import xml.etree.ElementTree as ET
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.knowledge import catalog
-from ddpdoctor.render import junit, markdown, run_info
+from ddpdoctor.render import markdown, run_info
+from ddpdoctor.render.interface import render
+from ddpdoctor.render.junit import JunitReporter
+from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.trace.model import Site
 
@@ -33,7 +36,8 @@ def _case(xml: str) -> ET.Element:
 
 
 def test_clean_run_is_one_passing_test_with_the_report_as_output() -> None:
-    xml = junit.render(_clean(), RunInfo(name="train.py --epochs 1", exit_code=0, seconds=4.25))
+    xml = render(JunitReporter(), _clean(),
+                 RunInfo(name="train.py --epochs 1", exit_code=0, seconds=4.25))
     root = ET.fromstring(xml)
     assert root.get("tests") == "1" and root.get("failures") == "0"
     case = _case(xml)
@@ -48,7 +52,7 @@ def test_clean_run_is_one_passing_test_with_the_report_as_output() -> None:
 def test_divergence_is_a_failure_naming_the_finding_cause_and_line() -> None:
     report = _barrier()
     root_finding = report.root
-    xml = junit.render(report, RunInfo(name="train.py", exit_code=3, seconds=9.0,
+    xml = render(JunitReporter(), report, RunInfo(name="train.py", exit_code=3, seconds=9.0,
                                        logdir="/tmp/logs"))
     assert ET.fromstring(xml).get("failures") == "1"
     failure = _case(xml).find("failure")
@@ -67,18 +71,19 @@ def test_divergence_is_a_failure_naming_the_finding_cause_and_line() -> None:
 
 def test_junit_survives_control_characters_and_markup_in_names() -> None:
     name = "train.py --tag '<a&b>' \x1b[31mred\x1b[0m \x07bell"
-    xml = junit.render(_barrier(), RunInfo(name=name, exit_code=1))
+    xml = render(JunitReporter(), _barrier(), RunInfo(name=name, exit_code=1))
     case = _case(xml)
     assert case.get("name") == "train.py --tag '<a&b>' red bell"
 
 
 def test_no_diagnosis_and_schedule_change_are_failures_too() -> None:
-    xml = junit.render(None, RunInfo(name="t.py", exit_code=1, read_error="no traces in x"))
+    xml = render(JunitReporter(), None,
+                 RunInfo(name="t.py", exit_code=1, read_error="no traces in x"))
     failure = _case(xml).find("failure")
     assert failure.get("type") == "no_diagnosis" and "no traces in x" in failure.get("message")
     info = RunInfo(name="t.py", exit_code=1,
                    problems=("rank 0:", "  iteration 2 #5: added all_reduce user float32[1]"))
-    failure = _case(junit.render(_clean(), info)).find("failure")
+    failure = _case(render(JunitReporter(), _clean(), info)).find("failure")
     assert failure.get("type") == "schedule_changed"
     assert "added all_reduce user" in failure.text
     assert "schedule changed" in failure.get("message")
@@ -97,9 +102,8 @@ def test_markdown_summary_has_headline_table_code_cause_fix_and_notes() -> None:
     report = _barrier()
     f = report.root
     code = {70: "dist.barrier()  # only rank 0"}
-    text = markdown.render(report, RunInfo(name="train.py", exit_code=3, seconds=9.5,
-                                           logdir="/tmp/logs"),
-                           code_line=lambda site: code.get(site.line, ""))
+    text = render(MarkdownReporter(code_line=lambda site: code.get(site.line, "")), report,
+                  RunInfo(name="train.py", exit_code=3, seconds=9.5, logdir="/tmp/logs"))
     lines = text.splitlines()
     assert lines[0].startswith("## ❌ ddpdoctor: DIVERGED")
     assert "`train.py` · 2 ranks" in text and "exit 3" in text and "9.5 s" in text
@@ -114,15 +118,15 @@ def test_markdown_summary_has_headline_table_code_cause_fix_and_notes() -> None:
 
 
 def test_markdown_clean_and_schedule_problems() -> None:
-    text = markdown.render(_clean(), RunInfo(name="t.py", exit_code=1,
-                                             problems=("rank 0:", "  iteration 2 #5: added x")),
-                           code_line=lambda site: "")
+    text = render(MarkdownReporter(code_line=lambda site: ""), _clean(),
+                  RunInfo(name="t.py", exit_code=1,
+                          problems=("rank 0:", "  iteration 2 #5: added x")))
     assert text.startswith("## ✅ ddpdoctor: CLEAN")
     assert "### Collective schedule changed" in text and "added x" in text
-    none = markdown.render(None, RunInfo(name="t.py", read_error="cannot read"))
+    none = render(MarkdownReporter(), None, RunInfo(name="t.py", read_error="cannot read"))
     assert none.startswith("## ❌ ddpdoctor: NO DIAGNOSIS — cannot read")
 
 
 def test_markdown_escapes_table_cells() -> None:
     assert markdown._cell("a|b\nc") == "a\\|b c"
-    assert markdown._short(Site("C:\\work\\train.py", 3, "main")) == "train.py:3"
+    assert Site("C:\\work\\train.py", 3, "main").short == "train.py:3"

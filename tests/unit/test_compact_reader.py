@@ -18,7 +18,8 @@ from ddpdoctor.analysis import diagnose
 from ddpdoctor.render.json_report import to_dict
 from ddpdoctor.trace import reader
 from ddpdoctor.trace.compact import CollectiveLog, NotCompact
-from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.index import ListIndex, index_of
+from ddpdoctor.trace.model import Collective, Run
 from ddpdoctor.trace.reader import TraceError, load_run
 
 from .writer_jobs import writer_job
@@ -49,6 +50,25 @@ def _trace_fields(run: Run) -> dict:
     return out
 
 
+def _index_view(collectives: list[Collective] | CollectiveLog) -> dict:
+    """What the analysis reads through a rank's CollectiveIndex, in comparable form."""
+    index = index_of(collectives)
+
+    def static(code: int) -> tuple | None:
+        if code < 0:
+            return None
+        p = index.protos[code]
+        return (p.group, p.op, p.label, p.shapes, p.dtypes, p.numel, p.reduce_op, p.root,
+                p.peer, p.api, [str(s) for s in p.stack])
+
+    return {"groups": {name: ([static(c) for c in pos.codes],
+                              [c and dataclasses.asdict(c) for c in pos.collectives])
+                       for name, pos in index.by_group().items()},
+            "p2p": [dataclasses.asdict(c) for c in index.p2p()],
+            "incomplete": [dataclasses.asdict(c) for c in index.incomplete(64)],
+            "stacks": sorted(str(s) for s in index.used_stacks())}
+
+
 def _assert_same(folder: Path) -> Run:
     """Both paths agree on ``folder``; returns the compact path's run."""
     try:
@@ -59,6 +79,8 @@ def _assert_same(folder: Path) -> Run:
         return None
     slow = _legacy(folder)
     assert _trace_fields(fast) == _trace_fields(slow)
+    for r, trace in fast.ranks.items():  # one protocol, whichever path read the rank
+        assert _index_view(trace.collectives) == _index_view(slow.ranks[r].collectives)
     assert fast.notes == slow.notes and fast.world_size == slow.world_size
     assert json.dumps(to_dict(diagnose(fast)), default=str) == \
         json.dumps(to_dict(diagnose(slow)), default=str)
@@ -78,6 +100,19 @@ def test_writer_traces_take_the_fast_path_and_read_the_same(tmp_path: Path, hang
     assert all(isinstance(t.collectives, CollectiveLog) for t in run.ranks.values())
     root = diagnose(run).findings[0]
     assert root.kind == "callsite_divergence" and 1 in root.ranks
+
+
+def test_both_paths_give_the_analysis_one_index(job: Path) -> None:
+    run = load_run([job])
+    legacy = _legacy(job)
+    views = {}
+    for r, trace in run.ranks.items():
+        assert isinstance(trace.collectives, CollectiveLog)
+        assert index_of(trace.collectives) is trace.collectives
+        assert isinstance(index_of(legacy.ranks[r].collectives), ListIndex)
+        views[r] = _index_view(trace.collectives)
+        assert views[r] == _index_view(legacy.ranks[r].collectives)
+    assert len(views[0]["groups"]) == 2 and views[0]["p2p"]  # rank 0 has both: compared above
 
 
 def test_groups_and_point_to_point(job: Path) -> None:
@@ -254,9 +289,9 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
 
 def test_reading_in_small_chunks_changes_nothing(job: Path, tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddpdoctor.trace import compact
+    from ddpdoctor.trace import compact, records
 
-    monkeypatch.setattr(compact, "CHUNK", 997)  # chunk edges fall inside lines everywhere
+    monkeypatch.setattr(records, "CHUNK", 997)  # chunk edges fall inside lines everywhere
     monkeypatch.setattr(compact, "_ID_CACHE", 300)  # and most ids lie past the shared cache
     monkeypatch.setattr(compact, "_ID_PREFIXES", [])
     _assert_same(job)

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from rich.console import Console
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.knowledge import catalog
-from ddpdoctor.render.console import render
+from ddpdoctor.render.console import ConsoleReporter
+from ddpdoctor.render.interface import render
 
 from . import scenarios
 from .factories import TraceBuilder, healthy_ddp, make_run, ranks
 
 
 def show(run, width: int = 100) -> str:
-    out = io.StringIO()
-    render(diagnose(run), Console(file=out, width=width, force_terminal=False,
-                                  color_system=None))
-    return out.getvalue()
+    return render(ConsoleReporter(width), diagnose(run))
 
 
 def test_diverged_report_shows_verdict_ranks_lines_code_cause_and_fix(tmp_path) -> None:
@@ -126,10 +121,8 @@ def test_incomplete_report_says_where_unfinished_ranks_were() -> None:
 
 
 def test_a_report_for_a_log_has_long_lines_no_cuts_and_no_trailing_spaces() -> None:
-    from ddpdoctor.render.console import plain_text
-
     report = diagnose(scenarios.seed001_case2())
-    text = plain_text(report, width=400)
+    text = render(ConsoleReporter(400), report)
     lines = text.splitlines()
     assert all(line == line.rstrip() for line in lines)
     assert "…" not in text  # nothing folded or cut at 400 columns

@@ -113,7 +113,10 @@ def test_user_code_is_what_lies_outside_libraries() -> None:
     assert cpu_mode.from_user_code(depth=1)  # this test file
     import json
 
-    assert json.__file__.startswith(cpu_mode._library_prefixes())
+    from ddpdoctor.runtime import user_code
+
+    assert user_code.is_library(json.__file__) and not user_code.is_library(__file__)
+    assert user_code.is_internal(cpu_mode.__file__) and not user_code.is_internal(json.__file__)
 
 
 def test_max_steps_configuration(monkeypatch) -> None:

@@ -13,7 +13,9 @@ from typer.testing import CliRunner
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.cli import app
-from ddpdoctor.render import console, markdown
+from ddpdoctor.render.console import ConsoleReporter
+from ddpdoctor.render.interface import render
+from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.safe import clean
 from ddpdoctor.trace import redact
@@ -107,16 +109,10 @@ def test_reports_strip_terminal_escapes_and_markdown_escapes_html(tmp_path: Path
            "frames": [{"file": "t.py", "line": 3, "function": "f\x1b[31m"}]}
     _folder(tmp_path, records=[START, STACK, _coll(), DONE, exc])
     report = diagnose(load_run([tmp_path]))
-    import io
-
-    from rich.console import Console
-
-    buffer = io.StringIO()
-    console.render(report, Console(file=buffer, width=200, color_system=None))
-    text = buffer.getvalue()
+    text = render(ConsoleReporter(200), report)
     assert "\x1b" not in text and "\x00" not in text and "pwned" not in text
     assert "boom" in text and "link" in text
-    md = markdown.render(report, RunInfo(name="t.py --api-key s3cret"))
+    md = render(MarkdownReporter(), report, RunInfo(name="t.py --api-key s3cret"))
     assert "<script>" not in md and "&lt;script&gt;" in md
     assert clean("a\x1b[1mb\x07c") == "abc"
 
@@ -141,7 +137,7 @@ def test_secret_looking_arguments_are_masked() -> None:
 
 def test_markdown_and_junit_names_mask_secrets(tmp_path: Path) -> None:
     name = " ".join(redact.mask_args(["t.py", "--api-key", "secret123"]))
-    assert "secret123" not in markdown.render(None, markdown.RunInfo(name=name))
+    assert "secret123" not in render(MarkdownReporter(), None, RunInfo(name=name))
 
 
 def test_log_folder_files_are_private(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ positions that actually differ are examined field by field. Per group the first 
 after the first error is not reported. Point-to-point operations (``seq`` is None) are paired
 per (sender, receiver) in ``p2p_seq`` order.
 
-Ranks read by the compact reader (:class:`~ddpdoctor.trace.compact.CollectiveLog`) are never
-walked collective by collective: their few distinct static parts are interned, their
-per-collective codes mapped to ids at C speed (one shared list for all ranks whose codes are
-identical), and a rank's collectives are decoded only at the positions examined.
+Every rank is read through its :class:`~ddpdoctor.trace.model.CollectiveIndex`: its few
+distinct static parts are interned, its per-position codes mapped to ids at C speed (one
+shared list for all ranks whose codes are identical), and a rank read by the fast reader is
+decoded only at the positions examined.
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ from ddpdoctor.analysis.signature import (
     soft_difference,
 )
 from ddpdoctor.analysis.terms import REDUCING_OPS
-from ddpdoctor.trace.compact import MAX_GAP, CollectiveLog, GroupView
+from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Collective, Run
+from ddpdoctor.trace.records import is_p2p
 
 DEFAULT_GROUP = "0"
 _CHUNK = 512
@@ -157,80 +158,49 @@ class Alignment:
 
 # -- building -------------------------------------------------------------------------------
 def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
-    """One pass over every collective: per group and rank the seq-indexed list and its ids.
+    """Per group and rank: the collectives by position and their interned ids; per group and
+    rank the point-to-point ops; per rank the source lines of its join-exit collectives.
 
-    This loop touches every collective of every rank, so it is written for speed: the full
-    key is built inline and interned with one dict lookup; site keys are cached per stack.
+    Work is per distinct static part of a rank (its prototypes), not per collective: their
+    per-position codes are mapped to interned ids at C speed, and ranks whose codes are the
+    same list (identical ranks read by the fast reader) share one id list.
     """
-    seqs: dict[str, dict[int, list]] = {}
+    seqs: dict[str, dict[int, Sequence[Collective | None]]] = {}
     ids: dict[str, dict[int, list[int]]] = {}
     p2p: dict[str, dict[int, list[Collective]]] = {}
     join_sites: dict[int, set] = {}
     table = interner.ids
-    table_get = table.get
-    site_of = interner.site
-    sites_get = interner.site_cache.get
-    reducing = REDUCING_OPS
-    join_labels = JOIN_EXIT_LABELS
-    shared: dict[tuple, list[int]] = {}
+    shared: dict[tuple, tuple[list[int], list[int]]] = {}
     for rank, trace in run.ranks.items():
-        if isinstance(trace.collectives, CollectiveLog):
-            _collect_log(rank, trace.collectives, interner, seqs, ids, p2p, join_sites, shared)
-            continue
-        mine: dict[str, list] = {}
-        mine_ids: dict[str, list[int]] = {}
-        last_group = None
-        lst: list = []
-        lid: list[int] = []
-        for c in trace.collectives:
-            seq = c.seq
-            if seq is None or seq.__class__ is not int or seq < 1:
-                if c.peer is not None:
-                    p2p.setdefault(c.group, {}).setdefault(rank, []).append(c)
-                continue
-            group = c.group
-            if group != last_group:
-                lst = mine.get(group)
-                if lst is None:
-                    lst = mine[group] = []
-                    mine_ids[group] = []
-                lid = mine_ids[group]
-                last_group = group
-            n = len(lst)
-            if seq != n + 1:
-                if seq <= n or seq > n + MAX_GAP:  # repeated: keep the first; or damage
-                    continue
-                lst.extend([None] * (seq - 1 - n))  # lost lines: unknown collectives
-                lid.extend([-1] * (seq - 1 - n))
-            op, reduce_op, label = c.op, c.reduce_op, c.label
-            if reduce_op is None and op in reducing:
-                reduce_op = "SUM"
-            stack = c.stack
-            hit = sites_get(id(stack))
-            sk = hit[1] if hit is not None and hit[0] is stack else site_of(c)
-            shapes, dtypes = c.shapes, c.dtypes  # one tensor: the cheap, unambiguous form
-            key = (op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
-                   dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
-                   c.root, label, sk)
-            fid = table_get(key)
+        index = index_of(trace.collectives)
+        to_id: list[int] = []
+        for proto in index.protos:
+            key = full_key(proto, interner.site(proto))
+            fid = table.get(key)
             if fid is None:
                 fid = table[key] = len(table)
                 interner.keys.append(key)
-            lst.append(c)
-            lid.append(fid)
-            if label in join_labels:
-                sk = site_key(c.site)
+            to_id.append(fid)
+            if proto.label in JOIN_EXIT_LABELS and not is_p2p(proto):
+                sk = site_key(proto.site)
                 if sk is not None:
                     join_sites.setdefault(rank, set()).add(sk)
-        for name, group_list in mine.items():
-            seqs.setdefault(name, {})[rank] = group_list
-            ids.setdefault(name, {})[rank] = mine_ids[name]
+        to_id.append(-1)  # code -1 (a position whose line was lost) maps to id -1
+        for name, positions in index.by_group().items():
+            codes = positions.codes
+            memo = (id(codes), tuple(to_id))
+            hit = shared.get(memo)
+            if hit is None or hit[0] is not codes:
+                hit = shared[memo] = (codes, list(map(to_id.__getitem__, codes)))
+            seqs.setdefault(name, {})[rank] = positions.collectives
+            ids.setdefault(name, {})[rank] = hit[1]
+        for c in index.p2p():
+            p2p.setdefault(c.group, {}).setdefault(rank, []).append(c)
     return seqs, ids, p2p, join_sites
 
 
 def full_key(c: Collective, site: tuple | None) -> tuple:
-    """The interned full key of ``c`` (see :class:`~ddpdoctor.analysis.signature.Interner`);
-    the same key :func:`_collect` builds inline."""
+    """The interned full key of ``c`` (see :class:`~ddpdoctor.analysis.signature.Interner`)."""
     reduce_op = c.reduce_op
     if reduce_op is None and c.op in REDUCING_OPS:
         reduce_op = "SUM"
@@ -238,37 +208,6 @@ def full_key(c: Collective, site: tuple | None) -> tuple:
     return (c.op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
             dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
             c.root, c.label, site)
-
-
-def _collect_log(rank: int, log: CollectiveLog, interner: Interner, seqs: dict, ids: dict,
-                 p2p: dict, join_sites: dict[int, set], shared: dict[tuple, list[int]]) -> None:
-    """:func:`_collect` for a compactly read rank: per distinct static part, not per
-    collective."""
-    table = interner.ids
-    to_id: list[int] = []
-    for proto in log.protos:
-        key = full_key(proto, interner.site(proto))
-        fid = table.get(key)
-        if fid is None:
-            fid = table[key] = len(table)
-            interner.keys.append(key)
-        to_id.append(fid)
-        if proto.label in JOIN_EXIT_LABELS and not (proto.peer is not None
-                                                   or proto.op == "recv_anysource"):
-            sk = site_key(proto.site)
-            if sk is not None:
-                join_sites.setdefault(rank, set()).add(sk)
-    for name, (codes, ordinals) in log.groups.items():
-        memo = (id(codes), tuple(to_id))
-        hit = shared.get(memo)
-        if hit is None or hit[0] is not codes:
-            hit = shared[memo] = (codes, list(map(to_id.__getitem__, codes)))
-        seqs.setdefault(name, {})[rank] = GroupView(log, ordinals, len(codes))
-        ids.setdefault(name, {})[rank] = hit[1]
-    for k in log.p2p_ordinals:
-        c = log[k]
-        if c.peer is not None:
-            p2p.setdefault(c.group, {}).setdefault(rank, []).append(c)
 
 
 def _memberships(run: Run, names: set[str]) -> dict[str, dict[int, list[int]]]:

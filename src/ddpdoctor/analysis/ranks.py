@@ -16,7 +16,7 @@ from typing import Final, Literal
 
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.compact import incomplete, stacks_of
+from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Collective, RankTrace, Run, Site, is_internal_file, site_from
 
 FINISHED: Final = "finished"
@@ -113,7 +113,7 @@ def user_frame(frames: list[dict], user_files: set[str]) -> Site | None:
 def _user_files(run: Run) -> set[str]:
     files: set[str] = set()
     for trace in run.ranks.values():
-        for stack in stacks_of(trace.collectives):
+        for stack in index_of(trace.collectives).used_stacks():
             files.update(s.file for s in stack)
     return files
 
@@ -178,7 +178,7 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         return state
     # A blocked rank waits in one of its last collectives; an incomplete one further back
     # is an async op never waited for, not where the rank is.
-    state.pending = incomplete(colls, PENDING_WINDOW)
+    state.pending = index_of(colls).incomplete(PENDING_WINDOW)
     state.hang_stack = _hang_stack(trace.hang)
     if trace.exception:
         exc = trace.exception

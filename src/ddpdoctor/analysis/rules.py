@@ -24,7 +24,7 @@ from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import site_key
 from ddpdoctor.analysis.terms import rank_list, site_text
-from ddpdoctor.trace.compact import CollectiveLog
+from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Run, Site
 
 # Labels of the collectives a DDP training step issues (forward and backward).
@@ -65,10 +65,8 @@ class RuleContext:
         trace = self.run.ranks.get(rank)
         if trace is None:
             return []
-        colls = trace.collectives
-        items = colls.protos if isinstance(colls, CollectiveLog) else colls
         seen: dict[int, Site] = {}
-        for c in items:
+        for c in index_of(trace.collectives).protos:
             if c.label in DDP_STEP_LABELS and c.stack and id(c.stack) not in seen:
                 seen[id(c.stack)] = c.stack[0]
         return list(seen.values())
@@ -106,8 +104,7 @@ def _rank_test(d: RankDetail) -> str | None:
         found = source.rank_condition(site)
         if found is not None:
             line, text = found
-            name = site.file.replace("\\", "/").rsplit("/", 1)[-1]
-            return f"{name}:{line} `{text}`"
+            return f"{site.file_name}:{line} `{text}`"
     return None
 
 

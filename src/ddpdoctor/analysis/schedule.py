@@ -98,7 +98,7 @@ class Schedule:
 # -- from a run ------------------------------------------------------------------------------
 def _entry(c: Collective) -> Entry:
     site = c.site
-    at = f"{site.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{site.line}" if site else ""
+    at = site.short if site else ""
     return Entry(group=c.group, op=c.op, label=c.label,
                  shapes=tuple(tuple(int(n) for n in s) for s in c.shapes),
                  dtypes=tuple(str(d) for d in c.dtypes), at=at)

@@ -43,7 +43,7 @@ def site_key(site: Site | None) -> SiteKey | None:
     node, e.g. different home folders)."""
     if site is None:
         return None
-    return (site.file.replace("\\", "/").rsplit("/", 1)[-1], site.line, site.function)
+    return (site.file_name, site.line, site.function)
 
 
 def reduce_op_of(c: Collective) -> str | None:
@@ -63,8 +63,7 @@ class Interner:
 
     A full key is ``(op, shapes, dtypes, numel, reduce_op, root, label, site_key)`` with
     shapes and dtypes as tuples (a lone tensor's shape and dtype unwrapped) and the reduce op
-    defaulted (:func:`reduce_op_of`); it is built inline in
-    :func:`ddpdoctor.analysis.align._collect`, the hot loop.
+    defaulted (:func:`reduce_op_of`); :func:`ddpdoctor.analysis.align.full_key` builds it.
     """
 
     def __init__(self) -> None:

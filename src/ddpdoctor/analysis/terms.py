@@ -99,8 +99,7 @@ def site_text(site: Site | None) -> str:
     """'train.py:63 in evaluate()' (file name only), or 'an unknown line'."""
     if site is None:
         return "an unknown line"
-    name = site.file.replace("\\", "/").rsplit("/", 1)[-1]
-    return f"{name}:{site.line} in {site.function}()"
+    return f"{site.short} in {site.function}()"
 
 
 def rank_list(ranks: Iterable[int]) -> str:

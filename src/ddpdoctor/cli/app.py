@@ -16,8 +16,9 @@ from ddpdoctor import __version__
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.cli import config
 from ddpdoctor.cli.exits import EXIT_USAGE
-from ddpdoctor.render import console as console_report
 from ddpdoctor.render import timeline as timeline_render
+from ddpdoctor.render.console import ConsoleReporter
+from ddpdoctor.render.interface import render
 from ddpdoctor.trace.model import Run
 
 app = typer.Typer(
@@ -85,11 +86,12 @@ def main_options(
 def show(report: Report, console: Console) -> None:
     """The report on a terminal (wrapped to it, in colour), or as plain long lines in a log."""
     if console.is_terminal:
-        console_report.render(report, console)
+        reporter = ConsoleReporter(console.width, console.color_system)
     else:
         width = int(os.environ.get("COLUMNS", "0") or 0) or LOG_WIDTH
-        console.file.write(console_report.plain_text(report, max(width, 80)))
-        console.file.flush()
+        reporter = ConsoleReporter(max(width, 80))
+    console.file.write(render(reporter, report))
+    console.file.flush()
 
 
 LOG_WIDTH = 400  # a report written to a log is not wrapped below this width

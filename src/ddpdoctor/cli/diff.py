@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import sys
 from pathlib import Path
 
 import typer
@@ -11,7 +11,8 @@ from rich.console import Console
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.cli.app import HelpCommand, app, fail, show, write_timeline
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM
-from ddpdoctor.render import json_report
+from ddpdoctor.render.interface import render
+from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.trace.reader import TraceError, load_run
 
 
@@ -28,7 +29,7 @@ def diff(
     except TraceError as exc:
         fail(str(exc))
     if json_out:
-        print(json.dumps(json_report.to_dict(report), indent=2))
+        sys.stdout.write(render(JsonReporter(), report))
     else:
         show(report, Console(highlight=False))
     raise typer.Exit(EXIT_OK if report.verdict == "clean" else EXIT_PROBLEM)

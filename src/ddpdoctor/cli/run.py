@@ -4,7 +4,6 @@ are told apart from ddpdoctor's own here."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -29,8 +28,12 @@ from ddpdoctor.launch.command import make_logdir
 from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
-from ddpdoctor.render import json_report, junit, live, markdown
+from ddpdoctor.render import live
+from ddpdoctor.render.json_report import JsonReporter
+from ddpdoctor.render.junit import JunitReporter
+from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
+from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import redact
 from ddpdoctor.trace.model import Run
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
@@ -161,13 +164,14 @@ def run_command(
         say(f"{what}: {job.reason}; stacks collected from {len(job.acks)} rank(s), job stopped")
     elif job.interrupted:
         say("interrupted: job stopped, logs kept")
+    info = RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
+                   exit_code=outcome.exit_code, seconds=job.duration, logdir=str(log_path),
+                   problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
+    view = ReportView(outcome.report, info)
+    if json_out:
+        _write([(json_out, JsonReporter().render(view), "w")])
     if outcome.report is not None:
         show(outcome.report, err)
-        if json_out:
-            extra = {"exit_code": outcome.exit_code, "duration_s": round(job.duration, 3),
-                     "logdir": str(log_path)}
-            json_out.write_text(json.dumps(json_report.to_dict(outcome.report, extra),
-                                           indent=2))
     elif outcome.read_error:
         say(f"no diagnosis: {outcome.read_error}")
     if timeline_out:
@@ -191,11 +195,7 @@ def run_command(
         say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
-    info = RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
-                            exit_code=outcome.exit_code,
-                            seconds=job.duration, logdir=str(log_path),
-                            problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
-    _write_ci_reports(outcome.report, info, junit_out, markdown_out)
+    _write_ci_reports(view, junit_out, markdown_out)
     say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
 
@@ -209,20 +209,25 @@ def _torchrun_args(ctx: typer.Context) -> list[str]:
     return [*obj.get("torchrun_defaults", []), *obj.get("torchrun", [])]
 
 
-def _write_ci_reports(report: Optional[Report], info: RunInfo, junit_out: Optional[Path],
+def _write_ci_reports(view: ReportView, junit_out: Optional[Path],
                       markdown_out: Optional[Path]) -> None:
-    """--junit, --markdown and $GITHUB_STEP_SUMMARY; a file that cannot be written is a warning
-    (the diagnosis above stands)."""
+    """--junit, --markdown and $GITHUB_STEP_SUMMARY."""
     outputs: list[tuple[Path, str, str]] = []
     if junit_out:
-        outputs.append((junit_out, junit.render(report, info), "w"))
+        outputs.append((junit_out, JunitReporter().render(view), "w"))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_out or summary:
-        text = markdown.render(report, info)
+        text = MarkdownReporter().render(view)
         if markdown_out:
             outputs.append((markdown_out, text, "w"))
         if summary:
             outputs.append((Path(summary), text, "a"))
+    _write(outputs)
+
+
+def _write(outputs: list[tuple[Path, str, str]]) -> None:
+    """Write report files (path, text, mode); a file that cannot be written is a warning (the
+    diagnosis on the terminal stands)."""
     for path, text, mode in outputs:
         try:
             with open(path, mode, encoding="utf-8") as fh:

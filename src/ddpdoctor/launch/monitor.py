@@ -33,8 +33,8 @@ from pathlib import Path
 
 from ddpdoctor.analysis.signature import hard_difference
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.compact import collective_from, is_p2p
 from ddpdoctor.trace.model import Collective, Site, site_from
+from ddpdoctor.trace.records import collective_from, is_p2p
 
 SETTLE = 0.2  # seconds a provable deadlock must hold before it is called
 REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says nothing

@@ -4,11 +4,13 @@ Built to be read in ten seconds, in a terminal or in a CI log without colour: on
 one table of what each rank was doing at the root finding (ranks doing the same thing share a
 row), the code of each source line (as the rank captured it; no file is opened), then
 the cause's title, why and how to fix it; other findings folded to one line each.
+:class:`ConsoleReporter` is the :class:`~ddpdoctor.render.interface.Reporter`.
 """
 
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 
 from rich import box
 from rich.console import Console
@@ -16,18 +18,40 @@ from rich.table import Table
 from rich.text import Text
 
 from ddpdoctor.analysis import report as rp
-from ddpdoctor.analysis.finding import Finding, RankDetail
-from ddpdoctor.analysis.ranks import FINISHED
-from ddpdoctor.analysis.report import Report
+from ddpdoctor.analysis.finding import Finding
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.render.safe import clean, clean_report
+from ddpdoctor.render.view import (
+    MAX_FOLDED,
+    MAX_ROWS,
+    ReportView,
+    overflow,
+    rows,
+    sources,
+    tag,
+    where,
+)
 from ddpdoctor.trace.model import Site
 
-MAX_ROWS = 8
-MAX_FOLDED = 8
-
 _COLOURS = {rp.CLEAN: "green", rp.DIVERGED: "red", rp.CRASHED: "red", rp.INCOMPLETE: "yellow"}
+
+
+class ConsoleReporter:
+    """The report as a terminal shows it: ``color_system`` None for plain text (a log, CI),
+    lines up to ``width`` wide and no trailing spaces."""
+
+    def __init__(self, width: int = 100, color_system: str | None = None) -> None:
+        self.width = width
+        self.color_system = color_system
+
+    def render(self, view: ReportView) -> str:
+        buffer = io.StringIO()
+        console = Console(file=buffer, width=self.width, color_system=self.color_system,  # type: ignore[arg-type]
+                          force_terminal=self.color_system is not None, highlight=False,
+                          emoji=False)
+        _print(view, console)
+        return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
 def code_line(site: Site | None) -> str:
@@ -36,54 +60,45 @@ def code_line(site: Site | None) -> str:
     return clean(site.text) if site is not None else ""
 
 
-def _rank_status_line(report: Report) -> str:
-    by_status: dict[str, list[int]] = {}
-    for r in report.ranks:
-        by_status.setdefault(r.status, []).append(r.rank)
-    parts = [f"{status}: {rank_list(ranks).split(' ', 1)[1]}" for status, ranks in
-             by_status.items()]
-    return f"{report.world_size} rank{'s' if report.world_size != 1 else ''} — " + \
-        "; ".join(parts)
+def _print(view: ReportView, console: Console) -> None:
+    if view.report is not None:
+        view = replace(view, report=clean_report(view.report))
+    _headline(view, console)
+    _unfinished(view, console)
+    if view.root is not None:
+        _root(view.root, console)
+    _folded(view.folded, console)
+    _hang_stacks(view, console)
+    if view.report is not None and view.report.notes:
+        console.print()
+        console.print(Text("Notes:", style="bold"))
+        for note in view.report.notes:
+            console.print(f"  • {note}", markup=False, highlight=False)
 
 
-def _headline(report: Report, console: Console) -> None:
-    colour = _COLOURS.get(report.verdict, "yellow")
-    word, text = report.verdict.upper(), rp.VERDICT_TEXT.get(report.verdict, "")
+def _headline(view: ReportView, console: Console) -> None:
+    verdict = view.report.verdict if view.report is not None else ""
     line = Text()
-    line.append(f"ddpdoctor: {word}", style=f"bold {colour}")
-    line.append(f" — {text}")
+    line.append(f"ddpdoctor: {view.verdict_word}",
+                style=f"bold {_COLOURS.get(verdict, 'yellow')}")
+    line.append(f" — {view.verdict_text}")
     console.print(line)
-    console.print(_rank_status_line(report), markup=False, highlight=False)
-
-
-def _row_key(d: RankDetail) -> tuple:
-    return (d.op, d.label, d.iteration, d.state, d.site)
-
-
-def _short_site(site: Site | None) -> str:
-    if site is None:
-        return "—"
-    return f"{site.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{site.line}"
+    if view.rank_status:
+        console.print(view.rank_status, markup=False, highlight=False)
 
 
 def _rank_table(f: Finding) -> Table:
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     for name in ("rank", "op", "label", "iter", "state", "line"):
         table.add_column(name, overflow="fold")
-    rows: dict[tuple, list[int]] = {}
-    details: dict[tuple, RankDetail] = {}
-    for r, d in sorted(f.ranks.items()):
-        key = _row_key(d)
-        rows.setdefault(key, []).append(r)
-        details.setdefault(key, d)
-    items = list(rows.items())
-    for key, ranks in items[:MAX_ROWS]:
-        d = details[key]
-        table.add_row(rank_list(ranks).split(" ", 1)[1], d.op or "—", d.label or "—",
+    items = rows(f)
+    for row in items[:MAX_ROWS]:
+        d = row.detail
+        table.add_row(row.rank_text, d.op or "—", d.label or "—",
                       "—" if d.iteration is None else str(d.iteration), d.state or "—",
-                      _short_site(d.site))
-    if len(items) > MAX_ROWS:
-        rest = sorted(r for _, ranks in items[MAX_ROWS:] for r in ranks)
+                      d.site.short if d.site else "—")
+    rest = overflow(items)
+    if rest:
         table.add_row(rank_list(rest).split(" ", 1)[1], "…", "", "", "",
                       f"{len(items) - MAX_ROWS} more (see --json)")
     return table
@@ -91,11 +106,7 @@ def _rank_table(f: Finding) -> Table:
 
 def _source_block(f: Finding, console: Console) -> None:
     """Each distinct source line of the root finding, with the ranks there and its code."""
-    by_site: dict[Site, list[int]] = {}
-    for r, d in sorted(f.ranks.items()):
-        if d.site is not None:
-            by_site.setdefault(d.site, []).append(r)
-    for site, ranks in list(by_site.items())[:MAX_ROWS]:
+    for site, ranks in sources(f):
         line = Text(f"  {rank_list(ranks)}: ", style="bold")
         line.append(site_text(site))
         console.print(line)
@@ -109,32 +120,28 @@ def _context_line(f: Finding) -> str | None:
         return None
     parts: dict[tuple, list[int]] = {}
     for r, d in sorted(f.context.items()):
-        parts.setdefault((d.op, d.label, d.note, _short_site(d.site)), []).append(r)
+        parts.setdefault((d.op, d.label, d.note, d.site.short if d.site else "—"),
+                         []).append(r)
     shown = "; ".join(f"{note} on {rank_list(rs_)} ({site})"
                       for (_op, _label, note, site), rs_ in list(parts.items())[:3])
     return f"Last matched before it: #{f.context_seq}: {shown}"
 
 
-def _labelled(rows: list[tuple[str, Text | str, str]]) -> Table:
+def _labelled(items: list[tuple[str, Text | str, str]]) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
     grid.add_column()
-    for label, value, style in rows:
+    for label, value, style in items:
         grid.add_row(Text(label, style=style), value)
     return grid
 
 
 def _root(f: Finding, console: Console) -> None:
     console.print()
-    where = []
-    if f.group is not None:
-        where.append("default group" if f.group == "0" else f"group {f.group}")
-    if f.seq is not None:
-        where.append(f"collective #{f.seq}")
     title = Text("Root cause: ", style="bold")
     title.append(f.kind, style="bold")
-    if where:
-        title.append(f"  ({', '.join(where)})")
+    if where(f):
+        title.append(f"  ({where(f)})")
     console.print(title)
     console.print(f.summary, markup=False, highlight=False)
     console.print(_rank_table(f))
@@ -143,18 +150,18 @@ def _root(f: Finding, console: Console) -> None:
     if context:
         console.print(context, markup=False, highlight=False, style="dim")
     cause = catalog.get(f.cause)
-    rows: list[tuple[str, Text | str, str]] = []
+    items: list[tuple[str, Text | str, str]] = []
     if cause is not None:
-        rows.append(("Cause:", Text(cause.title) + Text(f"  [{cause.id}]", style="dim"),
-                     "bold"))
-        rows.append(("Why:", Text(cause.explanation), "bold"))
+        items.append(("Cause:", Text(cause.title) + Text(f"  [{cause.id}]", style="dim"),
+                      "bold"))
+        items.append(("Why:", Text(cause.explanation), "bold"))
     for item in f.evidence:
-        rows.append(("", Text(f"• {item}"), ""))
+        items.append(("", Text(f"• {item}"), ""))
     if f.advice:
-        rows.append(("Fix:", Text(f.advice), "bold green"))
-    if rows:
+        items.append(("Fix:", Text(f.advice), "bold green"))
+    if items:
         console.print()
-        console.print(_labelled(rows))
+        console.print(_labelled(items))
 
 
 def _folded(findings: list[Finding], console: Console) -> None:
@@ -167,39 +174,37 @@ def _folded(findings: list[Finding], console: Console) -> None:
     grid.add_column(no_wrap=True)
     grid.add_column(overflow="fold")
     for f in findings[:MAX_FOLDED]:
-        tag = f"{f.kind}" + (" (follow-on)" if f.follow_on else "") + \
-            (" [warning]" if not f.is_error else "")
-        grid.add_row("  • ", Text(tag, style="bold") + Text(f": {f.summary}"))
+        grid.add_row("  • ", Text(tag(f), style="bold") + Text(f": {f.summary}"))
     console.print(grid)
     if len(findings) > MAX_FOLDED:
         console.print(f"  … and {len(findings) - MAX_FOLDED} more (see --json)", markup=False)
 
 
-def _unfinished(report: Report, console: Console) -> None:
+def _unfinished(view: ReportView, console: Console) -> None:
     """For an incomplete run: where each rank that did not finish was left."""
-    rows = [r for r in report.ranks if r.status != FINISHED]
-    if not rows:
+    left = view.unfinished
+    if not left:
         return
     console.print()
     console.print(Text("Ranks that did not finish:", style="bold"))
-    for r in rows[:MAX_ROWS]:
-        where = r.last.note if r.last is not None else r.detail
+    for r in left[:MAX_ROWS]:
+        at = r.last.note if r.last is not None else r.detail
         site = f" at {site_text(r.last.site)}" if r.last is not None and r.last.site else ""
-        console.print(f"  • rank {r.rank} ({r.status}): {where}{site}", markup=False,
+        console.print(f"  • rank {r.rank} ({r.status}): {at}{site}", markup=False,
                       highlight=False)
-    if len(rows) > MAX_ROWS:
-        console.print(f"  … and {len(rows) - MAX_ROWS} more (see --json)", markup=False)
+    if len(left) > MAX_ROWS:
+        console.print(f"  … and {len(left) - MAX_ROWS} more (see --json)", markup=False)
 
 
-def _hang_stacks(report: Report, console: Console) -> None:
+def _hang_stacks(view: ReportView, console: Console) -> None:
     """Where each rank's main thread was when the hang was detected (user frames)."""
-    rows = [r for r in report.ranks if r.hang_stack]
-    if not rows:
+    hung = view.hang_ranks
+    if not hung:
         return
     console.print()
     console.print(Text("Stacks at the hang (main thread, your code, innermost last):",
                        style="bold"))
-    for r in rows[:MAX_ROWS]:
+    for r in hung[:MAX_ROWS]:
         console.print(Text(f"  rank {r.rank}:", style="bold"))
         for site in reversed(r.hang_stack[:6]):
             console.print(f"      {site_text(site)}", markup=False, highlight=False)
@@ -207,34 +212,5 @@ def _hang_stacks(report: Report, console: Console) -> None:
         if code:
             console.print(Text(f"      {r.hang_stack[0].line} | ", style="dim")
                           + Text(code, style="cyan"))
-    if len(rows) > MAX_ROWS:
-        console.print(f"  … and {len(rows) - MAX_ROWS} more (see --json)", markup=False)
-
-
-def plain_text(report: Report, width: int = 100) -> str:
-    """The report as plain text for a log (CI): no colour, lines up to ``width`` wide instead
-    of wrapped at 80 columns, no trailing spaces."""
-    buffer = io.StringIO()
-    render(report, Console(file=buffer, width=width, color_system=None, force_terminal=False,
-                           highlight=False, emoji=False))
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
-
-
-def render(report: Report, console: Console) -> None:
-    """Print ``report`` on ``console`` (works without a terminal and without colour)."""
-    report = clean_report(report)
-    _headline(report, console)
-    if report.verdict == rp.INCOMPLETE:
-        _unfinished(report, console)
-    root = report.root
-    if root is not None and (root.is_error or report.verdict != rp.CLEAN):
-        _root(root, console)
-        _folded(report.findings[1:], console)
-    else:
-        _folded(report.findings, console)
-    _hang_stacks(report, console)
-    if report.notes:
-        console.print()
-        console.print(Text("Notes:", style="bold"))
-        for note in report.notes:
-            console.print(f"  • {note}", markup=False, highlight=False)
+    if len(hung) > MAX_ROWS:
+        console.print(f"  … and {len(hung) - MAX_ROWS} more (see --json)", markup=False)

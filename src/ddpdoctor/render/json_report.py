@@ -3,16 +3,20 @@
 Top level: ``format``, ``version``, ``verdict``, ``world_size``, ``ranks``, ``findings`` (root
 cause first), ``notes``. Ranks are keyed by their number as a string. Everything here is
 derived from the :class:`~ddpdoctor.analysis.report.Report`; nothing is computed anew.
+:class:`JsonReporter` is the :class:`~ddpdoctor.render.interface.Reporter`: what ``ddpdoctor
+run`` adds (its exit code, the job's duration, the log folder) comes from the view's run.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ddpdoctor import __version__
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.knowledge import catalog
+from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace.model import Site
 
 FORMAT = "ddpdoctor-report"
@@ -74,3 +78,23 @@ def to_dict(report: Report, run: dict[str, Any] | None = None) -> dict[str, Any]
         "findings": [_finding(f) for f in report.findings],
         "notes": list(report.notes),
     }
+
+
+class JsonReporter:
+    """The report as indented JSON (``--json``); a run with no report is an error object."""
+
+    def render(self, view: ReportView) -> str:
+        info = view.info
+        run: dict[str, Any] = {}
+        if info.exit_code is not None:
+            run["exit_code"] = info.exit_code
+        if info.seconds is not None:
+            run["duration_s"] = round(info.seconds, 3)
+        if info.logdir is not None:
+            run["logdir"] = info.logdir
+        if view.report is None:
+            data = {"format": FORMAT, "version": VERSION, "ddpdoctor": __version__, **run,
+                    "verdict": None, "error": view.verdict_text}
+        else:
+            data = to_dict(view.report, run)
+        return json.dumps(data, indent=2) + "\n"

@@ -4,9 +4,8 @@ A CI server (GitHub Actions test reporters, GitLab, Jenkins) shows the file as o
 after the script; when the run is not clean (see :func:`ddpdoctor.render.run_info.failed`) the
 test case holds a ``failure`` whose ``message`` is a one-line verdict with the root finding and
 its cause, ``type`` the finding kind, and whose text is the full plain-text diagnosis (the
-console report without colour) plus any schedule difference. Pure: a function of the
-:class:`~ddpdoctor.analysis.report.Report` and the
-:class:`~ddpdoctor.render.run_info.RunInfo`.
+console report without colour) plus any schedule difference. :class:`JunitReporter` is the
+:class:`~ddpdoctor.render.interface.Reporter`.
 """
 
 from __future__ import annotations
@@ -14,9 +13,8 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 
-from ddpdoctor.analysis.report import Report
-from ddpdoctor.render import console as console_report
-from ddpdoctor.render.run_info import RunInfo, failed
+from ddpdoctor.render.console import ConsoleReporter
+from ddpdoctor.render.view import ReportView
 
 SUITE = "ddpdoctor"
 CLASSNAME = "ddpdoctor.run"
@@ -31,19 +29,14 @@ def clean_text(text: str) -> str:
     return _INVALID.sub("", _ANSI.sub("", text))
 
 
-def plain_report(report: Report, width: int = 100) -> str:
-    """The console report as plain text (no colour, no terminal)."""
-    return console_report.plain_text(report, width)
-
-
-def failure_message(report: Report | None, info: RunInfo) -> str:
+def failure_message(view: ReportView) -> str:
     """One line: verdict, root finding and cause, its summary (or the other problem)."""
+    report, info, root = view.report, view.info, view.root
     if report is None:
-        text = f"no diagnosis: {info.read_error or 'the traces could not be read'}"
+        text = f"no diagnosis: {view.verdict_text}"
     else:
-        root = report.root
         text = report.verdict.upper()
-        if root is not None and (root.is_error or report.verdict != "clean"):
+        if root is not None:
             text += f": {root.kind}" + (f" [{root.cause}]" if root.cause else "") + \
                 f": {root.summary}"
         elif info.problems:
@@ -54,20 +47,26 @@ def failure_message(report: Report | None, info: RunInfo) -> str:
     return text if len(text) <= MESSAGE_LIMIT else text[:MESSAGE_LIMIT - 1] + "…"
 
 
-def _failure_type(report: Report | None, info: RunInfo) -> str:
-    if report is None:
+def _failure_type(view: ReportView) -> str:
+    if view.report is None:
         return "no_diagnosis"
-    root = report.root
-    if root is not None and (root.is_error or report.verdict != "clean"):
-        return root.kind
-    if info.problems:
+    if view.root is not None:
+        return view.root.kind
+    if view.info.problems:
         return "schedule_changed"
-    return report.verdict
+    return view.report.verdict
 
 
-def render(report: Report | None, info: RunInfo) -> str:
+class JunitReporter:
     """The JUnit XML document (one ``testsuite`` holding one ``testcase``)."""
-    is_failure = failed(report, info)
+
+    def render(self, view: ReportView) -> str:
+        return _document(view)
+
+
+def _document(view: ReportView) -> str:
+    report, info = view.report, view.info
+    is_failure = view.failed
     seconds = f"{info.seconds or 0.0:.3f}"
     suites = ET.Element("testsuites", name=SUITE, tests="1",
                         failures="1" if is_failure else "0", errors="0", time=seconds)
@@ -83,15 +82,15 @@ def render(report: Report | None, info: RunInfo) -> str:
                          time=seconds)
     body: list[str] = []
     if report is not None:
-        body.append(plain_report(report))
+        body.append(ConsoleReporter().render(view))
     if info.problems:
         body.append("Collective schedule changed:\n" + "\n".join(info.problems) + "\n")
     if info.logdir:
         body.append(f"Traces: {info.logdir}\n")
     text = clean_text("\n".join(body))
     if is_failure:
-        failure = ET.SubElement(case, "failure", message=failure_message(report, info),
-                                type=_failure_type(report, info))
+        failure = ET.SubElement(case, "failure", message=failure_message(view),
+                                type=_failure_type(view))
         failure.text = text
     else:
         out = ET.SubElement(case, "system-out")

@@ -42,12 +42,10 @@ from __future__ import annotations
 
 import functools
 import os
-import site
 import sys
-import sysconfig
 from typing import Any
 
-from ddpdoctor.runtime import patches
+from ddpdoctor.runtime import patches, user_code
 from ddpdoctor.runtime.env import CPU_DEVICES
 
 NCCL_NAMES = frozenset({"nccl", "cuda:nccl", "cpu:gloo,cuda:nccl", "cuda:nccl,cpu:gloo"})
@@ -85,26 +83,6 @@ def map_location(location: Any) -> Any:
     return location
 
 
-@functools.lru_cache(maxsize=1)
-def _library_prefixes() -> tuple[str, ...]:
-    import torch
-
-    import ddpdoctor
-
-    dirs = {os.path.dirname(torch.__file__), os.path.dirname(ddpdoctor.__file__)}
-    paths = sysconfig.get_paths()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        if paths.get(key):
-            dirs.add(paths[key])
-    try:
-        dirs.update(site.getsitepackages())
-        dirs.add(site.getusersitepackages())
-    except AttributeError:  # some virtualenvs' site module
-        pass
-    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d) + \
-        tuple(os.path.join(d, "") for d in dirs if d) + ("<frozen",)
-
-
 def from_user_code(depth: int = 2) -> bool:
     """Whether the frame ``depth`` levels up is the script's own code, not torch, ddpdoctor,
     the standard library or an installed package."""
@@ -112,7 +90,7 @@ def from_user_code(depth: int = 2) -> bool:
         filename = sys._getframe(depth).f_code.co_filename
     except ValueError:
         return False
-    return not filename.startswith(_library_prefixes())
+    return not user_code.is_library(filename)
 
 
 def device_count() -> int:

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from ddpdoctor.runtime import env, max_steps, patches
+from ddpdoctor.runtime import env, max_steps, patches, user_code
 from ddpdoctor.runtime.recorder import Recorder
 
 VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite passed on
@@ -110,7 +110,7 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
                          f"({low} to {high}); recording anyway\n")
     _recorder = recorder
     _backend_override = backend_override
-    recorder.set_internal_dirs(list(_internal_prefixes()))
+    recorder.set_internal_dirs(list(user_code.internal_prefixes()))
     max_steps.configure_from_env()
     import torch.distributed as dist
 
@@ -322,7 +322,7 @@ def _ddp_flags(model: Any, frame: Any) -> dict:
     params = [p for p in module.parameters() if p.requires_grad]
     site = None
     while frame is not None:
-        if not frame.f_code.co_filename.startswith(_internal_prefixes()):
+        if not user_code.is_internal(frame.f_code.co_filename):
             site = {"file": frame.f_code.co_filename, "line": frame.f_lineno,
                     "function": frame.f_code.co_name}
             break
@@ -337,15 +337,6 @@ def _ddp_flags(model: Any, frame: Any) -> dict:
             "device_ids": [str(d) for d in (model.device_ids or [])],
             "group": getattr(model.process_group, "group_name", None),
             "site": site}
-
-
-@functools.lru_cache(maxsize=1)
-def _internal_prefixes() -> tuple[str, ...]:
-    import torch
-
-    import ddpdoctor
-
-    return tuple(os.path.join(os.path.dirname(str(m.__file__)), "") for m in (torch, ddpdoctor))
 
 
 # -- mp.spawn ---------------------------------------------------------------------------------

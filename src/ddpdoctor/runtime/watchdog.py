@@ -22,14 +22,13 @@ import json
 import os
 import pickle
 import sys
-import sysconfig
 import threading
 import time
 import traceback
 from collections import deque
 from typing import Any
 
-from ddpdoctor.runtime import peers, source_capture
+from ddpdoctor.runtime import peers, source_capture, user_code
 from ddpdoctor.trace import schema
 
 POLL_SECONDS = 0.1
@@ -53,12 +52,6 @@ def thread_stacks() -> list[dict]:
                     "frames": frames})
     out.sort(key=lambda s: not s["main"])
     return out
-
-
-def _library_dirs() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    dirs = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-    return tuple(os.path.join(d, "") for d in dirs if d)
 
 
 def main_thread_cpu() -> float | None:
@@ -92,7 +85,6 @@ class Watchdog:
         self._recorder = recorder
         self._request = os.path.join(logdir, schema.HANG_REQUEST)
         self._ack = os.path.join(logdir, schema.hang_ack(rank))
-        self._library = _library_dirs()
         self._next_activity = 0.0
         self._cpu: deque[tuple[float, float]] = deque(maxlen=11)  # (time, CPU): the last second
         self._last_activity: dict | None = None
@@ -169,14 +161,13 @@ class Watchdog:
     def user_frames(self, frame: Any) -> list[dict]:
         """The innermost :data:`USER_FRAMES` frames of user code, innermost first (the
         innermost frame at all when none is the user's)."""
-        internal = self._recorder.labeler.internal + self._library
         out: list[dict] = []
         first = None
         while frame is not None and len(out) < USER_FRAMES:
             code = frame.f_code
             entry = {"file": code.co_filename, "line": frame.f_lineno, "function": code.co_name}
             first = first or entry
-            if not code.co_filename.startswith(internal) and \
+            if not user_code.is_library(code.co_filename) and \
                     not code.co_filename.startswith("<"):
                 out.append(entry)
             frame = frame.f_back

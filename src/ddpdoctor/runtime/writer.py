@@ -217,7 +217,9 @@ class TraceWriter:
             extra += f', "p2p_seq": {rec.p2p_seq}'
         if rec.bucket is not None:
             extra += f', "bucket": {rec.bucket}'
-        # "state" is always pending here: the line is written before the collective runs.
+        # "state" is always pending here: the line is written before the collective runs. The
+        # layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the reader's fast
+        # path depends on it byte for byte.
         lines.append(f'{{"kind": "collective", "id": {rec.id}, "rank": {self.rank}, '
                      f'"seq": {"null" if rec.seq is None else rec.seq}, '
                      f'"iteration": {rec.iteration}, "t": {rec.t:.6f}, "state": "pending"'

@@ -27,7 +27,7 @@ trace is read in file order.)
 A size-capped trace (``repeat`` records, :mod:`ddpdoctor.runtime.trace_cap`) of a rank with one
 group and no point-to-point ops is expanded here at C speed (list slices: a run copies the
 codes ``back`` positions earlier); its members are built from their run when asked for. Other
-capped traces are read record by record (:func:`expand_repeat`).
+capped traces are read record by record (:func:`~ddpdoctor.trace.records.expand_repeat`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,23 @@ import json
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import BinaryIO, overload
 
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.model import Collective, Completion, RankTrace, Site
+from ddpdoctor.trace.model import Collective, GroupPositions, RankTrace, Site
+from ddpdoctor.trace.records import (
+    Fold,
+    apply_record,
+    collective_from,
+    is_p2p,
+    line_chunks,
+    parse_line,
+    repeat_fields,
+    run_member,
+)
 
 COLLECTIVE_PREFIX = b'{"kind": "collective", "id": '
 _PREFIX_LEN = len(COLLECTIVE_PREFIX)
@@ -49,11 +60,9 @@ STATE_MARK = b'"state": "'
 _STATE_PREFIX = b'{"kind": "state", "id": '
 _STATE_LINE = re.compile(
     rb'\{"kind": "state", "id": (\d+), "state": "([a-z_]+)", "t": (-?\d+(?:\.\d+)?)\}')
-# The fields before "state" in the writer's layout, in order; the rest of the line is the tail.
-_HEAD_FIELDS = ["kind", "id", "rank", "seq", "iteration", "t"]
-_VARIABLE_TAIL = ("state", "bucket", "p2p_seq")
-_TAIL_FIELDS = frozenset(_VARIABLE_TAIL) | {"group", "op", "label", "shapes", "dtypes", "numel",
-                                            "stack", "reduce_op", "api", "root", "peer"}
+_HEAD_FIELDS = list(schema.COLLECTIVE_HEAD)
+_VARIABLE_TAIL = schema.COLLECTIVE_VARIABLE
+_TAIL_FIELDS = frozenset(schema.COLLECTIVE_VARIABLE + schema.COLLECTIVE_STATIC)
 _BLOCK = 64  # lines per entry of the sparse offset index
 
 
@@ -61,93 +70,18 @@ class NotCompact(Exception):
     """The file is not in the writer's exact layout: read it record by record instead."""
 
 
-def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:
-    """A :class:`Collective` from a decoded ``collective`` record (raises KeyError, TypeError or
-    ValueError on a malformed one). The one place both reading paths build collectives."""
-    return Collective(
-        rank=rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
-        op=str(rec["op"]), label=str(rec.get("label", "user")),
-        shapes=list(rec.get("shapes", [])), dtypes=list(rec.get("dtypes", [])),
-        numel=int(rec.get("numel", 0)), reduce_op=rec.get("reduce_op"),
-        root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
-        api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
-        t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
-        stack=stacks.get(rec.get("stack"), []))
+@dataclass
+class _Runs:
+    """The ``repeat`` runs of a capped trace, in order: each run's first position in the log,
+    its record, the collective lines before it and the run members before it."""
+
+    starts: array = field(default_factory=lambda: array("q"))
+    recs: list[dict] = field(default_factory=list)
+    counts: array = field(default_factory=lambda: array("q"))
+    before: array = field(default_factory=lambda: array("q"))
 
 
-def is_p2p(c: Collective) -> bool:
-    """Point-to-point: the recording group gives these a ``p2p_seq`` instead of a ``seq``."""
-    return c.peer is not None or c.op == "recv_anysource"
-
-
-def repeat_fields(rec: dict) -> tuple[str, int, int, int, int] | None:
-    """(group, seq, n, back, iteration_delta) of a well-formed ``repeat`` record, else None."""
-    try:
-        fields = (str(rec["group"]), rec["seq"], rec["n"], rec["back"], rec["iteration_delta"])
-        ints = fields[1:] + (rec["id"], rec["id_last"])
-        float(rec["t"]), float(rec["t_last"])
-    except (KeyError, TypeError, ValueError):
-        return None
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
-        return None
-    _, seq, n, back, _ = fields
-    return fields if n >= 1 and 1 <= back < seq else None
-
-
-def run_member(rank: int, rec: dict, off: int, src: Collective,
-               iteration: int | None) -> Collective:
-    """Member ``off`` of a ``repeat`` run: ``src``'s static part at the run's position, with
-    the run's iteration, its id (exact when the run's ids are consecutive) and an interpolated
-    time."""
-    n, id0 = rec["n"], rec["id"]
-    t0, t1 = float(rec["t"]), float(rec["t_last"])
-    return Collective(
-        rank=rank, id=id0 + off if rec["id_last"] - id0 == n - 1 else id0, group=src.group,
-        seq=rec["seq"] + off, op=src.op, label=src.label, shapes=src.shapes, dtypes=src.dtypes,
-        numel=src.numel, reduce_op=src.reduce_op, root=src.root, peer=src.peer, api=src.api,
-        bucket=src.bucket, iteration=iteration, t=t0 + (t1 - t0) * off / (n - 1) if n > 1 else t0,
-        state=schema.COMPLETED, stack=src.stack)
-
-
-def expand_repeat(trace: RankTrace, rec: dict, by_group: dict[str, list]) -> bool:
-    """Append the members of a ``repeat`` run to ``trace`` (record-by-record reading);
-    ``by_group`` holds each group's collectives by position. False when malformed."""
-    fields = repeat_fields(rec)
-    if fields is None:
-        return False
-    name, seq, n, back, delta = fields
-    lst = by_group.get(name)
-    if lst is None or len(lst) != seq - 1 or \
-            any(c is None for c in lst[seq - 1 - back:seq - 1 - back + min(n, back)]):
-        return False
-    for off in range(n):
-        src = lst[seq - 1 + off - back]
-        it = src.iteration + delta if isinstance(src.iteration, int) else None
-        c = run_member(trace.rank, rec, off, src, it)
-        trace.collectives.append(c)
-        lst.append(c)
-    return True
-
-
-MAX_GAP = 1 << 16  # a sequence number this far past the collectives before it is damage
-
-
-def place(by_group: dict[str, list], c: Collective) -> bool:
-    """Put ``c`` at its position in ``by_group`` (gaps None; a repeated seq keeps the first).
-    False for a seq far beyond the group's collectives so far: damage, not a position."""
-    seq = c.seq
-    if seq is None or seq.__class__ is not int or seq < 1:
-        return True
-    lst = by_group.setdefault(c.group, [])
-    if seq > len(lst) + MAX_GAP:
-        return False
-    if seq > len(lst):
-        lst.extend([None] * (seq - 1 - len(lst)))
-        lst.append(c)
-    return True
-
-
-class GroupView(Sequence):
+class GroupView(Sequence[Collective]):
     """One rank's collectives in one group, by position (``seq - 1``), materialised lazily."""
 
     def __init__(self, log: CollectiveLog, ordinals: list[int] | None, length: int) -> None:
@@ -158,7 +92,13 @@ class GroupView(Sequence):
     def __len__(self) -> int:
         return self._length
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> Collective: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Collective]: ...
+
+    def __getitem__(self, index: int | slice) -> Collective | list[Collective]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(self._length))]
         if index < 0:
@@ -168,39 +108,41 @@ class GroupView(Sequence):
         return self._log[index if self._ordinals is None else self._ordinals[index]]
 
 
-class CollectiveLog(Sequence):
-    """A rank's collectives in file order, read compactly; a read-only ``Sequence[Collective]``.
+class CollectiveLog(Sequence[Collective]):
+    """A rank's collectives in file order, read compactly: a read-only ``Sequence[Collective]``
+    and a :class:`~ddpdoctor.trace.model.CollectiveIndex`.
 
     ``protos`` holds one prototype per distinct static part (variable fields left at their
     defaults) and ``codes`` which prototype each collective is. Indexing decodes that
     collective's line from the file (cached), with its later ``state`` record applied, exactly
-    as the record-by-record reader would have built it.
+    as the record-by-record reader would have built it. Built by :func:`read_compact` from
+    what one pass over the file (:class:`_Reader`) found; raises :class:`NotCompact` when what
+    it found does not hold together.
     """
 
-    def __init__(self, path: str, rank: int, protos: list[Collective], codes: list[int],
-                 stacks: dict[int, list[Site]]) -> None:
+    def __init__(self, path: str, rank: int, codes: list[int], tail_codes: list[int],
+                 reader: _Reader, runs: _Runs | None) -> None:
         self.path = path
         self.rank = rank
-        self.protos = protos
+        self.protos = reader.protos
         self.codes = codes
-        self.stacks = stacks
+        self.stacks = reader.stacks
         self.groups: dict[str, tuple[list[int], list[int] | None]] = {}
         self.p2p_ordinals: list[int] = []
         self.incomplete_ordinals: list[int] = []
-        self._others = array("q")  # per non-collective line: collectives before it
-        self._sparse = array("q")  # byte offset of every _BLOCK-th line
-        self._state_ids = array("q")
-        self._state_t: list[object] = []
-        self._state_words: list[str] = []
+        self._others = reader.others  # per non-collective line: collectives before it
+        self._sparse = reader.sparse  # byte offset of every _BLOCK-th line
+        # Later state records, sorted by id (stable: the last record of an id comes last).
+        order = sorted(range(len(reader.state_ids)), key=reader.state_ids.__getitem__)
+        self._state_ids = array("q", [reader.state_ids[i] for i in order])
+        self._state_words = [reader.state_words[i] for i in order]
+        self._state_t = [reader.state_t[i] for i in order]
         self._cache: dict[int, Collective] = {}
-        self.version = schema.VERSION
-        self.completion = Completion()
-        # Runs of a capped trace: first ordinal, record, explicit lines before it, and the
-        # run members before it.
-        self._run_starts = array("q")
-        self._run_recs: list[dict] = []
-        self._run_counts = array("q")
-        self._run_before = array("q")
+        self.version = reader.trace.version
+        self.completion = reader.trace.completion
+        self._runs = runs or _Runs()
+        self._index(tail_codes, reader)
+        self._check()
 
     # -- Sequence ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -212,7 +154,7 @@ class CollectiveLog(Sequence):
     @overload
     def __getitem__(self, index: slice) -> list[Collective]: ...
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int | slice) -> Collective | list[Collective]:
         n = len(self.codes)
         if isinstance(index, slice):
             wanted = range(*index.indices(n))
@@ -232,7 +174,16 @@ class CollectiveLog(Sequence):
         for start in range(0, len(self.codes), 4096):
             yield from self[start:start + 4096]
 
-    # -- what the analysis asks for ----------------------------------------------------------
+    # -- what the analysis asks for (CollectiveIndex) ----------------------------------------
+    def by_group(self) -> dict[str, GroupPositions]:
+        """Per process group, this rank's collectives by position, decoded when looked at."""
+        return {name: GroupPositions(codes, GroupView(self, ordinals, len(codes)))
+                for name, (codes, ordinals) in self.groups.items()}
+
+    def p2p(self) -> list[Collective]:
+        """The point-to-point operations (decoded when the log was built)."""
+        return [c for c in (self[k] for k in self.p2p_ordinals) if c.peer is not None]
+
     def incomplete(self, window: int) -> list[Collective]:
         """The collectives among the last ``window`` that never completed, in order."""
         first = max(0, len(self.codes) - window)
@@ -241,7 +192,7 @@ class CollectiveLog(Sequence):
 
     def used_stacks(self) -> list[list[Site]]:
         """The distinct call stacks of this rank's collectives."""
-        return [p.stack for p in self.protos]
+        return list({id(p.stack): p.stack for p in self.protos}.values())
 
     # -- decoding ---------------------------------------------------------------------------
     def line_index(self, explicit: int) -> int:
@@ -249,38 +200,38 @@ class CollectiveLog(Sequence):
         return 1 + explicit + bisect_right(self._others, explicit)
 
     def _run_of(self, ordinal: int) -> int | None:
-        r = bisect_right(self._run_starts, ordinal) - 1
-        if r >= 0 and ordinal < self._run_starts[r] + self._run_recs[r]["n"]:
+        r = bisect_right(self._runs.starts, ordinal) - 1
+        if r >= 0 and ordinal < self._runs.starts[r] + self._runs.recs[r]["n"]:
             return r
         return None
 
     def explicit(self, ordinal: int) -> int | None:
         """Which collective line the ``ordinal``-th collective is; None for a run member."""
-        if not self._run_recs:
+        if not self._runs.recs:
             return ordinal
-        r = bisect_right(self._run_starts, ordinal) - 1
+        r = bisect_right(self._runs.starts, ordinal) - 1
         if r < 0:
             return ordinal
-        end = self._run_before[r] + self._run_recs[r]["n"]
-        return None if ordinal < self._run_starts[r] + self._run_recs[r]["n"] \
+        end = self._runs.before[r] + self._runs.recs[r]["n"]
+        return None if ordinal < self._runs.starts[r] + self._runs.recs[r]["n"] \
             else ordinal - end
 
     def ordinal(self, explicit: int) -> int:
         """The position in the log of the ``explicit``-th collective line."""
-        if not self._run_recs:
+        if not self._runs.recs:
             return explicit
-        r = bisect_right(self._run_counts, explicit) - 1
-        return explicit if r < 0 else explicit + self._run_before[r] + self._run_recs[r]["n"]
+        r = bisect_right(self._runs.counts, explicit) - 1
+        return explicit if r < 0 else explicit + self._runs.before[r] + self._runs.recs[r]["n"]
 
     def _member(self, ordinal: int, r: int) -> Collective:
         """A run member, from the explicit collective its static part was copied from."""
-        rec = self._run_recs[r]
-        off = ordinal - self._run_starts[r]
+        rec = self._runs.recs[r]
+        off = ordinal - self._runs.starts[r]
         delta, k, run = 0, ordinal, r
         while run is not None:  # follow the copies back to a collective line
-            start, back = self._run_starts[run], self._run_recs[run]["back"]
+            start, back = self._runs.starts[run], self._runs.recs[run]["back"]
             hops = (k - start) // back + 1
-            delta += hops * self._run_recs[run]["iteration_delta"]
+            delta += hops * self._runs.recs[run]["iteration_delta"]
             k -= hops * back
             run = self._run_of(k)
         src = self[k]
@@ -302,7 +253,7 @@ class CollectiveLog(Sequence):
         return written
 
     def _load(self, ordinals: list[int]) -> None:
-        if self._run_recs:
+        if self._runs.recs:
             lines = []
             for k in ordinals:
                 r = self._run_of(k)
@@ -353,6 +304,81 @@ class CollectiveLog(Sequence):
         c.state = self.state_of(c.id, c.state)
         return c
 
+    # -- built once, from the reading pass ----------------------------------------------
+    def _index(self, tail_codes: list[int], reader: _Reader) -> None:
+        """Per-group positions, point-to-point ops and collectives that never completed."""
+        protos, codes = self.protos, self.codes
+        p2p = {i for i, p in enumerate(protos) if is_p2p(p)}
+        names = {p.group for i, p in enumerate(protos) if i not in p2p}
+        if p2p:
+            self.p2p_ordinals = [k for k, c in enumerate(codes) if c in p2p]
+        if len(names) == 1 and not p2p:
+            self.groups[names.pop()] = (codes, None)
+        else:
+            for name in names:
+                members = {i for i, p in enumerate(protos) if p.group == name and i not in p2p}
+                ordinals = [k for k, c in enumerate(codes) if c in members]
+                self.groups[name] = ([codes[k] for k in ordinals], ordinals)
+        # Never completed. Format 3: not covered by the last ``done`` record (its listed ids, those
+        # after it) or failed. Before: written pending or failed and not completed by a later
+        # state record, or failed by one; run members completed by construction.
+        candidates = {cid - 1 for cid in self._state_ids}
+        n = len(codes)
+        if self.version >= 3:
+            done = self.completion
+            candidates.update(range(min(done.upto, n), n))
+            candidates.update(cid - 1 for cid in done.pending)
+            if done.pending_from is not None:
+                candidates.update(range(max(0, done.pending_from - 1), n))
+        else:
+            unfinished = {i for i, s in enumerate(reader.tail_state) if s != schema.COMPLETED}
+            if unfinished:
+                candidates.update(self.ordinal(e) for e, c in enumerate(tail_codes)
+                                  if c in unfinished)
+        incomplete = []
+        for k in sorted(candidates):
+            if not 0 <= k < n:
+                continue
+            e = self.explicit(k)
+            if e is None:
+                written = schema.COMPLETED
+            elif e < len(tail_codes):
+                written = reader.tail_state[tail_codes[e]]
+            else:
+                continue
+            if self.state_of(k + 1, written) != schema.COMPLETED:
+                incomplete.append(k)
+        self.incomplete_ordinals = incomplete
+
+    def _check(self) -> None:
+        """The first and last collective of each group sit where their seq says. Point-to-point
+        lines are decoded here (the pairing needs them all)."""
+        def record(k: int) -> dict | None:
+            e = self.explicit(k)
+            if e is None:
+                return None  # a run member: its run was checked when expanded
+            n = self.line_index(e)
+            rec = parse_line(self.read_lines([n])[n])
+            if not isinstance(rec, dict) or rec.get("id") != k + 1:
+                raise NotCompact("collective ids out of order")
+            return rec
+
+        for name, (group_codes, ordinals) in self.groups.items():
+            n = len(group_codes)
+            for pos in (0, n - 1):
+                rec = record(pos if ordinals is None else ordinals[pos])
+                if rec is not None and rec.get("seq") != pos + 1:
+                    raise NotCompact(f"group {name}: sequence numbers out of order")
+        if self.codes:
+            record(0)
+            record(len(self.codes) - 1)
+        for k in self.p2p_ordinals:
+            rec = record(k)
+            if rec is None or rec.get("seq") is not None:
+                raise NotCompact("point-to-point op with a sequence number")
+        self._load(self.p2p_ordinals)
+
+
 
 _ID_PREFIXES: list[bytes] = []
 _ID_CACHE = 1 << 18  # ids whose prefixes are kept for every rank (about 20 MB at most)
@@ -371,46 +397,10 @@ def _id_prefixes(first: int, count: int) -> tuple[list[bytes], int]:
     return _ID_PREFIXES, first
 
 
-CHUNK = 8 * 1024 * 1024  # bytes read at a time: memory stays bounded whatever the file size
-MAX_LINE = 4 * 1024 * 1024  # a longer line is damage: never held whole
-MAX_SKIP = 64 * 1024 * 1024  # this many bytes without a line end: the rest is not read
-
-
-def line_chunks(fh: BinaryIO) -> Iterator[tuple[list[bytes | None], bool]]:
-    """The file's lines, :data:`CHUNK` bytes at a time: each chunk's complete lines, then the
-    cut-off last line (no newline) alone with True. A line longer than :data:`MAX_LINE` comes
-    as None, its bytes skipped, never held whole; after :data:`MAX_SKIP` bytes without a line
-    end, a None and nothing more. Both reading paths read files through this."""
-    rest, skipping, skipped = b"", False, 0
-    while True:
-        data = fh.read(CHUNK)
-        if not data:
-            break
-        lines: list[bytes | None] = list((rest + data).split(b"\n"))
-        rest = lines.pop() or b""
-        if skipping and lines:  # the first line end closes the overlong line
-            lines[0], skipping = None, False
-        if len(rest) > MAX_LINE:
-            rest, skipping = b"", True
-            skipped += len(data)
-            if skipped > MAX_SKIP:  # megabytes without a line end: not a trace any more
-                yield lines + [None], False
-                return
-        else:
-            skipped = 0
-        if lines:
-            yield lines, False
-    if skipping:
-        yield [None], True
-    elif rest:
-        yield [rest], True
-
-
 class _Reader:
     """One pass over a rank's lines; see :func:`read_compact`."""
 
-    def __init__(self, trace: RankTrace, truncated: bool,
-                 parse: Callable[[bytes], object], apply: Callable[..., bool]) -> None:
+    def __init__(self, trace: RankTrace, truncated: bool) -> None:
         self.trace = trace
         self.truncated = truncated
         self.last = False  # feeding the file's cut-off last line
@@ -419,8 +409,6 @@ class _Reader:
         self.sparse = array("q", [0])  # byte offset of every _BLOCK-th line
         self.line_no = 1  # number of the next line (0 = header)
         self.offset = 0  # byte offset of the next line
-        self.parse = parse
-        self.apply = apply
         self.stacks: dict[int, list[Site]] = {}
         self.tails: dict[bytes, int] = {}
         self.tail_proto: list[int] = []
@@ -497,11 +485,11 @@ class _Reader:
 
     def _new_tail(self, tail: bytes, line: bytes) -> int:
         """Intern a tail not seen before; -1 when the line is damaged."""
-        rec = self.parse(line)
+        rec = parse_line(line)
         if not isinstance(rec, dict):
             self._damaged(line)
             return -1
-        tail_rec = self.parse(b"{" + tail) if tail.startswith(STATE_MARK) else None
+        tail_rec = parse_line(b"{" + tail) if tail.startswith(STATE_MARK) else None
         if (not isinstance(tail_rec, dict) or list(rec)[:len(_HEAD_FIELDS)] != _HEAD_FIELDS
                 or list(rec)[len(_HEAD_FIELDS):] != list(tail_rec)
                 or not set(tail_rec) <= _TAIL_FIELDS or rec.get("stack") not in self.stacks
@@ -535,7 +523,7 @@ class _Reader:
                 self._state(int(m[1]), m[2].decode(), float(t) if b"." in t else int(t),
                             count, line)
                 return 0
-        rec = self.parse(line)
+        rec = parse_line(line)
         if not isinstance(rec, dict):
             self._damaged(line)
             return 0
@@ -558,7 +546,7 @@ class _Reader:
             self.runs.append((count, rec))
             self.members += rec["n"]
             return rec["n"]
-        if not self.apply(self.trace, rec, self.stacks, {}):
+        if not apply_record(self.trace, rec, Fold(self.stacks)):
             self._damaged(line)
         return 0
 
@@ -572,20 +560,18 @@ class _Reader:
 
 
 def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
-                 parse: Callable[[bytes], object], apply: Callable[..., bool],
                  pool: dict | None = None) -> None:
     """Fill ``trace`` from the open trace file ``fh``, from byte ``start`` (the header line
-    already read), its collectives as a :class:`CollectiveLog`. ``parse`` and ``apply``
-    decode and fold the other records as the record-by-record reader does. ``pool`` shares
-    identical code lists between ranks. Raises :class:`NotCompact` when the file is not in the
-    writer's layout."""
-    reader = _Reader(trace, truncated, parse, apply)
+    already read), its collectives as a :class:`CollectiveLog`; the other records are folded
+    as the record-by-record reader folds them. ``pool`` shares identical code lists between
+    ranks. Raises :class:`NotCompact` when the file is not in the writer's layout."""
+    reader = _Reader(trace, truncated)
     tail_codes = reader.read(fh, start)
     tail_proto = reader.tail_proto
     codes = list(map(tail_proto.__getitem__, tail_codes))
-    runs = _expand(codes, reader) if reader.runs else None
-    if runs is not None:
-        codes = runs[0]
+    runs = None
+    if reader.runs:
+        codes, runs = _expand(codes, reader)
     if pool is not None and codes:
         key = array("i", codes).tobytes()
         shared = pool.get(key)
@@ -593,23 +579,10 @@ def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
             pool[key] = codes
         else:
             codes = shared
-    log = CollectiveLog(trace.path, trace.rank, reader.protos, codes, reader.stacks)
-    log._others = reader.others
-    log._sparse = reader.sparse
-    if runs is not None:
-        log._run_starts, log._run_recs, log._run_counts, log._run_before = runs[1:]
-    # Later state records, sorted by id (stable: the last record of an id comes last).
-    order = sorted(range(len(reader.state_ids)), key=reader.state_ids.__getitem__)
-    log._state_ids = array("q", [reader.state_ids[i] for i in order])
-    log._state_words = [reader.state_words[i] for i in order]
-    log._state_t = [reader.state_t[i] for i in order]
-    log.version, log.completion = trace.version, trace.completion
-    _index(log, tail_codes, reader)
-    _check(log, reader.parse)
-    trace.collectives = log
+    trace.collectives = CollectiveLog(trace.path, trace.rank, codes, tail_codes, reader, runs)
 
 
-def _expand(explicit: list[int], reader: _Reader) -> tuple:
+def _expand(explicit: list[int], reader: _Reader) -> tuple[list[int], _Runs]:
     """The codes of a capped trace with its runs expanded (list slices, C speed), and the
     runs' bookkeeping. Only for one group and no point-to-point ops, where a collective's
     position in its group is its position in the log; anything else is read record by
@@ -618,116 +591,24 @@ def _expand(explicit: list[int], reader: _Reader) -> tuple:
     if len({p.group for p in protos}) > 1 or any(is_p2p(p) for p in protos):
         raise NotCompact("capped trace with several groups or point-to-point ops")
     codes: list[int] = []
-    starts, counts, before = array("q"), array("q"), array("q")
-    recs: list[dict] = []
+    runs = _Runs()
     members = prev = 0
     for count, rec in reader.runs:
         codes.extend(explicit[prev:count])
         prev = count
-        _, seq, n, back, _ = repeat_fields(rec)
+        fields = repeat_fields(rec)
+        assert fields is not None  # checked when the record was read
+        _, seq, n, back, _ = fields
         if len(codes) != seq - 1 or rec["id"] != seq or rec["id_last"] != seq + n - 1 or \
                 (protos and rec["group"] != protos[0].group):
             raise NotCompact("repeat record out of place")
         src = codes[seq - 1 - back:seq - 1 - back + min(n, back)]
         block = src * (n // back) + src[:n % back] if n > back else src
-        starts.append(len(codes))
-        counts.append(count)
-        before.append(members)
-        recs.append(rec)
+        runs.starts.append(len(codes))
+        runs.counts.append(count)
+        runs.before.append(members)
+        runs.recs.append(rec)
         codes.extend(block)
         members += n
     codes.extend(explicit[prev:])
-    return codes, starts, recs, counts, before
-
-
-def _index(log: CollectiveLog, tail_codes: list[int], reader: _Reader) -> None:
-    """Per-group positions, point-to-point ops and collectives that never completed."""
-    protos, codes = log.protos, log.codes
-    p2p = {i for i, p in enumerate(protos) if is_p2p(p)}
-    names = {p.group for i, p in enumerate(protos) if i not in p2p}
-    if p2p:
-        log.p2p_ordinals = [k for k, c in enumerate(codes) if c in p2p]
-    if len(names) == 1 and not p2p:
-        log.groups[names.pop()] = (codes, None)
-    else:
-        for name in names:
-            members = {i for i, p in enumerate(protos) if p.group == name and i not in p2p}
-            ordinals = [k for k, c in enumerate(codes) if c in members]
-            log.groups[name] = ([codes[k] for k in ordinals], ordinals)
-    # Never completed. Format 3: not covered by the last ``done`` record (its listed ids, those
-    # after it) or failed. Before: written pending or failed and not completed by a later
-    # state record, or failed by one; run members completed by construction.
-    candidates = {cid - 1 for cid in log._state_ids}
-    n = len(codes)
-    if log.version >= 3:
-        done = log.completion
-        candidates.update(range(min(done.upto, n), n))
-        candidates.update(cid - 1 for cid in done.pending)
-        if done.pending_from is not None:
-            candidates.update(range(max(0, done.pending_from - 1), n))
-    else:
-        unfinished = {i for i, s in enumerate(reader.tail_state) if s != schema.COMPLETED}
-        if unfinished:
-            candidates.update(log.ordinal(e) for e, c in enumerate(tail_codes)
-                              if c in unfinished)
-    incomplete = []
-    for k in sorted(candidates):
-        if not 0 <= k < n:
-            continue
-        e = log.explicit(k)
-        if e is None:
-            written = schema.COMPLETED
-        elif e < len(tail_codes):
-            written = reader.tail_state[tail_codes[e]]
-        else:
-            continue
-        if log.state_of(k + 1, written) != schema.COMPLETED:
-            incomplete.append(k)
-    log.incomplete_ordinals = incomplete
-
-
-def _check(log: CollectiveLog, parse: Callable[[bytes], object]) -> None:
-    """The first and last collective of each group sit where their seq says. Point-to-point
-    lines are decoded here (the pairing needs them all)."""
-    def record(k: int) -> dict | None:
-        e = log.explicit(k)
-        if e is None:
-            return None  # a run member: its run was checked when expanded
-        n = log.line_index(e)
-        rec = parse(log.read_lines([n])[n])
-        if not isinstance(rec, dict) or rec.get("id") != k + 1:
-            raise NotCompact("collective ids out of order")
-        return rec
-
-    for name, (group_codes, ordinals) in log.groups.items():
-        n = len(group_codes)
-        for pos in (0, n - 1):
-            rec = record(pos if ordinals is None else ordinals[pos])
-            if rec is not None and rec.get("seq") != pos + 1:
-                raise NotCompact(f"group {name}: sequence numbers out of order")
-    if log.codes:
-        record(0)
-        record(len(log.codes) - 1)
-    for k in log.p2p_ordinals:
-        rec = record(k)
-        if rec is None or rec.get("seq") is not None:
-            raise NotCompact("point-to-point op with a sequence number")
-    log._load(log.p2p_ordinals)
-
-
-def incomplete(collectives: Sequence[Collective], window: int) -> list[Collective]:
-    """The collectives among the last ``window`` of a rank that never completed."""
-    if isinstance(collectives, CollectiveLog):
-        return collectives.incomplete(window)
-    return [c for c in collectives[-window:] if c.state != schema.COMPLETED]
-
-
-def stacks_of(collectives: Sequence[Collective]) -> list[list[Site]]:
-    """The distinct call stacks of a rank's collectives."""
-    if isinstance(collectives, CollectiveLog):
-        return collectives.used_stacks()
-    seen: dict[int, list[Site]] = {}
-    for c in collectives:
-        if id(c.stack) not in seen:
-            seen[id(c.stack)] = c.stack
-    return list(seen.values())
+    return codes, runs

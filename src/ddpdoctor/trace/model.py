@@ -10,6 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 _INTERNAL_FILE = re.compile(
     r"[/\\](site|dist)-packages[/\\]"
@@ -44,6 +45,16 @@ class Site:
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} in {self.function}"
+
+    @property
+    def file_name(self) -> str:
+        """The file's name without its folder (paths differ between nodes and users)."""
+        return self.file.replace("\\", "/").rsplit("/", 1)[-1]
+
+    @property
+    def short(self) -> str:
+        """'train.py:63': file name and line."""
+        return f"{self.file_name}:{self.line}"
 
 
 def site_from(frame: dict) -> Site:
@@ -87,6 +98,37 @@ class Collective:
     @property
     def site(self) -> Site | None:
         return self.stack[0] if self.stack else None
+
+
+@dataclass(frozen=True)
+class GroupPositions:
+    """One rank's collectives in one process group, by position (``seq - 1``): which
+    prototype each is (an index into :attr:`CollectiveIndex.protos`; -1 where a lost line
+    leaves the position unknown), and the collectives themselves (None there)."""
+
+    codes: list[int]
+    collectives: Sequence[Collective | None]
+
+
+class CollectiveIndex(Protocol):
+    """What the analysis reads of one rank's collectives, whichever reading path built them
+    (:func:`ddpdoctor.trace.index.index_of` gives it for every rank)."""
+
+    @property
+    def protos(self) -> Sequence[Collective]:
+        """One collective per distinct static part (group, op, tensors, label, stack...)."""
+
+    def by_group(self) -> dict[str, GroupPositions]:
+        """Per process group, this rank's collectives by position."""
+
+    def p2p(self) -> list[Collective]:
+        """The point-to-point operations, in file order."""
+
+    def incomplete(self, window: int) -> list[Collective]:
+        """The collectives among the last ``window`` that never completed, in order."""
+
+    def used_stacks(self) -> list[list[Site]]:
+        """The distinct call stacks of the collectives."""
 
 
 @dataclass(frozen=True)

@@ -20,22 +20,14 @@ import re
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO, TypeGuard
+from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, schema
-from ddpdoctor.trace.compact import (
-    MAX_LINE,
-    NotCompact,
-    collective_from,
-    expand_repeat,
-    line_chunks,
-    place,
-    read_compact,
-)
-from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Run, Site, site_from
+from ddpdoctor.trace.compact import NotCompact, read_compact
+from ddpdoctor.trace.model import RankTrace, Run
+from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
 
 MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
-_STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
 
 # What Python's faulthandler writes for each fatal signal, and the exit code it means.
 _FAULT_SIGNALS = {"Segmentation fault": -11, "Aborted": -6, "Floating point exception": -8,
@@ -106,10 +98,6 @@ def _merge_dumps(ranks: dict[int, RankTrace], dumps: list[Path], notes: list[str
         notes.extend(flight_recorder.align_windows(from_dumps))
 
 
-def _site(frame: dict) -> Site:
-    return site_from(frame)
-
-
 def _regular(path: Path) -> None:
     """Refuse what is not a regular file (a FIFO would block ``open`` forever)."""
     try:
@@ -151,15 +139,14 @@ def _read_records(path: Path, fh: BinaryIO) -> RankTrace:
     first, _ = next(lines, (b"", True))
     head = _header(path, first or b"")
     trace = _new_trace(path, head, False)
-    stacks: dict[int, list[Site]] = {}
-    by_id: dict[int, Collective] = {}
-    by_group: dict[str, list] = {}
+    fold = Fold(collectives=[])
     for raw, last in lines:
         trace.truncated = last  # no newline at the end: the rank was killed mid-write
-        rec = _parse(raw) if raw is not None else None
-        if not isinstance(rec, dict) or not _apply(trace, rec, stacks, by_id, by_group):
+        rec = parse_line(raw) if raw is not None else None
+        if not isinstance(rec, dict) or not apply_record(trace, rec, fold):
             if not (last and raw is not None):  # a cut-off last line is expected
                 trace.damaged_lines += 1
+    trace.collectives = fold.collectives or []
     if trace.version >= 3:
         # Collective lines were written before the collective ran: ``done`` records say
         # which completed (failures have a ``state`` record of their own).
@@ -174,24 +161,20 @@ def _header(path: Path, line: bytes) -> dict:
     """The decoded header line, or the TraceError that says why the file is unusable."""
     if not line.strip():
         raise TraceError(f"{path} is empty: the rank died before writing anything")
-    head = _parse(line)
+    head = parse_line(line)
     if not isinstance(head, dict) or head.get("format") != schema.FORMAT:
         raise TraceError(f"{path} is not a ddpdoctor trace")
     version = head.get("version")
-    if not _is_int(version) or version < 1:
+    if not is_int(version) or version < 1:
         raise TraceError(f"{path}: the header's version {version!r} is not a version number")
     if version > schema.VERSION:
         raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
                          f"version {schema.VERSION} and older: upgrade ddpdoctor")
     for key in ("rank", "attempt"):
         value = head.get(key, 0)
-        if not _is_int(value) or not 0 <= value < MAX_RANKS:
+        if not is_int(value) or not 0 <= value < MAX_RANKS:
             raise TraceError(f"{path}: the header's {key} {value!r} is not a rank number")
     return head
-
-
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
@@ -199,16 +182,6 @@ def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
                      run_id=str(head.get("run_id", "")), attempt=int(head.get("attempt", 0)),
                      truncated=truncated, version=int(head.get("version", 0)),
                      cut=os.path.exists(schema.cut_marker(str(path))))
-
-
-def _completion(rec: dict) -> Completion:
-    """The :class:`Completion` a ``done`` record states (raises TypeError or ValueError)."""
-    upto, pending, start = rec["upto"], rec.get("pending", []), rec.get("pending_from")
-    if not isinstance(upto, int) or not isinstance(pending, list) or \
-            not all(isinstance(i, int) for i in pending) or \
-            not (start is None or isinstance(start, int)):
-        raise TypeError("malformed done record")
-    return Completion(upto, frozenset(pending), start)
 
 
 def _read_compact(path: Path, fh: BinaryIO, pool: dict | None) -> RankTrace | None:
@@ -227,89 +200,10 @@ def _read_compact(path: Path, fh: BinaryIO, pool: dict | None) -> RankTrace | No
     trace = _new_trace(path, head, truncated)
     fh.seek(len(first))
     try:
-        read_compact(trace, fh, len(first), truncated, _parse, _apply, pool)
+        read_compact(trace, fh, len(first), truncated, pool)
     except NotCompact:
         return None
     return trace
-
-
-def _parse(raw: bytes) -> object:
-    if len(raw) > MAX_LINE:
-        return None
-    try:
-        return json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        return None
-
-
-def _apply(trace: RankTrace, rec: dict, stacks: dict, by_id: dict,
-           by_group: dict | None = None) -> bool:
-    """Fold one record into ``trace``; False when the record is malformed. ``by_group`` (each
-    group's collectives by position) is needed to expand ``repeat`` records."""
-    kind = rec.get("kind")
-    try:
-        if kind == schema.COLLECTIVE:
-            c = collective_from(trace.rank, rec, stacks)
-            if c.state not in _STATES:
-                return False
-            damaged = ("stack" in rec and rec["stack"] not in stacks) or \
-                (trace.collectives and c.id != trace.collectives[-1].id + 1)
-            if by_group is not None:
-                known = len(by_group.get(c.group, ()))
-                if not place(by_group, c):
-                    return False
-                damaged = damaged or (_is_int(c.seq) and c.seq > known + 1)
-            if damaged:  # a lost line before it, or a reference to nothing: kept, counted
-                trace.damaged_lines += 1
-            trace.collectives.append(c)
-            by_id[c.id] = c
-        elif kind == schema.REPEAT:
-            return by_group is not None and expand_repeat(trace, rec, by_group)
-        elif kind == schema.CAP:
-            if not (_is_int(rec.get("bytes")) and _is_int(rec.get("max_bytes"))):
-                return False
-            trace.cap = rec
-        elif kind == schema.DONE:
-            done = _completion(rec)
-            if done.upto >= trace.completion.upto:
-                trace.completion = done
-        elif kind == schema.ACTIVITY:
-            trace.activity = rec
-        elif kind == schema.STATE:
-            c = by_id.get(rec.get("id"))
-            if c is None:
-                return False
-            c.state = str(rec.get("state"))
-            c.t_end = rec.get("t")
-        elif kind == schema.STACK:
-            stacks[int(rec["id"])] = [_site(f) for f in rec.get("frames", [])]
-        elif kind == schema.GROUP:
-            trace.groups[str(rec["group"])] = Group(str(rec["group"]), str(rec.get("desc", "")),
-                                                     [int(r) for r in rec.get("ranks", [])])
-        elif kind == schema.PROCESS_START:
-            trace.process = rec
-        elif kind == schema.DDP_INIT:
-            trace.ddp.append(rec)
-        elif kind == schema.EXCEPTION:
-            trace.exception = rec
-        elif kind == schema.HANG:
-            trace.hang = rec
-        elif kind == schema.EXIT:
-            trace.exit = rec
-        elif kind == schema.WARNING:
-            trace.warnings.append(str(rec.get("message", "")))
-            if rec.get("lost") is True:  # the rank stopped recording a group: a cut trace
-                trace.cut = True
-                trace.lost = str(rec.get("message", ""))
-        elif kind == schema.INIT:
-            trace.init = str(rec.get("state"))
-        elif kind in (schema.PROGRESS, schema.HEADER, schema.PEERS):
-            pass
-        else:
-            return False  # unknown kinds of this version are damage; newer versions are refused
-    except (KeyError, TypeError, ValueError):
-        return False
-    return True
 
 
 def fault_signal(path: Path) -> int | None:
@@ -412,7 +306,7 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     if len(run_ids) > 1:
         raise TraceError("traces of different runs are mixed: run ids "
                          + ", ".join(sorted(repr(r) for r in run_ids)))
-    sizes = {t.world_size for t in ranks.values() if _is_int(t.world_size) and t.world_size > 0}
+    sizes = {t.world_size for t in ranks.values() if is_int(t.world_size) and t.world_size > 0}
     if any(s > MAX_RANKS for s in sizes):
         notes.append(f"a world size beyond {MAX_RANKS} ranks was ignored (damaged header)")
         sizes = {s for s in sizes if s <= MAX_RANKS}
@@ -422,7 +316,7 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
     capped = sorted(r for r, t in ranks.items() if t.cap is not None)
     if capped:
         limit = ranks[capped[0]].cap.get("max_bytes")
-        mb = limit / 2 ** 20 if _is_int(limit) else 0
+        mb = limit / 2 ** 20 if is_int(limit) else 0
         notes.append(f"{_ranks_text(capped)}: the trace reached its size cap ({mb:g} MB, "
                      f"DDPDOCTOR_MAX_TRACE_MB); after it, collectives that repeat the rank's "
                      f"pattern are stored as runs and their times are interpolated")

@@ -36,6 +36,17 @@ DONE = "done"  # every collective with id <= upto completed, except those listed
 ACTIVITY = "activity"  # the rank is outside collectives: where its main thread is, its CPU
 PEERS = "peers"  # several nodes: every rank's state, read from the job's c10d store
 
+# The layout of a collective line, which the writer (``runtime/writer.py``) formats by hand and
+# the reader's fast path (``trace/compact.py``) relies on byte for byte: these fields in this
+# order, ``json.dumps`` spacing, then the variable fields present and the static part (the
+# ``COLLECTIVE_STATIC`` fields present, in this order). ``state`` lines are
+# ``{"kind": "state", "id": N, "state": "...", "t": T}``. A file in any other layout is still
+# read, record by record; ``tests/unit/test_compact_reader.py`` checks the writer keeps to it.
+COLLECTIVE_HEAD = ("kind", "id", "rank", "seq", "iteration", "t")
+COLLECTIVE_VARIABLE = ("state", "p2p_seq", "bucket")
+COLLECTIVE_STATIC = ("group", "op", "label", "shapes", "dtypes", "numel", "stack", "reduce_op",
+                     "api", "root", "peer")
+
 # Collective states.
 PENDING = "pending"
 COMPLETED = "completed"
@@ -49,8 +60,6 @@ EXIT_MAX_STEPS = "max_steps"  # stopped by --max-steps at the start of iteration
 
 TRACE_GLOB = "rank-*.jsonl"
 CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full disk)
-
-
 
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
 JOB_FILE = "job.json"  # the launcher's record: why it stopped the job

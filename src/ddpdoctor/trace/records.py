@@ -1,0 +1,254 @@
+"""Trace records: a trace file's lines, decoded and folded into a rank's trace.
+
+Both reading paths go through here: :mod:`ddpdoctor.trace.reader` decodes every line with
+:func:`parse_line` and folds it with :func:`apply_record`; the fast path of
+:mod:`ddpdoctor.trace.compact` decodes only the lines it cannot intern and folds those the same
+way. :func:`line_chunks` is how both read a file (bounded memory, damage-tolerant), and
+:func:`collective_from` is the one place a ``collective`` record becomes a
+:class:`~ddpdoctor.trace.model.Collective`. JSON only: nothing is unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO, TypeGuard
+
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Site, site_from
+
+STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (JSON ``true`` is not a number here)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+CHUNK = 8 * 1024 * 1024  # bytes read at a time: memory stays bounded whatever the file size
+MAX_LINE = 4 * 1024 * 1024  # a longer line is damage: never held whole
+MAX_SKIP = 64 * 1024 * 1024  # this many bytes without a line end: the rest is not read
+
+
+def line_chunks(fh: BinaryIO) -> Iterator[tuple[list[bytes | None], bool]]:
+    """The file's lines, :data:`CHUNK` bytes at a time: each chunk's complete lines, then the
+    cut-off last line (no newline) alone with True. A line longer than :data:`MAX_LINE` comes
+    as None, its bytes skipped, never held whole; after :data:`MAX_SKIP` bytes without a line
+    end, a None and nothing more. Both reading paths read files through this."""
+    rest, skipping, skipped = b"", False, 0
+    while True:
+        data = fh.read(CHUNK)
+        if not data:
+            break
+        lines: list[bytes | None] = list((rest + data).split(b"\n"))
+        rest = lines.pop() or b""
+        if skipping and lines:  # the first line end closes the overlong line
+            lines[0], skipping = None, False
+        if len(rest) > MAX_LINE:
+            rest, skipping = b"", True
+            skipped += len(data)
+            if skipped > MAX_SKIP:  # megabytes without a line end: not a trace any more
+                yield lines + [None], False
+                return
+        else:
+            skipped = 0
+        if lines:
+            yield lines, False
+    if skipping:
+        yield [None], True
+    elif rest:
+        yield [rest], True
+
+
+def parse_line(raw: bytes) -> object:
+    """The decoded JSON of one line; None when it is not JSON (or too long to be a record)."""
+    if len(raw) > MAX_LINE:
+        return None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+
+
+@dataclass
+class Fold:
+    """What folding a rank's records needs besides its trace: the call stacks defined so far
+    and, when collective records are folded here (record-by-record reading), the rank's
+    collectives in file order, by id and by position in their group (gaps None)."""
+
+    stacks: dict[int, list[Site]] = field(default_factory=dict)
+    collectives: list[Collective] | None = None  # None: collective records are not folded
+    by_id: dict[int, Collective] = field(default_factory=dict)
+    by_group: dict[str, list[Collective | None]] = field(default_factory=dict)
+
+
+def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
+    """Fold one record into ``trace``; False when the record is malformed (or a collective or
+    ``repeat`` record where ``fold`` does not collect collectives)."""
+    kind = rec.get("kind")
+    stacks, colls = fold.stacks, fold.collectives
+    try:
+        if kind == schema.COLLECTIVE:
+            if colls is None:
+                return False
+            c = collective_from(trace.rank, rec, stacks)
+            if c.state not in STATES:
+                return False
+            damaged = ("stack" in rec and rec["stack"] not in stacks) or \
+                (colls and c.id != colls[-1].id + 1)
+            known = len(fold.by_group.get(c.group, ()))
+            if not place(fold.by_group, c):
+                return False
+            damaged = damaged or (is_int(c.seq) and c.seq > known + 1)
+            if damaged:  # a lost line before it, or a reference to nothing: kept, counted
+                trace.damaged_lines += 1
+            colls.append(c)
+            fold.by_id[c.id] = c
+        elif kind == schema.REPEAT:
+            return colls is not None and expand_repeat(trace.rank, rec, fold)
+        elif kind == schema.CAP:
+            if not (is_int(rec.get("bytes")) and is_int(rec.get("max_bytes"))):
+                return False
+            trace.cap = rec
+        elif kind == schema.DONE:
+            done = completion_of(rec)
+            if done.upto >= trace.completion.upto:
+                trace.completion = done
+        elif kind == schema.ACTIVITY:
+            trace.activity = rec
+        elif kind == schema.STATE:
+            cid = rec.get("id")
+            c = fold.by_id.get(cid) if is_int(cid) else None
+            if c is None:
+                return False
+            c.state = str(rec.get("state"))
+            c.t_end = rec.get("t")
+        elif kind == schema.STACK:
+            stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
+        elif kind == schema.GROUP:
+            trace.groups[str(rec["group"])] = Group(str(rec["group"]), str(rec.get("desc", "")),
+                                                     [int(r) for r in rec.get("ranks", [])])
+        elif kind == schema.PROCESS_START:
+            trace.process = rec
+        elif kind == schema.DDP_INIT:
+            trace.ddp.append(rec)
+        elif kind == schema.EXCEPTION:
+            trace.exception = rec
+        elif kind == schema.HANG:
+            trace.hang = rec
+        elif kind == schema.EXIT:
+            trace.exit = rec
+        elif kind == schema.WARNING:
+            trace.warnings.append(str(rec.get("message", "")))
+            if rec.get("lost") is True:  # the rank stopped recording a group: a cut trace
+                trace.cut = True
+                trace.lost = str(rec.get("message", ""))
+        elif kind == schema.INIT:
+            trace.init = str(rec.get("state"))
+        elif kind in (schema.PROGRESS, schema.HEADER, schema.PEERS):
+            pass
+        else:
+            return False  # unknown kinds of this version are damage; newer versions are refused
+    except (KeyError, TypeError, ValueError):
+        return False
+    return True
+
+
+
+def completion_of(rec: dict) -> Completion:
+    """The :class:`Completion` a ``done`` record states (raises TypeError or ValueError)."""
+    upto, pending, start = rec["upto"], rec.get("pending", []), rec.get("pending_from")
+    if not isinstance(upto, int) or not isinstance(pending, list) or \
+            not all(isinstance(i, int) for i in pending) or \
+            not (start is None or isinstance(start, int)):
+        raise TypeError("malformed done record")
+    return Completion(upto, frozenset(pending), start)
+
+
+
+def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:
+    """A :class:`Collective` from a decoded ``collective`` record (raises KeyError, TypeError or
+    ValueError on a malformed one). The one place both reading paths build collectives."""
+    return Collective(
+        rank=rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
+        op=str(rec["op"]), label=str(rec.get("label", "user")),
+        shapes=list(rec.get("shapes", [])), dtypes=list(rec.get("dtypes", [])),
+        numel=int(rec.get("numel", 0)), reduce_op=rec.get("reduce_op"),
+        root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
+        api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
+        t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
+        stack=stacks.get(rec.get("stack"), []))
+
+
+def is_p2p(c: Collective) -> bool:
+    """Point-to-point: the recording group gives these a ``p2p_seq`` instead of a ``seq``."""
+    return c.peer is not None or c.op == "recv_anysource"
+
+
+def repeat_fields(rec: dict) -> tuple[str, int, int, int, int] | None:
+    """(group, seq, n, back, iteration_delta) of a well-formed ``repeat`` record, else None."""
+    try:
+        fields = (str(rec["group"]), rec["seq"], rec["n"], rec["back"], rec["iteration_delta"])
+        ints = fields[1:] + (rec["id"], rec["id_last"])
+        float(rec["t"]), float(rec["t_last"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
+        return None
+    _, seq, n, back, _ = fields
+    return fields if n >= 1 and 1 <= back < seq else None
+
+
+def run_member(rank: int, rec: dict, off: int, src: Collective,
+               iteration: int | None) -> Collective:
+    """Member ``off`` of a ``repeat`` run: ``src``'s static part at the run's position, with
+    the run's iteration, its id (exact when the run's ids are consecutive) and an interpolated
+    time."""
+    n, id0 = rec["n"], rec["id"]
+    t0, t1 = float(rec["t"]), float(rec["t_last"])
+    return Collective(
+        rank=rank, id=id0 + off if rec["id_last"] - id0 == n - 1 else id0, group=src.group,
+        seq=rec["seq"] + off, op=src.op, label=src.label, shapes=src.shapes, dtypes=src.dtypes,
+        numel=src.numel, reduce_op=src.reduce_op, root=src.root, peer=src.peer, api=src.api,
+        bucket=src.bucket, iteration=iteration, t=t0 + (t1 - t0) * off / (n - 1) if n > 1 else t0,
+        state=schema.COMPLETED, stack=src.stack)
+
+
+def expand_repeat(rank: int, rec: dict, fold: Fold) -> bool:
+    """Append the members of a ``repeat`` run to ``fold``'s collectives (record-by-record
+    reading). False when malformed."""
+    fields = repeat_fields(rec)
+    if fields is None or fold.collectives is None:
+        return False
+    name, seq, n, back, delta = fields
+    lst = fold.by_group.get(name)
+    if lst is None or len(lst) != seq - 1 or \
+            any(c is None for c in lst[seq - 1 - back:seq - 1 - back + min(n, back)]):
+        return False
+    for off in range(n):
+        src = lst[seq - 1 + off - back]
+        assert src is not None  # checked above: a run copies known collectives only
+        it = src.iteration + delta if isinstance(src.iteration, int) else None
+        c = run_member(rank, rec, off, src, it)
+        fold.collectives.append(c)
+        lst.append(c)
+    return True
+
+
+MAX_GAP = 1 << 16  # a sequence number this far past the collectives before it is damage
+
+
+def place(by_group: dict[str, list[Collective | None]], c: Collective) -> bool:
+    """Put ``c`` at its position in ``by_group`` (gaps None; a repeated seq keeps the first).
+    False for a seq far beyond the group's collectives so far: damage, not a position."""
+    seq = c.seq
+    if seq is None or seq.__class__ is not int or seq < 1:
+        return True
+    lst = by_group.setdefault(c.group, [])
+    if seq > len(lst) + MAX_GAP:
+        return False
+    if seq > len(lst):
+        lst.extend([None] * (seq - 1 - len(lst)))
+        lst.append(c)
+    return True
