@@ -51,9 +51,10 @@ from ddpdoctor.trace.records import is_p2p
 DEFAULT_GROUP = "0"
 _CHUNK = 512
 
-_KIND_OF_FIELD = {OP: fk.OP_MISMATCH, SHAPE: fk.SHAPE_MISMATCH, DTYPE: fk.DTYPE_MISMATCH,
-                  REDUCE_OP: fk.REDUCE_OP_MISMATCH, ROOT: fk.ROOT_MISMATCH,
-                  LABEL: fk.CALLSITE_DIVERGENCE, "callsite": fk.CALLSITE_DIVERGENCE}
+_KIND_OF_FIELD: dict[str, FindingKind] = {
+    OP: fk.OP_MISMATCH, SHAPE: fk.SHAPE_MISMATCH, DTYPE: fk.DTYPE_MISMATCH,
+    REDUCE_OP: fk.REDUCE_OP_MISMATCH, ROOT: fk.ROOT_MISMATCH, LABEL: fk.CALLSITE_DIVERGENCE,
+    "callsite": fk.CALLSITE_DIVERGENCE}
 
 
 @dataclass
@@ -243,8 +244,9 @@ def _next_diff(a: list[int], b: list[int], i: int, n: int) -> int:
     return n
 
 
-def _scan(ref: list[int], other: list[int], ref_seq: list, other_seq: list,
-          join_sites: dict[int, set], stop: int) -> tuple[int, int]:
+def _scan(ref: list[int], other: list[int], ref_seq: Sequence[Collective | None],
+          other_seq: Sequence[Collective | None], join_sites: dict[int, set],
+          stop: int) -> tuple[float, float]:
     """(first error index, first warning index) of ``other`` against ``ref``; inf if none."""
     n = min(len(ref), len(other), stop)
     err = warn = math.inf
@@ -296,7 +298,8 @@ def _classify(g: GroupAlignment, index: int, traced: list[int], join_sites: dict
         parts.setdefault(_hard_key(c), []).append(r)
     ordered = sorted(parts.values(), key=lambda rs: (-len(rs), rs[0]))
     ref = present[ordered[0][0]]
-    kind = field_name = None
+    kind: FindingKind | None = None
+    field_name: str | None = None
     if len(ordered) > 1:
         field_name = hard_difference(ref, present[ordered[1][0]]) or OP
         kind = _KIND_OF_FIELD[field_name]
@@ -308,7 +311,7 @@ def _classify(g: GroupAlignment, index: int, traced: list[int], join_sites: dict
             if soft:
                 kind, field_name = fk.CALLSITE_DIVERGENCE, soft
                 break
-    if kind is None:
+    if kind is None or field_name is None:
         return None
     context: dict[int, Collective] = {}
     if index > 0:
@@ -359,7 +362,9 @@ def _align_group(g: GroupAlignment, ids: dict[int, list[int]], traced: list[int]
 def _align_p2p(name: str, ops: dict[int, list[Collective]], members: list[int],
                pairs: dict) -> Divergence | None:
     """Pair sends with receives per (src, dst) in order; the earliest mismatch or orphan."""
-    def global_rank(group_rank: int) -> int:
+    def global_rank(group_rank: int | None) -> int:
+        if group_rank is None:  # never for a recorded send or recv
+            return -1
         return members[group_rank] if 0 <= group_rank < len(members) else group_rank
 
     mine: dict[tuple[int, int], tuple[list, list]] = {}

@@ -21,7 +21,7 @@ from ddpdoctor.analysis.details import (
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
-from ddpdoctor.trace.model import Run
+from ddpdoctor.trace.model import Collective, Run
 
 
 def _primary_crashes(states: dict[int, RankState]) -> set[int]:
@@ -122,7 +122,7 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     """Ranks that finished while others still wait in a collective of a group they are in
     (one finding for all of them)."""
     early: list[int] = []
-    waiters: dict[int, object] = {}
+    waiters: dict[int, Collective] = {}
     for rank, s in sorted(states.items()):
         if s.status != rs.FINISHED:
             continue

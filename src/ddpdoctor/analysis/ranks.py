@@ -171,7 +171,7 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     if trace.finished or state.max_steps is not None or (state.cut and code == 0):
         state.status = FINISHED
         state.teardown_abort = code is not None and code < 0
-        if state.teardown_abort:
+        if state.teardown_abort and code is not None:
             state.crash_text = (f"{signal_name(code)} (exit code {code}) after its script "
                                 f"finished")
         state.end_t = float((trace.exit or {}).get("t", state.end_t) or state.end_t)

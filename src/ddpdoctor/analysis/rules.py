@@ -116,7 +116,7 @@ def _after_loop(d: RankDetail, rank: int, ctx: RuleContext) -> bool:
         return False
     mine = source.indent(d.site)
     for site in ctx.ddp_frames(rank):
-        if site_key(site)[0] == site_key(d.site)[0] and site.function == d.site.function:
+        if site.file_name == d.site.file_name and site.function == d.site.function:
             theirs = source.indent(site)
             if mine is not None and theirs is not None:
                 return mine < theirs

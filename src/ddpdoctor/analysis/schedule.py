@@ -324,9 +324,9 @@ def compare(expected: Schedule, actual: Schedule) -> list[str]:
             lines += _section_diff(want_s.section(section), got_s.section(section), label)
         if lines:
             by_diff.setdefault(tuple(lines), []).append(rank)
-    for lines, rs_ in by_diff.items():
+    for diff, rs_ in by_diff.items():
         out.append(f"{rank_list(rs_)}:")
-        out.extend(f"  {line}" for line in lines[:40])
-        if len(lines) > 40:
+        out.extend(f"  {line}" for line in diff[:40])
+        if len(diff) > 40:
             out.append(f"  ... and {len(lines) - 40} more differences")
     return out

@@ -76,19 +76,19 @@ def find_cycle(edges: dict[int, list[Wait]]) -> list[Wait] | None:
         stack = [(start, iter(edges.get(start, [])))]
         while stack:
             node, it = stack[-1]
-            wait = next(it, None)
-            if wait is None:
+            step = next(it, None)
+            if step is None:
                 stack.pop()
                 on_path.pop(node, None)
                 done.add(node)
                 if path:
                     path.pop()
                 continue
-            if wait.on in on_path:
-                return path[on_path[wait.on]:] + [wait]
-            if wait.on in done or wait.on not in edges:
+            if step.on in on_path:
+                return path[on_path[step.on]:] + [step]
+            if step.on in done or step.on not in edges:
                 continue
-            on_path[wait.on] = len(path) + 1
-            path.append(wait)
-            stack.append((wait.on, iter(edges[wait.on])))
+            on_path[step.on] = len(path) + 1
+            path.append(step)
+            stack.append((step.on, iter(edges[step.on])))
     return None

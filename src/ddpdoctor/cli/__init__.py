@@ -37,7 +37,7 @@ def main() -> None:
         _exit(exc.code)
 
 
-def _exit(code: object) -> None:
+def _exit(code: str | int | None) -> None:
     """Exit with ``code``. Once torch is imported (``run`` reads torchrun's options with
     torch's parser), the interpreter's own teardown takes ~0.8 s: nothing is left to clean up
     by then, so the output is flushed and the process ends at once."""

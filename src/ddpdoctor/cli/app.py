@@ -33,7 +33,7 @@ class HelpCommand(TyperCommand):
     """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS...]``, arguments without the
     ``<str>`` / ``<list[Path]>`` types typer adds (their metavar already says what they are)."""
 
-    def collect_usage_pieces(self, ctx: typer.Context) -> list[str]:
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
         for param in self.get_params(ctx):
             if isinstance(param, TyperArgument):
@@ -43,7 +43,7 @@ class HelpCommand(TyperCommand):
                 pieces.append(name if param.required else f"[{name}]")
         return pieces
 
-    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:
         for param in self.params:
             if isinstance(param, TyperArgument):
                 param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]

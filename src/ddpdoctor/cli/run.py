@@ -167,9 +167,9 @@ def run_command(
     info = RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
                    exit_code=outcome.exit_code, seconds=job.duration, logdir=str(log_path),
                    problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
-    view = ReportView(outcome.report, info)
+    result = ReportView(outcome.report, info)
     if json_out:
-        _write([(json_out, JsonReporter().render(view), "w")])
+        _write([(json_out, JsonReporter().render(result), "w")])
     if outcome.report is not None:
         show(outcome.report, err)
     elif outcome.read_error:
@@ -195,7 +195,7 @@ def run_command(
         say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
-    _write_ci_reports(view, junit_out, markdown_out)
+    _write_ci_reports(result, junit_out, markdown_out)
     say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
 

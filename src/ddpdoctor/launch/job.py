@@ -49,7 +49,7 @@ class _Signals:
 
     def __init__(self) -> None:
         self.received: int | None = None
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned: handlers
 
     def __enter__(self) -> _Signals:
         for sig in (signal.SIGINT, signal.SIGTERM):

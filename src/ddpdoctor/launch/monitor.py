@@ -207,7 +207,7 @@ class JobProgress:
                 del prog.pending[cid]
                 self._complete(prog, now)
         elif kind == schema.STATE:
-            if prog.pending.pop(rec.get("id"), None) is not None:
+            if prog.pending.pop(rec.get("id", -1), None) is not None:
                 self._complete(prog, now)
         elif kind == schema.STACK:
             tail.stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
@@ -324,7 +324,7 @@ class JobProgress:
                     return DEADLOCK
             else:
                 self._deadlock_since = None
-            oldest = min(p.oldest_pending().seen for p in live)
+            oldest = min(pend.seen for p in live for pend in p.pending.values())
             if now - oldest >= timeout and now - self.last_progress() >= timeout:
                 self.reason = f"every rank waited in a collective for {timeout:g}s"
                 return HANG
@@ -366,7 +366,7 @@ class JobProgress:
                 # A peer that ended: the backend fails the collective by itself (gloo: the
                 # connection closes), else the timeout rule applies.
                 return False
-            if peer.issued.get(c.group, 0) < c.seq:
+            if peer.issued.get(c.group, 0) < (c.seq or 0):
                 return True  # q never issued it, and is waiting elsewhere
             other = next((x.coll for x in peer.pending.values()
                           if x.coll is not None and x.coll.group == c.group

@@ -14,6 +14,7 @@ import argparse
 import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import NoReturn
 
 from ddpdoctor.launch.options import UsageError
 
@@ -25,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
 
     p = get_args_parser()
 
-    def error(message: str) -> None:
+    def error(message: str) -> NoReturn:
         raise UsageError(f"torchrun: {message}")
 
     p.error = error  # type: ignore[method-assign]

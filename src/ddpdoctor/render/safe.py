@@ -53,7 +53,7 @@ def _map(value: T, fn: Callable[[str], str]) -> T:
             new = _map(old, fn)
             if new is not old:
                 changes[f.name] = new
-        return dataclasses.replace(value, **changes) if changes else value  # type: ignore
+        return dataclasses.replace(value, **changes) if changes else value
     return value
 
 

@@ -65,10 +65,10 @@ class ReportView:
         """The root finding when it is shown in full: an error, or any finding of a run that
         is not clean (a lone warning of a clean run folds with the others)."""
         report = self.report
-        root = report.root if report is not None else None
-        if root is not None and (root.is_error or report.verdict != rp.CLEAN):
-            return root
-        return None
+        if report is None or report.root is None:
+            return None
+        root = report.root
+        return root if root.is_error or report.verdict != rp.CLEAN else None
 
     @property
     def folded(self) -> list[Finding]:

@@ -173,14 +173,14 @@ def _patch_cuda(torch: Any) -> None:
     def reset_peak_memory_stats(device: Any = None) -> None:
         return None
 
-    class device(cuda.device):  # noqa: N801 - keeps the torch name and isinstance checks
+    class device(cuda.device):  # type: ignore[name-defined]  # noqa: N801 - torch's name, isinstance
         """``torch.cuda.device`` that changes nothing (CPU mode)."""
 
         def __enter__(self) -> None:
             return None
 
-        def __exit__(self, *exc: object) -> bool:
-            return False
+        def __exit__(self, *exc: object) -> None:
+            return None
 
     for name, fn in (("is_available", is_available), ("device_count", count),
                      ("set_device", set_device), ("current_device", current_device),

@@ -75,11 +75,13 @@ class StackLabeler:
             main = _main_thread_frame()
             if main is None:
                 return BUCKET, None, ()
-            label, api, stack = self.describe(main)
-            return (BUCKET if label == USER else label), api, stack
+            main_label, main_api, main_stack = self.describe(main)
+            return (BUCKET if main_label == USER else main_label), main_api, main_stack
         kinds = self._kinds
-        label, prio, api, backward = None, -1, None, False
-        f = frame
+        label: str | None = None
+        api: str | None = None
+        prio, backward = -1, False
+        f: FrameType | None = frame
         while f is not None:
             kind = kinds.get(f.f_code)
             if kind is None:
@@ -95,7 +97,7 @@ class StackLabeler:
                 api = fn_api  # the outermost API: all_gather_object, not its all_gather
             backward = backward or is_bwd
             f = f.f_back
-        stack = []
+        stack: list[tuple[str, int, str]] = []
         while f is not None and len(stack) < STACK_DEPTH:
             code = f.f_code
             stack.append((code.co_filename, f.f_lineno, code.co_name))

@@ -57,7 +57,7 @@ def thread_stacks() -> list[dict]:
 def main_thread_cpu() -> float | None:
     """CPU seconds the main thread has used (Linux); None where the clock is unavailable."""
     try:
-        clock = time.pthread_getcpuclockid(threading.main_thread().ident)
+        clock = time.pthread_getcpuclockid(threading.main_thread().ident or 0)
         return round(time.clock_gettime(clock), 3)
     except (AttributeError, OSError, TypeError, ValueError):
         return None
@@ -135,7 +135,7 @@ class Watchdog:
         if writer is None or writer.failed:
             return
         (t0, c0), (t1, c1) = self._cpu[0], self._cpu[-1]
-        frame = sys._current_frames().get(threading.main_thread().ident)
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
         record = {"kind": schema.ACTIVITY, "t": round(now, 3),
                   "quiet_since": round(quiet_since, 3), "cpu": cpu,
                   "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
@@ -189,8 +189,8 @@ class Watchdog:
         try:
             import torch
 
-            data = torch._C._distributed_c10d._dump_fr_trace(includeCollectives=True,
-                                                             includeStackTraces=True)
+            data = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
+                includeCollectives=True, includeStackTraces=True)
             dump = pickle.loads(data)  # torch's own bytes, from this process
             for entry in dump.get("entries", []):
                 for f in entry.get("frames") or []:

@@ -39,7 +39,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from typing import BinaryIO, overload
+from typing import Any, BinaryIO, overload
 
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import Collective, GroupPositions, RankTrace, Site
@@ -227,7 +227,8 @@ class CollectiveLog(Sequence[Collective]):
         """A run member, from the explicit collective its static part was copied from."""
         rec = self._runs.recs[r]
         off = ordinal - self._runs.starts[r]
-        delta, k, run = 0, ordinal, r
+        delta, k = 0, ordinal
+        run: int | None = r
         while run is not None:  # follow the copies back to a collective line
             start, back = self._runs.starts[run], self._runs.recs[run]["back"]
             hops = (k - start) // back + 1
@@ -264,7 +265,11 @@ class CollectiveLog(Sequence[Collective]):
             ordinals = lines
         if not ordinals:
             return
-        want = {self.line_index(self.explicit(k)): k for k in ordinals}
+        want: dict[int, int] = {}
+        for k in ordinals:
+            e = self.explicit(k)
+            assert e is not None  # run members were built above
+            want[self.line_index(e)] = k
         raw = self.read_lines(list(want))
         for line_no, k in want.items():
             self._cache[k] = self._decode(raw[line_no], k)
@@ -418,7 +423,7 @@ class _Reader:
         self.others = array("q")
         self.state_ids: list[int] = []
         self.state_words: list[str] = []
-        self.state_t: list[object] = []
+        self.state_t: list[Any] = []  # as written (damage included): t_end of a collective
         self.runs: list[tuple[int, dict]] = []  # (collective lines before it, repeat record)
         self.members = 0  # collectives in those runs
 
@@ -550,7 +555,7 @@ class _Reader:
             self._damaged(line)
         return 0
 
-    def _state(self, cid: int, word: str, t: object, count: int, line: bytes) -> None:
+    def _state(self, cid: int, word: str, t: Any, count: int, line: bytes) -> None:
         if not 1 <= cid <= count + self.members:  # no such collective yet: damage, as ever
             self._damaged(line)
             return

@@ -315,7 +315,7 @@ def load_run(paths: Iterable[str | os.PathLike]) -> Run:
         notes.append(f"ranks disagree on the world size: {sorted(sizes)}")
     capped = sorted(r for r, t in ranks.items() if t.cap is not None)
     if capped:
-        limit = ranks[capped[0]].cap.get("max_bytes")
+        limit = (ranks[capped[0]].cap or {}).get("max_bytes")
         mb = limit / 2 ** 20 if is_int(limit) else 0
         notes.append(f"{_ranks_text(capped)}: the trace reached its size cap ({mb:g} MB, "
                      f"DDPDOCTOR_MAX_TRACE_MB); after it, collectives that repeat the rank's "

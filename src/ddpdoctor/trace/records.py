@@ -119,11 +119,11 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             trace.activity = rec
         elif kind == schema.STATE:
             cid = rec.get("id")
-            c = fold.by_id.get(cid) if is_int(cid) else None
-            if c is None:
+            target = fold.by_id.get(cid) if is_int(cid) else None
+            if target is None:
                 return False
-            c.state = str(rec.get("state"))
-            c.t_end = rec.get("t")
+            target.state = str(rec.get("state"))
+            target.t_end = rec.get("t")
         elif kind == schema.STACK:
             stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
         elif kind == schema.GROUP:
@@ -178,7 +178,7 @@ def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Coll
         root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
         api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
         t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
-        stack=stacks.get(rec.get("stack"), []))
+        stack=stacks.get(rec.get("stack", -1), []))
 
 
 def is_p2p(c: Collective) -> bool:
