@@ -25,8 +25,6 @@ from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run
 
-_POSITION_KINDS = fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE)
-
 GENERIC_ADVICE = {
     fk.OP_MISMATCH: "Every rank of a group must issue the same collectives in the same order: "
                     "one of the lines shown runs on only some ranks, or in another order.",
@@ -87,7 +85,7 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
     for f in findings[1:]:
         if root is None or root.cause is None or f.kind == fk.TEARDOWN_ABORT:
             continue
-        later_in_group = (f.kind in _POSITION_KINDS and f.group == root.group
+        later_in_group = (f.kind in fk.POSITION_KINDS and f.group == root.group
                           and root.seq is not None and f.seq is not None and f.seq > root.seq)
         if (f.follow_on or later_in_group) and f.cause != root.cause:
             f.cause, f.evidence = root.cause, []

@@ -167,7 +167,7 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
                f"{first.crash_text.split(' after ')[0]} while shutting down (a known gloo + DDP "
                f"teardown abort); the results are complete.")
     return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary,
-                    {r: left_detail(states[r]) for r in ranks}, cause="gloo_teardown_abort",
+                    {r: left_detail(states[r]) for r in ranks},
                     t=min(states[r].end_t for r in ranks))]
 
 
@@ -198,7 +198,7 @@ def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
         else:
             details[r] = left_detail(s)
     return [Finding(fk.RANK_STUCK, ERROR, None, None, summary, details,
-                    cause="rank_stuck_in_user_code", t=0.0)]
+                    t=0.0)]
 
 
 def init_findings(states: dict[int, RankState]) -> list[Finding]:
@@ -225,5 +225,4 @@ def init_findings(states: dict[int, RankState]) -> list[Finding]:
     at = f" (it was at {site_text(details[late].site)})" if details[late].site else ""
     summary = (f"{rank_list(waiting).capitalize()} waited in init_process_group for "
                f"{rank_list(absent)}, which never reached it{at}.")
-    return [Finding(fk.INIT_INCOMPLETE, ERROR, None, None, summary, details,
-                    cause="rank_never_initialised")]
+    return [Finding(fk.INIT_INCOMPLETE, ERROR, None, None, summary, details)]

@@ -30,6 +30,8 @@ RANK_STUCK: Final = "rank_stuck"  # stopped by the launcher: a rank idle at one 
 
 MISMATCH_KINDS = (OP_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH, REDUCE_OP_MISMATCH,
                   ROOT_MISMATCH)
+# Findings at one position of a group's sequence (a later one there follows from the first).
+POSITION_KINDS = MISMATCH_KINDS + (MISSING_COLLECTIVE, CALLSITE_DIVERGENCE)
 KINDS = MISMATCH_KINDS + (GROUP_MISMATCH, MISSING_COLLECTIVE, CALLSITE_DIVERGENCE, WAIT_CYCLE,
                           RANK_CRASHED, RANK_EXITED_EARLY, TEARDOWN_ABORT, INIT_INCOMPLETE,
                           RANK_STUCK)

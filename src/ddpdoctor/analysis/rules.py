@@ -30,7 +30,6 @@ from ddpdoctor.trace.model import Run, Site
 # Labels of the collectives a DDP training step issues (forward and backward).
 DDP_STEP_LABELS = frozenset({"ddp.buffers", "ddp.bucket", "ddp.unused_params",
                              "ddp.rebuild_buckets", "syncbn"})
-_POSITION_KINDS = fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE)
 
 
 @dataclass
@@ -199,7 +198,7 @@ def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
 
 
 def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
-    if f.kind not in _POSITION_KINDS:
+    if f.kind not in fk.POSITION_KINDS:
         return None
     issued = _issued(f)
     user = [r for r, d in issued.items() if d.label == "user"]
@@ -213,7 +212,7 @@ def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
 
 def _ddp_position(f: Finding) -> tuple[dict[int, RankDetail], list[int]] | None:
     """(ranks with a DDP step collective here, the other ranks) when no join is involved."""
-    if f.kind not in _POSITION_KINDS:
+    if f.kind not in fk.POSITION_KINDS:
         return None
     labels = _labels(f)
     if any(label.startswith("join.") for label in labels):
@@ -396,7 +395,17 @@ def _rank_dependent_reduce_op(f: Finding, ctx: RuleContext) -> list[str] | None:
 
 Rule = Callable[[Finding, RuleContext], "list[str] | None"]
 
+
+def _kind(kind: str) -> Rule:
+    """A rule for a finding kind that has only one cause (what the kind's finding says is the
+    evidence)."""
+    return lambda f, ctx: [] if f.kind == kind else None
+
+
 RULES: list[tuple[str, Rule]] = [
+    ("gloo_teardown_abort", _kind(fk.TEARDOWN_ABORT)),
+    ("rank_stuck_in_user_code", _kind(fk.RANK_STUCK)),
+    ("rank_never_initialised", _kind(fk.INIT_INCOMPLETE)),
     ("no_gpu", _no_gpu),
     ("shared_gpu", _shared_gpu),
     ("ddp_model_mismatch", _ddp_init_mismatch),

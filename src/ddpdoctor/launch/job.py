@@ -23,7 +23,7 @@ from ddpdoctor.launch import proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import handshake, schema
 
 MULTI_NODE_LINGER = 3.0  # seconds a node waits after its evidence before stopping its ranks
 
@@ -175,13 +175,12 @@ def _stop(proc: subprocess.Popen, opts: RunOptions) -> list[int]:
 def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Popen,
                       wait: float = 5.0) -> list[int]:
     """Ask every rank for its stacks and wait for their answers; returns the ranks that did."""
-    with open(os.open(logdir / schema.HANG_REQUEST, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
-        fh.write(f'{{"t": {time.time()}}}\n')
+    handshake.request(logdir)
     expected = [r for r, p in progress.ranks.items() if p.status == "running" and not p.remote]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        acked = [r for r in expected if (logdir / schema.hang_ack(r)).exists()]
+        acked = handshake.acknowledged(logdir, expected)
         if len(acked) == len(expected) or proc.poll() is not None:
             return acked
         time.sleep(0.05)
-    return [r for r in expected if (logdir / schema.hang_ack(r)).exists()]
+    return handshake.acknowledged(logdir, expected)

@@ -29,7 +29,7 @@ from collections import deque
 from typing import Any
 
 from ddpdoctor.runtime import peers, source_capture, user_code
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import handshake, schema
 
 POLL_SECONDS = 0.1
 QUIET_SECONDS = 0.3  # no collective issued for this long: the rank may be outside collectives
@@ -83,8 +83,8 @@ class Watchdog:
 
     def __init__(self, recorder: Any, logdir: str, rank: int) -> None:
         self._recorder = recorder
-        self._request = os.path.join(logdir, schema.HANG_REQUEST)
-        self._ack = os.path.join(logdir, schema.hang_ack(rank))
+        self._logdir = logdir
+        self._rank = rank
         self._next_activity = 0.0
         self._cpu: deque[tuple[float, float]] = deque(maxlen=11)  # (time, CPU): the last second
         self._last_activity: dict | None = None
@@ -97,7 +97,7 @@ class Watchdog:
                              daemon=True).start()
 
     def _share_loop(self) -> None:
-        while not os.path.exists(self._request):
+        while not handshake.requested(self._logdir):
             time.sleep(PEERS_SECONDS)
             try:
                 self._share(time.time())
@@ -105,7 +105,7 @@ class Watchdog:
                 pass
 
     def _run(self) -> None:
-        while not os.path.exists(self._request):
+        while not handshake.requested(self._logdir):
             # An active rank cannot be hung: sleep until it would have been quiet long enough.
             quiet_at = max(self._recorder.last_issue, self._recorder.started) + QUIET_SECONDS
             time.sleep(min(QUIET_SECONDS, max(POLL_SECONDS, quiet_at - time.time())))
@@ -117,8 +117,7 @@ class Watchdog:
         try:
             self.dump()
         finally:
-            with open(os.open(self._ack, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
-                fh.write("ok\n")
+            handshake.acknowledge(self._logdir, self._rank)
 
     def _activity(self, now: float) -> None:
         quiet_since = max(self._recorder.last_issue, self._recorder.started)
@@ -197,7 +196,7 @@ class Watchdog:
                     # The source the rank can read now, so that the report needs no file.
                     f.update(source_capture.capture(str(f.get("filename", "")),
                                                     int(f.get("line", 0) or 0)))
-            path = os.path.join(os.path.dirname(self._request),
+            path = os.path.join(self._logdir,
                                 schema.flight_recorder_file(self._recorder.rank or 0))
             with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
                 json.dump(dump, fh)
