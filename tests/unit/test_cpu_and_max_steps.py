@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.analysis import diagnose
-from ddpdoctor.analysis import finding as fk
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.launch.command import build_command, build_env
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options
 from ddpdoctor.runtime import cpu_mode, env, max_steps

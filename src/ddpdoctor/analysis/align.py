@@ -24,8 +24,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis.finding import FindingKind
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.signature import (
     DTYPE,
     FREE_SHAPE_OPS,

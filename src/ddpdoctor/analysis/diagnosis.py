@@ -4,7 +4,6 @@ causes -> report. Pure: it reads a loaded :class:`~ddpdoctor.trace.model.Run` an
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment, align
 from ddpdoctor.analysis.endings import (
@@ -14,7 +13,8 @@ from ddpdoctor.analysis.endings import (
     stuck_findings,
     teardown_findings,
 )
-from ddpdoctor.analysis.finding import Finding
+from ddpdoctor.analysis.finding import POSITION_KINDS, Finding
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
@@ -85,7 +85,7 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
     for f in findings[1:]:
         if root is None or root.cause is None or f.kind == fk.TEARDOWN_ABORT:
             continue
-        later_in_group = (f.kind in fk.POSITION_KINDS and f.group == root.group
+        later_in_group = (f.kind in POSITION_KINDS and f.group == root.group
                           and root.seq is not None and f.seq is not None and f.seq > root.seq)
         if (f.follow_on or later_in_group) and f.cause != root.cause:
             f.cause, f.evidence = root.cause, []

@@ -7,7 +7,6 @@ and launcher kills that follow it on the other ranks are marked as follow-ons.
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.details import (
@@ -19,6 +18,7 @@ from ddpdoctor.analysis.details import (
     where_text,
 )
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
 from ddpdoctor.trace.model import Collective, Run

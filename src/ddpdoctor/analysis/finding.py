@@ -1,6 +1,6 @@
 """The result types of the analysis: a :class:`Finding` and its per-rank :class:`RankDetail`.
 
-A finding is one thing that went wrong (or looks wrong): its ``kind`` (one of :data:`KINDS`),
+A finding is one thing that went wrong (or looks wrong): its ``kind`` (a :class:`FindingKind`),
 severity, where (group and sequence number), a one-sentence summary in DDP terms, the known
 cause and advice, and for every rank involved what that rank was doing there.
 """
@@ -9,37 +9,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Final, Literal
 
 from ddpdoctor.trace.model import Collective, Site
 
-OP_MISMATCH: Final = "op_mismatch"
-SHAPE_MISMATCH: Final = "shape_mismatch"
-DTYPE_MISMATCH: Final = "dtype_mismatch"
-REDUCE_OP_MISMATCH: Final = "reduce_op_mismatch"
-ROOT_MISMATCH: Final = "root_mismatch"
-GROUP_MISMATCH: Final = "group_mismatch"
-MISSING_COLLECTIVE: Final = "missing_collective"
-CALLSITE_DIVERGENCE: Final = "callsite_divergence"
-WAIT_CYCLE: Final = "wait_cycle"
-RANK_CRASHED: Final = "rank_crashed"
-RANK_EXITED_EARLY: Final = "rank_exited_early"
-TEARDOWN_ABORT: Final = "teardown_abort"
-INIT_INCOMPLETE: Final = "init_incomplete"
-RANK_STUCK: Final = "rank_stuck"  # stopped by the launcher: a rank idle at one place in user code
 
-MISMATCH_KINDS = (OP_MISMATCH, SHAPE_MISMATCH, DTYPE_MISMATCH, REDUCE_OP_MISMATCH,
-                  ROOT_MISMATCH)
+class FindingKind(StrEnum):
+    """What a finding is about; its value is the ``kind`` every report shows."""
+
+    OP_MISMATCH = "op_mismatch"
+    SHAPE_MISMATCH = "shape_mismatch"
+    DTYPE_MISMATCH = "dtype_mismatch"
+    REDUCE_OP_MISMATCH = "reduce_op_mismatch"
+    ROOT_MISMATCH = "root_mismatch"
+    GROUP_MISMATCH = "group_mismatch"
+    MISSING_COLLECTIVE = "missing_collective"
+    CALLSITE_DIVERGENCE = "callsite_divergence"
+    WAIT_CYCLE = "wait_cycle"
+    RANK_CRASHED = "rank_crashed"
+    RANK_EXITED_EARLY = "rank_exited_early"
+    TEARDOWN_ABORT = "teardown_abort"
+    INIT_INCOMPLETE = "init_incomplete"
+    RANK_STUCK = "rank_stuck"  # stopped by the launcher: a rank idle at one place in user code
+
+
+MISMATCH_KINDS = (FindingKind.OP_MISMATCH, FindingKind.SHAPE_MISMATCH,
+                  FindingKind.DTYPE_MISMATCH, FindingKind.REDUCE_OP_MISMATCH,
+                  FindingKind.ROOT_MISMATCH)
 # Findings at one position of a group's sequence (a later one there follows from the first).
-POSITION_KINDS = MISMATCH_KINDS + (MISSING_COLLECTIVE, CALLSITE_DIVERGENCE)
-KINDS = MISMATCH_KINDS + (GROUP_MISMATCH, MISSING_COLLECTIVE, CALLSITE_DIVERGENCE, WAIT_CYCLE,
-                          RANK_CRASHED, RANK_EXITED_EARLY, TEARDOWN_ABORT, INIT_INCOMPLETE,
-                          RANK_STUCK)
+POSITION_KINDS = MISMATCH_KINDS + (FindingKind.MISSING_COLLECTIVE,
+                                   FindingKind.CALLSITE_DIVERGENCE)
 
-FindingKind = Literal["op_mismatch", "shape_mismatch", "dtype_mismatch", "reduce_op_mismatch",
-                      "root_mismatch", "group_mismatch", "missing_collective",
-                      "callsite_divergence", "wait_cycle", "rank_crashed", "rank_exited_early",
-                      "teardown_abort", "init_incomplete", "rank_stuck"]
 Severity = Literal["error", "warning"]
 ERROR: Final = "error"
 WARNING: Final = "warning"

@@ -8,10 +8,10 @@ their DDP meaning, and whose per-rank details say what every rank of the group w
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis.align import Alignment, Divergence, GroupAlignment
 from ddpdoctor.analysis.details import collective_detail, elsewhere_detail, where_text
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import LABEL
 from ddpdoctor.analysis.terms import describe, group_text, op_text, rank_list, site_text

@@ -20,13 +20,13 @@ Rules, in order:
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
-from ddpdoctor.analysis.finding import ERROR, Finding
+from ddpdoctor.analysis.finding import ERROR, MISMATCH_KINDS, Finding
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 
 _KIND_ORDER = {kind: i for i, kind in enumerate(
-    (fk.WAIT_CYCLE, fk.GROUP_MISMATCH) + fk.MISMATCH_KINDS
+    (fk.WAIT_CYCLE, fk.GROUP_MISMATCH) + MISMATCH_KINDS
     + (fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE, fk.RANK_CRASHED, fk.RANK_EXITED_EARLY,
        fk.TEARDOWN_ABORT))}
 
@@ -46,7 +46,7 @@ def mark_follow_ons(findings: list[Finding], states: dict[int, RankState]) -> No
     cycle_ranks = set(cycle.ranks) if cycle else set()
     named_absent: set[int] = set()
     for f in findings:
-        if f.kind not in fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE,):
+        if f.kind not in MISMATCH_KINDS + (fk.MISSING_COLLECTIVE,):
             continue
         absent = [r for r, d in f.ranks.items() if d.op is None]
         issued = [r for r, d in f.ranks.items() if d.op is not None]
@@ -67,7 +67,7 @@ def mark_follow_ons(findings: list[Finding], states: dict[int, RankState]) -> No
 def _callsite_is_root(f: Finding, findings: list[Finding]) -> bool:
     return any(o is not f and o.group == f.group and o.is_error and o.seq is not None
                and f.seq is not None and o.seq > f.seq
-               and o.kind in fk.MISMATCH_KINDS + (fk.MISSING_COLLECTIVE,)
+               and o.kind in MISMATCH_KINDS + (fk.MISSING_COLLECTIVE,)
                for o in findings)
 
 

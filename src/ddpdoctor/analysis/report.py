@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.details import left_detail
 from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState, RankStatus
 from ddpdoctor.trace.model import Site
 

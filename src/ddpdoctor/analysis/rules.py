@@ -16,11 +16,11 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ddpdoctor.analysis import finding as fk
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import source
 from ddpdoctor.analysis.align import Alignment
-from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
+from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import site_key
 from ddpdoctor.analysis.terms import rank_list, site_text
@@ -198,7 +198,7 @@ def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
 
 
 def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
-    if f.kind not in fk.POSITION_KINDS:
+    if f.kind not in POSITION_KINDS:
         return None
     issued = _issued(f)
     user = [r for r, d in issued.items() if d.label == "user"]
@@ -212,7 +212,7 @@ def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
 
 def _ddp_position(f: Finding) -> tuple[dict[int, RankDetail], list[int]] | None:
     """(ranks with a DDP step collective here, the other ranks) when no join is involved."""
-    if f.kind not in fk.POSITION_KINDS:
+    if f.kind not in POSITION_KINDS:
         return None
     labels = _labels(f)
     if any(label.startswith("join.") for label in labels):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -52,6 +52,11 @@ RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rd
               "else 2 (2 with --cpu), and a free --master-port on a single node.")
 
 
+def _output(flag: str, what: str) -> Any:
+    """A --FLAG FILE option for one more report file."""
+    return typer.Option(None, flag, metavar="FILE", help=f"Also write {what}.")
+
+
 @app.command("run", cls=HelpCommand, context_settings={"allow_interspersed_args": False},
              epilog=RUN_EPILOG,
              short_help="Run a DDP script with every rank recorded, and diagnose it.")
@@ -82,8 +87,7 @@ def run_command(
              "without using CPU, before the job is stopped as stuck there."),
     grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0.0,
                                 help="Seconds between SIGTERM and SIGKILL when stopping the job."),
-    json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
-                                            help="Also write the report as JSON here."),
+    json_out: Optional[Path] = _output("--json", "the report as JSON here"),
     cpu: bool = typer.Option(
         False, "--cpu",
         help="Run a script written for CUDA/NCCL on the CPU, unmodified: gloo, CUDA devices "
@@ -91,13 +95,14 @@ def run_command(
     max_steps: Optional[int] = typer.Option(
         None, "--max-steps", metavar="N", min=1,
         help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0)."),
-    junit_out: Optional[Path] = typer.Option(
-        None, "--junit", metavar="FILE",
-        help="Also write a JUnit XML file: one test, failed with the diagnosis."),
-    markdown_out: Optional[Path] = typer.Option(
-        None, "--markdown", metavar="FILE",
-        help="Also write the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
-             "there in any case)."),
+    junit_out: Optional[Path] = _output("--junit",
+                                        "a JUnit XML file: one test, failed with the diagnosis"),
+    markdown_out: Optional[Path] = _output(
+        "--markdown", "the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
+                      "there in any case)"),
+    timeline_out: Optional[Path] = _output(
+        "--timeline", "a timeline of every rank here (Chrome trace-event JSON for "
+                      "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')"),
     max_trace_mb: float = typer.Option(
         RunOptions.max_trace_mb, "--max-trace-mb", metavar="MB", min=0.0,
         help="After this many MB per rank, write only what breaks the rank's repeating "
@@ -110,10 +115,6 @@ def run_command(
              "recording (always so for NCCL groups, which ddpdoctor does not record yet); every "
              "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
              "reduce op or root."),
-    timeline_out: Optional[Path] = typer.Option(
-        None, "--timeline", metavar="FILE",
-        help="Also write a timeline of every rank here (Chrome trace-event JSON for "
-             "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')."),
     record_nccl: bool = typer.Option(
         False, "--record-nccl",
         help="Record NCCL groups with ddpdoctor's own process-group wrapper (as gloo groups "

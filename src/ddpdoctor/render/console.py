@@ -10,6 +10,7 @@ the cause's title, why and how to fix it; other findings folded to one line each
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import replace
 
 from rich import box
@@ -19,6 +20,7 @@ from rich.text import Text
 
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding
+from ddpdoctor.analysis.report import RankSummary
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.render.safe import clean, clean_report
@@ -180,31 +182,33 @@ def _folded(findings: list[Finding], console: Console) -> None:
         console.print(f"  … and {len(findings) - MAX_FOLDED} more (see --json)", markup=False)
 
 
-def _unfinished(view: ReportView, console: Console) -> None:
-    """For an incomplete run: where each rank that did not finish was left."""
-    left = view.unfinished
-    if not left:
+def _rank_section(console: Console, title: str, ranks: list[RankSummary],
+                  show: Callable[[RankSummary], None]) -> None:
+    """A titled list of ranks (nothing when there are none), at most :data:`MAX_ROWS`."""
+    if not ranks:
         return
     console.print()
-    console.print(Text("Ranks that did not finish:", style="bold"))
-    for r in left[:MAX_ROWS]:
+    console.print(Text(title, style="bold"))
+    for r in ranks[:MAX_ROWS]:
+        show(r)
+    if len(ranks) > MAX_ROWS:
+        console.print(f"  … and {len(ranks) - MAX_ROWS} more (see --json)", markup=False)
+
+
+def _unfinished(view: ReportView, console: Console) -> None:
+    """For an incomplete run: where each rank that did not finish was left."""
+    def show(r: RankSummary) -> None:
         at = r.last.note if r.last is not None else r.detail
         site = f" at {site_text(r.last.site)}" if r.last is not None and r.last.site else ""
         console.print(f"  • rank {r.rank} ({r.status}): {at}{site}", markup=False,
                       highlight=False)
-    if len(left) > MAX_ROWS:
-        console.print(f"  … and {len(left) - MAX_ROWS} more (see --json)", markup=False)
+
+    _rank_section(console, "Ranks that did not finish:", view.unfinished, show)
 
 
 def _hang_stacks(view: ReportView, console: Console) -> None:
     """Where each rank's main thread was when the hang was detected (user frames)."""
-    hung = view.hang_ranks
-    if not hung:
-        return
-    console.print()
-    console.print(Text("Stacks at the hang (main thread, your code, innermost last):",
-                       style="bold"))
-    for r in hung[:MAX_ROWS]:
+    def show(r: RankSummary) -> None:
         console.print(Text(f"  rank {r.rank}:", style="bold"))
         for site in reversed(r.hang_stack[:6]):
             console.print(f"      {site_text(site)}", markup=False, highlight=False)
@@ -212,5 +216,6 @@ def _hang_stacks(view: ReportView, console: Console) -> None:
         if code:
             console.print(Text(f"      {r.hang_stack[0].line} | ", style="dim")
                           + Text(code, style="cyan"))
-    if len(hung) > MAX_ROWS:
-        console.print(f"  … and {len(hung) - MAX_ROWS} more (see --json)", markup=False)
+
+    _rank_section(console, "Stacks at the hang (main thread, your code, innermost last):",
+                  view.hang_ranks, show)

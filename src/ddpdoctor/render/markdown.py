@@ -17,18 +17,10 @@ from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.knowledge import catalog
+from ddpdoctor.render import view as sections
 from ddpdoctor.render.console import code_line as console_code_line
 from ddpdoctor.render.safe import clean_report, markdown_text
-from ddpdoctor.render.view import (
-    MAX_FOLDED,
-    MAX_ROWS,
-    ReportView,
-    overflow,
-    rows,
-    sources,
-    tag,
-    where,
-)
+from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace.model import Site
 
 ICONS = {rp.CLEAN: "✅", rp.DIVERGED: "❌", rp.CRASHED: "❌", rp.INCOMPLETE: "⚠️"}
@@ -82,21 +74,21 @@ def _code(text: str) -> str:
 
 def _table(f: Finding) -> list[str]:
     out = ["| rank | op | label | iter | state | line |", "|---|---|---|---|---|---|"]
-    items = rows(f)
-    for row in items[:MAX_ROWS]:
+    items = sections.rows(f)
+    for row in items[:sections.MAX_ROWS]:
         d = row.detail
         out.append(f"| {row.rank_text} | {_cell(d.op or '—')} | "
                    f"{_cell(d.label or '—')} | {'—' if d.iteration is None else d.iteration} | "
                    f"{_cell(d.state or '—')} | {_code(d.site.short) if d.site else '—'} |")
-    rest = overflow(items)
+    rest = sections.overflow(items)
     if rest:
         out.append(f"| {rank_list(rest).split(' ', 1)[1]} | … | | | | "
-                   f"{len(items) - MAX_ROWS} more (see the JSON report) |")
+                   f"{len(items) - sections.MAX_ROWS} more (see the JSON report) |")
     return out
 
 
 def _sources(f: Finding, code_line: Callable[[Site], str]) -> list[str]:
-    found = sources(f)
+    found = sections.sources(f)
     if not found:
         return []
     lines = ["```text"]
@@ -110,7 +102,7 @@ def _sources(f: Finding, code_line: Callable[[Site], str]) -> list[str]:
 
 
 def _root(f: Finding, code_line: Callable[[Site], str]) -> list[str]:
-    at = where(f)
+    at = sections.where(f)
     out = [f"### Root cause: `{f.kind}`" + (f" ({at})" if at else ""), "", f.summary, ""]
     out += _table(f) + [""]
     source = _sources(f, code_line)
@@ -132,31 +124,28 @@ def _folded(findings: list[Finding]) -> list[str]:
     if not findings:
         return []
     out = [f"### Also found ({len(findings)})", ""]
-    for f in findings[:MAX_FOLDED]:
-        out.append(f"- **{tag(f)}**: {f.summary}")
-    if len(findings) > MAX_FOLDED:
-        out.append(f"- … and {len(findings) - MAX_FOLDED} more (see the JSON report)")
+    for f in findings[:sections.MAX_FOLDED]:
+        out.append(f"- **{sections.tag(f)}**: {f.summary}")
+    if len(findings) > sections.MAX_FOLDED:
+        out.append(f"- … and {len(findings) - sections.MAX_FOLDED} more (see the JSON report)")
     return out + [""]
 
 
 def _unfinished(view: ReportView) -> list[str]:
-    left = view.unfinished
-    if not left:
-        return []
-    out = ["### Ranks that did not finish", ""]
-    for r in left[:MAX_ROWS]:
+    out = []
+    for r in view.unfinished[:sections.MAX_ROWS]:
         at = r.last.note if r.last is not None else r.detail
         site = f" at `{site_text(r.last.site)}`" if r.last is not None and r.last.site else ""
         out.append(f"- rank {r.rank} ({r.status}): {at}{site}")
-    return out + [""]
+    return ["### Ranks that did not finish", "", *out, ""] if out else []
 
 
 def _hang_stacks(view: ReportView) -> list[str]:
-    hung = view.hang_ranks
-    if not hung:
-        return []
-    out = ["### Stacks at the hang (main thread, your code, innermost last)", "", "```text"]
-    for r in hung[:MAX_ROWS]:
+    out = []
+    for r in view.hang_ranks[:sections.MAX_ROWS]:
         out.append(f"rank {r.rank}:")
         out += [f"    {site_text(site)}" for site in reversed(r.hang_stack[:6])]
-    return out + ["```", ""]
+    if not out:
+        return []
+    return ["### Stacks at the hang (main thread, your code, innermost last)", "", "```text",
+            *out, "```", ""]

@@ -12,6 +12,7 @@ collective: recording is switched off with one warning and the call goes through
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -38,6 +39,21 @@ def _tensors(value: Any) -> list:
 def _reduce_op(opts: Any) -> Any:
     op = getattr(opts, "reduceOp", opts)
     return getattr(op, "op", op)
+
+
+def _forwarded(op: str, method: str, tensors: int, opts: int | None = None,
+               reduce: bool = False, root: bool = False) -> Callable[..., Any]:
+    """A method that records ``op`` and forwards its arguments to the backend's ``method``:
+    the tensors are argument ``tensors``; the options (argument ``opts``) give the reduce op
+    and the root when ``reduce`` / ``root``."""
+    def forward(self: RecordingProcessGroup, *args: Any) -> Any:
+        options = args[opts] if opts is not None and len(args) > opts else None
+        return self._issue(op, method, args, args[tensors],
+                           _reduce_op(options) if reduce else None,
+                           root=getattr(options, "rootRank", None) if root else None)
+
+    forward.__name__ = forward.__qualname__ = op
+    return forward
 
 
 class RecordingProcessGroup(dist.ProcessGroup):
@@ -102,11 +118,6 @@ class RecordingProcessGroup(dist.ProcessGroup):
         opts = args[1] if len(args) > 1 else None
         return self._issue("all_reduce", "allreduce", args, args[0], _reduce_op(opts))
 
-    def allreduce_coalesced(self, *args: Any) -> Any:
-        opts = args[1] if len(args) > 1 else None
-        return self._issue("all_reduce_coalesced", "allreduce_coalesced", args, args[0],
-                           _reduce_op(opts))
-
     def broadcast(self, *args: Any) -> Any:
         root = getattr(args[1], "rootRank", None) if len(args) > 1 else None
         if len(args) > 1 and isinstance(args[1], int):
@@ -116,63 +127,27 @@ class RecordingProcessGroup(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> Any:
         return self._issue("barrier", "barrier", () if opts is None else (opts,))
 
-    def allgather(self, *args: Any) -> Any:
-        return self._issue("all_gather", "allgather", args, args[1])
-
-    def allgather_coalesced(self, *args: Any) -> Any:
-        return self._issue("all_gather_coalesced", "allgather_coalesced", args, args[1])
-
-    def all_gather_single(self, *args: Any) -> Any:
-        return self._issue("all_gather_into_tensor", "_allgather_base", args, args[1])
-
-    # The stubs type each backend method precisely; every method here forwards *args as is.
-    _allgather_base = all_gather_single  # type: ignore[assignment]
-
-    def all_gather_single_coalesced(self, *args: Any) -> Any:
-        return self._issue("all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced",
-                           args, args[1])
-
-    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
-
-    def reduce(self, *args: Any) -> Any:
-        opts = args[1] if len(args) > 1 else None
-        return self._issue("reduce", "reduce", args, args[0], _reduce_op(opts),
-                           root=getattr(opts, "rootRank", None))
-
-    def reduce_scatter(self, *args: Any) -> Any:
-        opts = args[2] if len(args) > 2 else None
-        return self._issue("reduce_scatter", "reduce_scatter", args, args[1], _reduce_op(opts))
-
-    def reduce_scatter_single(self, *args: Any) -> Any:
-        opts = args[2] if len(args) > 2 else None
-        return self._issue("reduce_scatter_tensor", "_reduce_scatter_base", args, args[1],
-                           _reduce_op(opts))
-
-    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
-
-    def reduce_scatter_single_coalesced(self, *args: Any) -> Any:
-        opts = args[2] if len(args) > 2 else None
-        return self._issue("reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced",
-                           args, args[1], _reduce_op(opts))
-
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
-
-    def alltoall(self, *args: Any) -> Any:
-        return self._issue("all_to_all", "alltoall", args, args[1])
-
-    def all_to_all_single(self, *args: Any) -> Any:
-        return self._issue("all_to_all_single", "alltoall_base", args, args[1])
-
-    alltoall_base = all_to_all_single  # type: ignore[assignment]
-
-    def gather(self, *args: Any) -> Any:
-        opts = args[2] if len(args) > 2 else None
-        return self._issue("gather", "gather", args, args[1], root=getattr(opts, "rootRank", None))
-
-    def scatter(self, *args: Any) -> Any:
-        opts = args[2] if len(args) > 2 else None
-        return self._issue("scatter", "scatter", args, args[0],
-                           root=getattr(opts, "rootRank", None))
+    # The rest follow one pattern (_forwarded); the stubs type each backend method precisely,
+    # and every method here forwards *args as is.
+    allreduce_coalesced = _forwarded("all_reduce_coalesced", "allreduce_coalesced", 0, 1,
+                                     reduce=True)
+    allgather = _forwarded("all_gather", "allgather", 1)
+    allgather_coalesced = _forwarded("all_gather_coalesced", "allgather_coalesced", 1)
+    all_gather_single = _allgather_base = _forwarded(
+        "all_gather_into_tensor", "_allgather_base", 1)
+    all_gather_single_coalesced = allgather_into_tensor_coalesced = _forwarded(
+        "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced", 1)
+    reduce = _forwarded("reduce", "reduce", 0, 1, reduce=True, root=True)
+    reduce_scatter = _forwarded("reduce_scatter", "reduce_scatter", 1, 2, reduce=True)
+    reduce_scatter_single = _reduce_scatter_base = _forwarded(
+        "reduce_scatter_tensor", "_reduce_scatter_base", 1, 2, reduce=True)
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced = _forwarded(
+        "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", 1, 2, reduce=True)
+    alltoall = _forwarded("all_to_all", "alltoall", 1)
+    all_to_all_single = alltoall_base = _forwarded(
+        "all_to_all_single", "alltoall_base", 1)
+    gather = _forwarded("gather", "gather", 1, 2, root=True)
+    scatter = _forwarded("scatter", "scatter", 0, 2, root=True)
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, *args: Any) -> Any:
