@@ -133,3 +133,17 @@ def test_max_steps_configuration(monkeypatch) -> None:
         assert max_steps.configure_from_env() is None
     finally:
         max_steps.configure(None)
+
+
+def test_asking_whose_code_a_frame_is_never_imports_torch() -> None:
+    # The watchdog thread asks while the main thread may be importing torch: a second import
+    # of a half-initialised torch fails the rank (seen on a loaded machine).
+    import subprocess
+    import sys
+
+    code = ("import sys; from ddpdoctor.runtime import user_code; "
+            "print(user_code.is_library('/x/y.py'), user_code.is_internal(user_code.__file__), "
+            "'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout.split()
+    assert out == ["False", "True", "False"]

@@ -308,6 +308,19 @@ def test_unexplained_unfinished_rank_is_incomplete() -> None:
     assert not report.has_errors
 
 
+def test_a_job_that_ended_before_any_collective_is_untested_only_when_every_rank_finished(
+        ) -> None:
+    done = ranks(2)
+    for b in done:
+        b.finish()
+    assert diag(*done).verdict == "untested"  # nothing compared, nothing left unfinished
+    stuck = ranks(2)  # rank 0 still in init_process_group when the job was stopped
+    stuck[0].trace.init = "pending"
+    stuck[1].finish()
+    report = diag(*stuck)
+    assert report.verdict == "incomplete" and report.ranks[0].status != "finished"
+
+
 def test_missing_rank_makes_the_run_incomplete_with_a_note() -> None:
     bs = ranks(3)
     for b in bs[:2]:

@@ -77,18 +77,17 @@ class Report:
 
 def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> Verdict:
     """clean / diverged / crashed / incomplete / untested, from the ordered findings and rank
-    endings. Clean needs every rank finished with its whole trace; untested means no rank
-    recorded a collective."""
+    endings. Clean needs every rank finished with its whole trace; untested means every rank
+    finished and none recorded a collective."""
     if any(f.is_error for f in findings):
         return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK) else DIVERGED
-    traces = [s.trace for s in states.values() if s.trace is not None]
-    # A group set up and never used, or used only on a backend ddpdoctor leaves to PyTorch's
-    # flight recorder (NCCL, no hang to dump it), compared nothing either.
-    if not any(s.collectives for s in states.values()) and \
-            not any(t.damaged_lines for t in traces):
-        return UNTESTED
-    # A damaged line may be a lost collective: what was compared is not all there was.
+    # A rank that did not finish (a hang, even one before any collective), a cut trace, or a
+    # damaged line (it may be a lost collective): what was compared is not all there was.
     if any((s.status != rs.FINISHED and s.status != rs.REMOTE) or s.cut
            or (s.trace is not None and s.trace.damaged_lines) for s in states.values()):
         return INCOMPLETE
+    # Every rank finished and none recorded a collective (a group set up and never used, or
+    # used only on a backend ddpdoctor leaves to PyTorch's flight recorder): nothing compared.
+    if not any(s.collectives for s in states.values()):
+        return UNTESTED
     return CLEAN

@@ -12,8 +12,10 @@ since a virtual environment may reach them through a link.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import site
+import sys
 import sysconfig
 
 
@@ -25,12 +27,18 @@ def _prefixes(dirs: set[str]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=1)
 def internal_prefixes() -> tuple[str, ...]:
-    """Path prefixes of torch's and ddpdoctor's files."""
-    import torch
-
-    import ddpdoctor
-
-    return _prefixes({os.path.dirname(str(m.__file__)) for m in (torch, ddpdoctor)})
+    """Path prefixes of torch's and ddpdoctor's files. Torch is located, never imported: the
+    watchdog thread asks this while the main thread may be importing torch, and a second
+    thread importing it then sees a half-initialised package."""
+    dirs = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # ddpdoctor/
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        dirs.add(os.path.dirname(str(torch.__file__)))
+    else:
+        spec = importlib.util.find_spec("torch")
+        if spec is not None and spec.origin:
+            dirs.add(os.path.dirname(spec.origin))
+    return _prefixes(dirs)
 
 
 @functools.lru_cache(maxsize=1)
