@@ -57,11 +57,12 @@ def test_a_rank_busy_three_hang_timeouts_outside_collectives_is_not_a_hang(
     assert job.report["verdict"] == "clean"
     assert "hang detected" not in job.stderr
     # While it saved, rank 0 told the launcher where it was and that it was outside any
-    # collective; rank 1 meanwhile waited in the barrier.
+    # collective; rank 1 meanwhile waited in the barrier. (Records from elsewhere may say
+    # otherwise: on a loaded machine rank 0 can wait in DDP's construction for rank 1.)
     activity = [json.loads(line) for line in (job.logdir / "rank-0.jsonl").read_text()
                 .splitlines() if '"activity"' in line]
-    assert activity and all(a["pending"] == 0 for a in activity)
-    assert any(a["frames"][0]["function"] == "save_checkpoint" for a in activity)
+    saving = [a for a in activity if a["frames"][0]["function"] == "save_checkpoint"]
+    assert saving and all(a["pending"] == 0 and not a["in_collective"] for a in saving)
 
 
 @pytest.mark.timeout(120)
