@@ -87,12 +87,12 @@ def hot_path_us(n: int = 50_000) -> HotPath:
 
     from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
     from ddpdoctor.runtime.recorder import Recorder
-    from ddpdoctor.runtime.torch_hooks import _internal_prefixes
+    from ddpdoctor.runtime.user_code import internal_prefixes
 
     logdir = tempfile.mkdtemp(prefix="ddpdoctor-bench-")
     try:
         recorder = Recorder(logdir, "bench")
-        recorder.set_internal_dirs(list(_internal_prefixes()))  # as in a rank
+        recorder.set_internal_dirs(list(internal_prefixes()))  # as in a rank
         recorder.start(0, 1, "gloo")
         inner = _InstantBackend()
         pg = RecordingProcessGroup(inner, None, 0, 1, "0", recorder)

@@ -79,3 +79,14 @@ def test_ddp_methods_the_recorder_wraps_exist() -> None:
 
     spawn = importlib.import_module("torch.multiprocessing.spawn")
     assert list(inspect.signature(spawn._wrap).parameters) == ["fn", "i", "args", "error_file"]
+
+
+def test_elastic_function_workers_wait_for_a_return_value_where_max_steps_hands_it() -> None:
+    # runtime/max_steps.py: a rank torchrun runs as a function (--run-path) puts its return
+    # value in the queue of elastic's _wrap frame before it leaves.
+    from torch.distributed.elastic.multiprocessing import api
+
+    params = inspect.signature(api._wrap).parameters
+    assert {"local_rank", "ret_vals", "queue_finished_reading_event"} <= set(params)
+    assert api._wrap.__code__.co_filename.replace(os.sep, "/").endswith(
+        "distributed/elastic/multiprocessing/api.py")

@@ -16,8 +16,9 @@ iterations are done the rank stops there:
    divergence within seconds instead of a hang;
 3. the rank's own child processes (DataLoader workers) are terminated and the process ends
    with ``os._exit(0)``: no ``destroy_process_group``, no interpreter teardown, hence none of
-   gloo's aborts at exit. The script's code after the stop point - ``finally`` blocks,
-   ``atexit`` handlers, the rest of the script - does not run.
+   gloo's aborts at exit. A rank torchrun runs as a function (``--run-path``) first hands its
+   agent the return value the agent waits for. The script's code after the stop point -
+   ``finally`` blocks, ``atexit`` handlers, the rest of the script - does not run.
 
 Standard library and torch only: this runs inside every rank.
 """
@@ -28,6 +29,7 @@ import multiprocessing
 import os
 import sys
 import time
+from types import FrameType
 from typing import Any
 
 from ddpdoctor.runtime import env
@@ -83,7 +85,32 @@ def stop(recorder: Any) -> None:
     except Exception:
         pass  # the store went away: a peer that hosted it has stopped already
     _end_children()
+    _return_to_elastic_agent()
     os._exit(0)
+
+
+def _return_to_elastic_agent() -> None:
+    """A rank that torchrun started as a function (``--run-path``), not as a process: its
+    agent waits for the function's return value, which ``os._exit`` alone never delivers (the
+    agent then waits forever). Deliver it (None) as the function's own return would, and give
+    the agent the time to read it."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_wrap" and code.co_filename.replace(os.sep, "/").endswith(
+                "distributed/elastic/multiprocessing/api.py"):
+            found = frame.f_locals
+            queues, rank = found.get("ret_vals"), found.get("local_rank")
+            read = found.get("queue_finished_reading_event")
+            try:
+                if queues is not None and rank is not None:
+                    queues[rank].put(None)
+                    if read is not None:
+                        read.wait(_timeout)
+            except Exception:  # the agent is gone: nothing waits for the value
+                pass
+            return
+        frame = frame.f_back
 
 
 def _settle(recorder: Any, timeout: float = 1.0) -> None:
