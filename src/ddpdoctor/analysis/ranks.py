@@ -41,7 +41,6 @@ _COMM_TEXT = re.compile(
 _SOURCE_TAG = re.compile(r"^\[[^\]]*:\d+\]\s*")
 
 
-
 @dataclass
 class RankState:
     """One rank's ending and progress, derived once from its trace and exit code."""

@@ -384,7 +384,6 @@ class CollectiveLog(Sequence[Collective]):
         self._load(self.p2p_ordinals)
 
 
-
 _ID_PREFIXES: list[bytes] = []
 _ID_CACHE = 1 << 18  # ids whose prefixes are kept for every rank (about 20 MB at most)
 

@@ -155,7 +155,6 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
     return True
 
 
-
 def completion_of(rec: dict) -> Completion:
     """The :class:`Completion` a ``done`` record states (raises TypeError or ValueError)."""
     upto, pending, start = rec["upto"], rec.get("pending", []), rec.get("pending_from")
@@ -164,7 +163,6 @@ def completion_of(rec: dict) -> Completion:
             not (start is None or isinstance(start, int)):
         raise TypeError("malformed done record")
     return Completion(upto, frozenset(pending), start)
-
 
 
 def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:
