@@ -107,8 +107,14 @@ def rank_list(ranks: Iterable[int]) -> str:
     items = sorted(set(ranks))
     if not items:
         return "no rank"
-    if len(items) == 1:
-        return f"rank {items[0]}"
+    return ("rank " if len(items) == 1 else "ranks ") + rank_numbers(items)
+
+
+def rank_numbers(ranks: Iterable[int]) -> str:
+    """'3', '0, 2', '0-127, 129-255': the ranks of :func:`rank_list` without the word."""
+    items = sorted(set(ranks))
+    if not items:
+        return ""
     spans: list[str] = []
     start = prev = items[0]
     for r in items[1:] + [None]:
@@ -119,7 +125,7 @@ def rank_list(ranks: Iterable[int]) -> str:
                      f"{start}, {prev}" if prev == start + 1 else f"{start}-{prev}")
         if r is not None:
             start = prev = r
-    return "ranks " + ", ".join(spans)
+    return ", ".join(spans)
 
 
 def group_text(group: str | None, ranks: list[int] | None = None) -> str:

@@ -21,7 +21,7 @@ from rich.text import Text
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding
 from ddpdoctor.analysis.report import RankSummary
-from ddpdoctor.analysis.terms import rank_list, site_text
+from ddpdoctor.analysis.terms import rank_list, rank_numbers, site_text
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.render.safe import clean, clean_report
 from ddpdoctor.render.view import (
@@ -101,7 +101,7 @@ def _rank_table(f: Finding) -> Table:
                       d.site.short if d.site else "—")
     rest = overflow(items)
     if rest:
-        table.add_row(rank_list(rest).split(" ", 1)[1], "…", "", "", "",
+        table.add_row(rank_numbers(rest), "…", "", "", "",
                       f"{len(items) - MAX_ROWS} more (see --json)")
     return table
 

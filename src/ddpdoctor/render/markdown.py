@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding
-from ddpdoctor.analysis.terms import rank_list, site_text
+from ddpdoctor.analysis.terms import rank_list, rank_numbers, site_text
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.render import view as sections
 from ddpdoctor.render.console import code_line as console_code_line
@@ -82,7 +82,7 @@ def _table(f: Finding) -> list[str]:
                    f"{_cell(d.state or '—')} | {_code(d.site.short) if d.site else '—'} |")
     rest = sections.overflow(items)
     if rest:
-        out.append(f"| {rank_list(rest).split(' ', 1)[1]} | … | | | | "
+        out.append(f"| {rank_numbers(rest)} | … | | | | "
                    f"{len(items) - sections.MAX_ROWS} more (see the JSON report) |")
     return out
 

@@ -17,7 +17,7 @@ from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.ranks import FINISHED
 from ddpdoctor.analysis.report import RankSummary, Report
-from ddpdoctor.analysis.terms import rank_list
+from ddpdoctor.analysis.terms import rank_numbers
 from ddpdoctor.render.run_info import RunInfo, failed
 from ddpdoctor.trace.model import Site
 
@@ -35,7 +35,7 @@ class Row:
     @property
     def rank_text(self) -> str:
         """'0-3, 7' (the ranks, without the word)."""
-        return rank_list(self.ranks).split(" ", 1)[1]
+        return rank_numbers(self.ranks)
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class ReportView:
         by_status: dict[str, list[int]] = {}
         for r in report.ranks:
             by_status.setdefault(r.status, []).append(r.rank)
-        parts = [f"{status}: {rank_list(ranks).split(' ', 1)[1]}"
+        parts = [f"{status}: {rank_numbers(ranks)}"
                  for status, ranks in by_status.items()]
         plural = "s" if report.world_size != 1 else ""
         return f"{report.world_size} rank{plural} — " + "; ".join(parts)

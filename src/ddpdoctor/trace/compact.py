@@ -414,6 +414,7 @@ class _Reader:
         self.line_no = 1  # number of the next line (0 = header)
         self.offset = 0  # byte offset of the next line
         self.stacks: dict[int, list[Site]] = {}
+        self.fold = Fold(self.stacks)  # the other records; collective lines are interned here
         self.tails: dict[bytes, int] = {}
         self.tail_proto: list[int] = []
         self.tail_state: list[str] = []
@@ -550,7 +551,7 @@ class _Reader:
             self.runs.append((count, rec))
             self.members += rec["n"]
             return rec["n"]
-        if not apply_record(self.trace, rec, Fold(self.stacks)):
+        if not apply_record(self.trace, rec, self.fold):
             self._damaged(line)
         return 0
 
