@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 from pathlib import Path
 
 import torch
@@ -63,6 +64,40 @@ def test_a_backend_error_reaches_the_user_and_is_recorded_as_failed(tmp_path: Pa
     recorder.close()
     text = (tmp_path / "rank-0.jsonl").read_text()
     assert '"state": "failed"' in text
+
+
+class _Running:
+    """A Work that never completes: every recorded collective stays pending."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_a_pending_collective_keeps_one_new_object_alive(tmp_path: Path) -> None:
+    # Records live until the writer thread sees them complete, long enough to reach the
+    # interpreter's oldest generation; objects surviving there trigger full collections of
+    # the user's whole process (tens of ms each once torch is imported). Before the records
+    # shared the writer's cached stack and tensors, each kept a dozen objects alive.
+    class Backend(_Backend):
+        work = _Running()
+
+        def allreduce(self, *args: object) -> _Running:
+            return self.work
+
+    recorder = Recorder(str(tmp_path), "run")
+    recorder.start(0, 1, "gloo")
+    pg = RecordingProcessGroup(Backend(), None, 0, 1, "0", recorder)
+    tensors, opts = [torch.ones(2)], dist.AllreduceOptions()
+    pg.allreduce(tensors, opts)  # the first call fills the writer's caches
+    gc.collect()
+    before = len(gc.get_objects())
+    for _ in range(1000):
+        pg.allreduce(tensors, opts)
+    gc.collect()
+    kept = (len(gc.get_objects()) - before) / 1000
+    assert recorder.writer is not None and len(recorder.writer.pending()) == 1001
+    recorder.close()
+    assert kept <= 1.1, f"{kept:.1f} objects kept alive per pending collective"
 
 
 def test_no_module_unpickles_or_evaluates() -> None:

@@ -21,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ddpdoctor.runtime import source_capture
@@ -40,7 +41,7 @@ class CollectiveRecord:
     p2p_seq: int | None
     op: str
     api: str | None
-    tensors: list
+    tensors: Sequence[tuple[Any, Any]]
     reduce_op: Any
     root: int | None
     peer: int | None
@@ -107,7 +108,7 @@ class TraceWriter:
         self._pending: list[CollectiveRecord] = []
         self._last_write = time.monotonic()
         self._stacks: dict[tuple, int] = {}
-        self._static: dict[tuple, str] = {}
+        self._static: dict[tuple, tuple[str, tuple]] = {}  # key -> (static part, key)
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
         self._lock = threading.RLock()
@@ -207,9 +208,16 @@ class TraceWriter:
         # is encoded once and cached; only the per-call fields are formatted each time.
         key = (rec.group, rec.op, rec.label, rec.api, rec.reduce_op, rec.root, rec.peer,
                rec.stack, tuple(rec.tensors))
-        static = self._static.get(key)
-        if static is None:
-            static = self._static[key] = self._encode_static(rec, lines)
+        entry = self._static.get(key)
+        if entry is None:
+            entry = self._static[key] = (self._encode_static(rec, lines), key)
+        static, cached = entry
+        # A record lives until the writer thread sees it complete, long enough to reach the
+        # interpreter's oldest generation. Holding the cached stack and tensors instead of its
+        # own copies, it keeps one new object alive instead of a dozen: survivors are what
+        # trigger full garbage collections (~75 ms each in a process that imported torch),
+        # which cost more than everything else here together.
+        rec.stack, rec.tensors = cached[7], cached[8]
         if self._cap is not None and rec.seq is not None and self._cap.fold(rec, static, lines):
             return
         extra = ""
@@ -248,10 +256,12 @@ class TraceWriter:
             return
         data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
         try:
-            while data:
+            written = os.write(self._fd, data)
+            self.bytes_written += written
+            while written < len(data):  # rare: a short write
+                data = data[written:]
                 written = os.write(self._fd, data)
                 self.bytes_written += written
-                data = data[written:]
         except OSError as exc:
             self._cut(exc)
         self._last_write = time.monotonic()
