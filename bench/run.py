@@ -460,7 +460,8 @@ def main() -> None:
                         help="fewer rounds, no 256- or 1024-rank and no 200,000-collective "
                              "traces (about 6 minutes)")
     parser.add_argument("--rounds", type=int, default=None,
-                        help="rounds of alternating jobs for b (default 8, quick 3)")
+                        help="rounds of alternating jobs for b (default 8, quick 3); c runs "
+                             "3/4 as many")
     parser.add_argument("--skip", default="", help="items to leave out, e.g. 'e,f'")
     parser.add_argument("--hang-timeout", type=float, default=5.0)
     parser.add_argument("--workdir", default=None,
@@ -480,7 +481,7 @@ def main() -> None:
             rows += hot_path(3)
         wrapper_us = 0.0
         if "c" not in skip or "b" not in skip:
-            r, wrapper_us = small_ops(max(3, rounds // 2), 3000)
+            r, wrapper_us = small_ops(max(3, rounds * 3 // 4), 3000)
             rows += r if "c" not in skip else []
         if "b" not in skip:
             r, jobs = realistic(rounds, 40, wrapper_us)
