@@ -41,3 +41,20 @@ def test_a_pasted_launch_line_runs_unchanged(tmp_path: Path, name: str) -> None:
     assert any("--max-steps 1" in note for note in job.report["notes"])
     if name == "tee-and-filters":
         assert (tmp_path / "tl").is_dir()  # torchrun's own --log-dir, not ddpdoctor's
+
+
+@pytest.mark.timeout(120)
+def test_a_script_that_spawns_its_own_workers_under_torchrun_is_refused_with_the_fix(
+        tmp_path: Path) -> None:
+    # The default launcher is torchrun; seed 001 starts its own workers with mp.spawn. Each
+    # torchrun rank would start a whole job of its own on the same port (pytorch/examples'
+    # distributed/rpc/ddp_rpc/main.py hung that way): ddpdoctor says how to run it instead of
+    # diagnosing the hang or crash it caused itself.
+    script = EXAMPLES / "seed001_uneven.py"
+    job = run_job(tmp_path, script, "--case", "1")
+    assert job.returncode == 2, job.stderr[-3000:]
+    spawn_line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
+                      if text.lstrip().startswith("mp.spawn("))
+    assert f"(seed001_uneven.py:{spawn_line})" in job.stderr
+    assert f"ddpdoctor run --launcher python {script}" in job.stderr
+    assert job.report is None  # nothing was diagnosed

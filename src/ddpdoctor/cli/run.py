@@ -34,7 +34,7 @@ from ddpdoctor.render.junit import JunitReporter
 from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
-from ddpdoctor.trace import redact
+from ddpdoctor.trace import nested_launch, redact
 from ddpdoctor.trace.model import Run
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
 
@@ -68,7 +68,8 @@ def run_command(
                                                help="Arguments for the script."),
     launcher: Launcher = typer.Option(
         Launcher.torchrun, "--launcher", metavar="torchrun|python",
-        help="torchrun, or python for scripts that start their own workers (mp.spawn)."),
+        help="torchrun, or python for scripts that start their own workers (mp.spawn); such "
+             "a script run under torchrun is stopped at its mp.spawn line with this advice."),
     logdir: Optional[Path] = typer.Option(
         None, "--logdir", metavar="DIR",
         help="Where the per-rank traces go (default: ./ddpdoctor-logs/<date>-<time>-<pid> in "
@@ -159,6 +160,9 @@ def run_command(
             outcome = run_and_diagnose(opts, log_path, _status_printer(opts))
     except UsageError as exc:
         fail(str(exc))
+    nested = nested_launch.message(log_path, script)
+    if nested:
+        fail(nested)
     job = outcome.job
     if job.hang:
         what = "rank stuck" if job.stop == "stuck" else "hang detected"

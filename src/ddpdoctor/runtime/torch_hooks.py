@@ -29,6 +29,7 @@ from typing import Any
 
 from ddpdoctor.runtime import env, max_steps, patches, user_code
 from ddpdoctor.runtime.recorder import Recorder
+from ddpdoctor.trace import nested_launch
 
 VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite passed on
 PLUGIN = "ddpdoctor"
@@ -345,6 +346,32 @@ def _patch_spawn() -> None:
     if spawn._wrap is not _spawn_wrap:
         global _real_spawn_wrap
         _real_spawn_wrap = patches.replace(spawn, "_wrap", _spawn_wrap)
+    if _torchrun_worker():
+        # mp.spawn calls start_processes from its own module's globals.
+        for module in (spawn, importlib.import_module("torch.multiprocessing")):
+            patches.replace(module, "start_processes",
+                            _refuse_nested_launch(module.start_processes))
+
+
+def _torchrun_worker() -> bool:
+    """A rank that ``ddpdoctor run`` started through torchrun."""
+    return os.environ.get(env.LAUNCHER) == "torchrun" and "RANK" in os.environ and \
+        "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def _refuse_nested_launch(real: Callable) -> Callable:
+    def start_processes(*args: Any, **kwargs: Any) -> Any:
+        # A script that starts its own workers, run under torchrun: every torchrun rank would
+        # start a whole job of its own, on the same ports (the job hangs or fails to bind).
+        site = user_code.first_user_frame(sys._getframe(1))
+        nested_launch.report(os.environ[env.LOGDIR], int(os.environ["RANK"]),
+                             site.f_code.co_filename if site else None,
+                             site.f_lineno if site else None)
+        raise RuntimeError("ddpdoctor: this script starts its own workers; run it with "
+                           "ddpdoctor run --launcher python")
+
+    start_processes.__wrapped__ = real  # type: ignore[attr-defined]
+    return start_processes
 
 
 _real_spawn_wrap: Callable | None = None

@@ -17,6 +17,7 @@ import os
 import site
 import sys
 import sysconfig
+from types import FrameType
 
 
 def _prefixes(dirs: set[str]) -> tuple[str, ...]:
@@ -63,3 +64,10 @@ def is_internal(filename: str) -> bool:
 def is_library(filename: str) -> bool:
     """Not the user's code: internal, standard library, an installed package, frozen."""
     return filename.startswith(library_prefixes())
+
+
+def first_user_frame(frame: FrameType | None) -> FrameType | None:
+    """``frame`` or the first frame outwards from it that is the user's code."""
+    while frame is not None and is_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame

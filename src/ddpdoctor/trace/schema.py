@@ -66,6 +66,7 @@ JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
 LOCK_FILE = ".lock"  # held by the one ddpdoctor run writing into the folder
 EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
 HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence
+NESTED_LAUNCH = "nested-launch.json"  # a torchrun rank was asked to spawn its own workers
 
 
 def cut_marker(trace_path: str) -> str:
