@@ -177,6 +177,7 @@ def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) 
             ("all_reduce", "all_reduce"), ("broadcast", "broadcast"), ("reduce", "reduce"),
             ("all_gather", "all_gather"), ("all_gather_into_tensor", "all_gather_into_tensor"),
             ("reduce_scatter_tensor", "reduce_scatter_tensor"),
+            ("all_gather_into_tensor_coalesced", None), ("reduce_scatter_tensor_coalesced", None),
             ("all_to_all_single", "all_to_all_single"), ("gather", "gather"),
             ("scatter", "scatter"), ("barrier", "barrier"),
             ("send" if rank == 0 else "recv", "send" if rank == 0 else "recv"),
@@ -186,4 +187,10 @@ def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) 
         assert by_op["reduce"].reduce_op == "SUM" and by_op["scatter"].root == 0
         p2p = by_op["send" if rank == 0 else "recv"]
         assert p2p.seq is None and p2p.p2p_seq == 1 and p2p.peer == 1 - rank
-        assert [c.seq for c in trace.collectives if c.seq is not None] == list(range(1, 13))
+        assert [c.seq for c in trace.collectives if c.seq is not None] == list(range(1, 15))
+        # The coalesced ops (gloo binds them in C++ only: the recorder once broke FSDP2 jobs
+        # there) ran, and their site is the script's line, not contextlib's __exit__.
+        coalesced = [c for c in trace.collectives if c.op.endswith("_coalesced")]
+        assert [c.shapes for c in coalesced] == [[[4], [2]], [[2 * 2], [2]]]
+        assert {(c.site.file_name, c.site.line) for c in coalesced if c.site} == \
+            {("all_ops.py", 15), ("all_ops.py", 18)}

@@ -90,3 +90,32 @@ def test_elastic_function_workers_wait_for_a_return_value_where_max_steps_hands_
     assert {"local_rank", "ret_vals", "queue_finished_reading_event"} <= set(params)
     assert api._wrap.__code__.co_filename.replace(os.sep, "/").endswith(
         "distributed/elastic/multiprocessing/api.py")
+
+
+def test_coalesced_ops_gloo_binds_in_cpp_only_reach_gloo_through_the_wrapper(
+        tmp_path) -> None:
+    # FSDP2 and DTensor issue allgather_into_tensor_coalesced / reduce_scatter_tensor_coalesced,
+    # which ProcessGroupGloo has no Python method for: the wrapper reaches them through a
+    # process group holding gloo alone (once, it raised AttributeError in the user's job).
+    from datetime import timedelta
+
+    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+    from ddpdoctor.runtime.recorder import Recorder
+
+    gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
+    assert not hasattr(gloo, "allgather_into_tensor_coalesced")  # else this test is moot
+    recorder = Recorder(str(tmp_path), "run")
+    recorder.start(0, 1, "gloo")
+    pg = RecordingProcessGroup(gloo, None, 0, 1, "0", recorder)
+    gathered = [torch.zeros(3), torch.zeros(2)]
+    pg.allgather_into_tensor_coalesced(gathered, [torch.full((3,), 2.0), torch.ones(2)],
+                                       dist.distributed_c10d.AllgatherOptions()).wait()
+    reduced = [torch.zeros(2)]
+    pg.reduce_scatter_tensor_coalesced(reduced, [torch.full((2,), 5.0)],
+                                       dist.ReduceScatterOptions()).wait()
+    recorder.close()
+    assert gathered[0].tolist() == [2.0] * 3 and gathered[1].tolist() == [1.0] * 2
+    assert reduced[0].tolist() == [5.0, 5.0]
+    text = (tmp_path / "rank-0.jsonl").read_text()
+    assert '"op": "all_gather_into_tensor_coalesced"' in text
+    assert '"op": "reduce_scatter_tensor_coalesced"' in text

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ddpdoctor.runtime.recorder import Recorder
@@ -39,6 +40,18 @@ def _tensors(value: Any) -> list:
 def _reduce_op(opts: Any) -> Any:
     op = getattr(opts, "reduceOp", opts)
     return getattr(op, "op", op)
+
+
+def _group_of(backend: Any, rank: int, size: int) -> Any:
+    """A process group whose only backend is ``backend`` (for the devices it serves)."""
+    kinds = dist.ProcessGroup.BackendType
+    name = backend.name()
+    kind = {"gloo": kinds.GLOO, "nccl": kinds.NCCL}.get(name, kinds.CUSTOM)
+    group = dist.ProcessGroup(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
+    for device in (("cuda",) if name == "nccl" else ("cpu", "cuda")):
+        group._register_backend(torch.device(device), kind, backend)
+    group._set_default_backend(kind)
+    return group
 
 
 def _forwarded(op: str, method: str, tensors: int, opts: int | None = None,
@@ -68,6 +81,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         self._seq = 0
         self._p2p_seq = 0
         self._enabled = True
+        self._direct: Any = None  # see _backend_method
 
     # -- recording --------------------------------------------------------------------------
     def _issue(self, op: str, method: str, args: tuple, tensors: Any = None,
@@ -100,7 +114,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 except Exception:  # the writer itself is broken: its cut marker says so
                     pass
         try:
-            work = getattr(self._inner, method)(*args)
+            work = self._backend_method(method)(*args)
         except BaseException:
             if rec is not None:
                 rec.work = schema.FAILED
@@ -108,6 +122,18 @@ class RecordingProcessGroup(dist.ProcessGroup):
         if rec is not None:
             rec.work = work
         return work
+
+    def _backend_method(self, method: str) -> Callable[..., Any]:
+        """The wrapped backend's ``method``. Gloo and NCCL implement the coalesced
+        all-gather and reduce-scatter (FSDP2's, DTensor's) in C++ without a Python binding:
+        those are reached through a process group that holds the wrapped backend alone, whose
+        binding dispatches to it (never through this group, which would re-enter here)."""
+        found = getattr(self._inner, method, None)
+        if found is not None:
+            return found
+        if self._direct is None:
+            self._direct = _group_of(self._inner, self.rank(), self.size())
+        return getattr(self._direct, method)
 
     # -- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - the C++ virtual's name

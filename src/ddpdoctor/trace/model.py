@@ -97,6 +97,12 @@ class Collective:
 
     @property
     def site(self) -> Site | None:
+        """The line that issued it: the innermost recorded frame of the user's own code (the
+        stack starts outside torch, and may start in the standard library or an installed
+        package: ``contextlib`` for ``dist._coalescing_manager``), else the innermost."""
+        for site in self.stack:
+            if not is_internal_file(site.file):
+                return site
         return self.stack[0] if self.stack else None
 
 

@@ -12,6 +12,12 @@ dist.reduce(t, dst=0)
 dist.all_gather([torch.empty(4) for _ in range(world)], t)
 dist.all_gather_into_tensor(torch.empty(4 * world), t)
 dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world))
+with dist._coalescing_manager():  # FSDP2's coalesced ops: gloo binds them in C++ only
+    dist.all_gather_into_tensor(torch.empty(4 * world), t)
+    dist.all_gather_into_tensor(torch.empty(2 * world), torch.ones(2))
+with dist._coalescing_manager():
+    dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world))
+    dist.reduce_scatter_tensor(torch.empty(1), torch.ones(world))
 dist.all_to_all_single(torch.empty(4), torch.ones(4))
 dist.gather(t, [torch.empty(4) for _ in range(world)] if rank == 0 else None, dst=0)
 dist.scatter(torch.empty(4), [torch.ones(4) for _ in range(world)] if rank == 0 else None, src=0)
