@@ -194,3 +194,18 @@ def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) 
         assert [c.shapes for c in coalesced] == [[[4], [2]], [[2 * 2], [2]]]
         assert {(c.site.file_name, c.site.line) for c in coalesced if c.site} == \
             {("all_ops.py", 15), ("all_ops.py", 18)}
+
+
+@pytest.mark.timeout(120)
+def test_a_group_started_by_init_device_mesh_is_recorded(tmp_path: Path) -> None:
+    # device_mesh imports init_process_group by name while torch is imported, before
+    # ddpdoctor's patch: once, tensor-parallel scripts ran unrecorded ("nothing was tested").
+    job = run_job(tmp_path, SCRIPTS / "device_mesh_tp.py")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean"
+    for trace in job.run().ranks.values():
+        assert "0" in trace.groups
+        forward = [c for c in trace.collectives if c.op == "all_reduce"]
+        assert len(forward) == 3
+        assert {(c.site.file_name, c.site.line) for c in forward if c.site} == \
+            {("device_mesh_tp.py", 15)}

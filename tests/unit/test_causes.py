@@ -202,6 +202,20 @@ def test_a_script_that_needs_a_gpu_on_a_machine_without_one_is_told_to_use_cpu(
     assert "--cpu" in " ".join(root.evidence)
 
 
+def test_a_cuda_failure_under_cpu_mode_is_a_limit_of_cpu_mode_not_advice_to_use_it() -> None:
+    # pytorch/examples' tensor_parallel_example.py under --cpu: its "cuda" device mesh fails in
+    # backward; telling the user to run with --cpu (they did) would be wrong.
+    bs = [TraceBuilder(r, 2) for r in range(2)]
+    for b in bs:
+        b.trace.process = {**(b.trace.process or {}), "cpu_mode": True}
+        b.raise_("AssertionError", "Torch not compiled with CUDA enabled", line=120)
+    root = diagnose(make_run(*bs)).root
+    assert root.kind == "rank_crashed" and root.cause == "cpu_mode_unmapped"
+    evidence = " ".join(root.evidence)
+    assert "line 120" in evidence or ":120" in evidence
+    assert "ran with --cpu" in evidence and "`ddpdoctor run --cpu`" not in evidence
+
+
 def test_two_ranks_on_one_gpu_is_named_with_nccls_own_line() -> None:
     """What NCCL 2.28 raised on the device machine: both ranks of a 2-rank job on cuda:0."""
     message = ("NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:93, invalid "

@@ -150,15 +150,33 @@ def _first_line(message: str) -> str:
     return (message.strip().splitlines() or [""])[0][:300]
 
 
-def _no_gpu(f: Finding, ctx: RuleContext) -> list[str] | None:
-    hits = [(r, m) for r, m in _exceptions(f, ctx) if _NO_GPU.search(m)]
+def _cpu_mode(ctx: RuleContext, rank: int) -> bool:
+    trace = ctx.states[rank].trace
+    return trace is not None and trace.cpu_mode
+
+
+def _cuda_failures(f: Finding, ctx: RuleContext, cpu_mode: bool) -> list[str] | None:
+    """The ranks that failed on touching CUDA, when they ran in CPU mode or not as asked."""
+    hits = [(r, m) for r, m in _exceptions(f, ctx)
+            if _NO_GPU.search(m) and _cpu_mode(ctx, r) == cpu_mode]
     if not hits:
         return None
     r, message = hits[0]
     where = ctx.states[r].crash_site
     at = f" at {site_text(where)}" if where else ""
-    return [f"{rank_list([h[0] for h in hits])} failed{at}: {_first_line(message)}",
-            "this machine has no usable GPU; `ddpdoctor run --cpu` runs the script on the CPU"]
+    return [f"{rank_list([h[0] for h in hits])} failed{at}: {_first_line(message)}"]
+
+
+def _no_gpu(f: Finding, ctx: RuleContext) -> list[str] | None:
+    evidence = _cuda_failures(f, ctx, cpu_mode=False)
+    return evidence and evidence + [
+        "this machine has no usable GPU; `ddpdoctor run --cpu` runs the script on the CPU"]
+
+
+def _cpu_mode_unmapped(f: Finding, ctx: RuleContext) -> list[str] | None:
+    evidence = _cuda_failures(f, ctx, cpu_mode=True)
+    return evidence and evidence + [
+        "the job ran with --cpu: this use of CUDA is one CPU mode does not map"]
 
 
 def _shared_gpu(f: Finding, ctx: RuleContext) -> list[str] | None:
@@ -406,6 +424,7 @@ RULES: list[tuple[str, Rule]] = [
     ("gloo_teardown_abort", _kind(fk.TEARDOWN_ABORT)),
     ("rank_stuck_in_user_code", _kind(fk.RANK_STUCK)),
     ("rank_never_initialised", _kind(fk.INIT_INCOMPLETE)),
+    ("cpu_mode_unmapped", _cpu_mode_unmapped),
     ("no_gpu", _no_gpu),
     ("shared_gpu", _shared_gpu),
     ("ddp_model_mismatch", _ddp_init_mismatch),

@@ -14,6 +14,7 @@ import time
 import traceback
 from typing import Any
 
+from ddpdoctor.runtime import env
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
@@ -93,7 +94,8 @@ class Recorder:
                 int(os.environ.get("WORLD_SIZE", "0") or 0) or None,
                 "host": socket.gethostname(), "pid": os.getpid(),
                 "torch": getattr(torch, "__version__", None), "python": sys.version.split()[0],
-                "backend": backend, "argv": redact.mask_args(list(sys.argv)),
+                "backend": backend, "cpu_mode": os.environ.get(env.CPU) == "1",
+                "argv": redact.mask_args(list(sys.argv)),
                 "env": {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}}
 
     def init_started(self, backend: str | None) -> None:

@@ -120,12 +120,24 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
     c10d = dist.distributed_c10d
     dist.Backend.register_backend(PLUGIN, _create_backend, extended_api=True,
                                   devices=["cpu", "cuda"])
-    for module in (c10d, dist):
-        patches.replace(module, "init_process_group", _wrap_init(c10d.init_process_group))
-        patches.replace(module, "new_group", _wrap_new_group(c10d.new_group))
+    for name, wrap in (("init_process_group", _wrap_init), ("new_group", _wrap_new_group)):
+        real = getattr(c10d, name)
+        wrapped = wrap(real)
+        for module in _holders(name, real):
+            patches.replace(module, name, wrapped)
     _patch_ddp()
     _patch_spawn()
     return True
+
+
+def _holders(name: str, real: Callable) -> list[Any]:
+    """The torch modules whose attribute ``name`` is ``real``: besides ``torch.distributed``,
+    those that imported it by name while torch was being imported (``device_mesh``, whose
+    ``init_device_mesh`` starts the default group of scripts that never call
+    ``init_process_group`` themselves: tensor parallelism)."""
+    return [module for key, module in sorted(sys.modules.items())
+            if module is not None and (key == "torch" or key.startswith("torch."))
+            and getattr(module, name, None) is real]
 
 
 # -- process groups ---------------------------------------------------------------------------

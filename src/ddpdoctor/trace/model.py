@@ -193,6 +193,11 @@ class RankTrace:
         return (self.process or {}).get("world_size")
 
     @property
+    def cpu_mode(self) -> bool:
+        """The rank ran under ``ddpdoctor run --cpu`` (CUDA mapped to the CPU)."""
+        return (self.process or {}).get("cpu_mode") is True
+
+    @property
     def finished(self) -> bool:
         """The script ran to its end on this rank (a later teardown abort does not count)."""
         return self.exit is not None and self.exit.get("status") == "finished"
