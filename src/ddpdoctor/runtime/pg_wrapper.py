@@ -81,7 +81,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         self._seq = 0
         self._p2p_seq = 0
         self._enabled = True
-        self._direct: Any = None  # see _backend_method
+        self._direct: Any = None  # see _unbound
 
     # -- recording --------------------------------------------------------------------------
     def _issue(self, op: str, method: str, args: tuple, tensors: Any = None,
@@ -114,7 +114,11 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 except Exception:  # the writer itself is broken: its cut marker says so
                     pass
         try:
-            work = self._backend_method(method)(*args)
+            try:
+                call = getattr(self._inner, method)
+            except AttributeError:
+                call = self._unbound(method)
+            work = call(*args)
         except BaseException:
             if rec is not None:
                 rec.work = schema.FAILED
@@ -123,14 +127,11 @@ class RecordingProcessGroup(dist.ProcessGroup):
             rec.work = work
         return work
 
-    def _backend_method(self, method: str) -> Callable[..., Any]:
-        """The wrapped backend's ``method``. Gloo and NCCL implement the coalesced
-        all-gather and reduce-scatter (FSDP2's, DTensor's) in C++ without a Python binding:
-        those are reached through a process group that holds the wrapped backend alone, whose
-        binding dispatches to it (never through this group, which would re-enter here)."""
-        found = getattr(self._inner, method, None)
-        if found is not None:
-            return found
+    def _unbound(self, method: str) -> Callable[..., Any]:
+        """A ``method`` the wrapped backend has no Python binding for. Gloo and NCCL implement
+        the coalesced all-gather and reduce-scatter (FSDP2's, DTensor's) in C++ only: they are
+        reached through a process group that holds the wrapped backend alone, whose binding
+        dispatches to it (never through this group, which would re-enter here)."""
         if self._direct is None:
             self._direct = _group_of(self._inner, self.rank(), self.size())
         return getattr(self._direct, method)
