@@ -250,3 +250,14 @@ def test_the_copyable_pytest_example_passes_and_fails_readably(tmp_path: Path) -
     assert "ddpdoctor exit code 1" in barrier.stdout
     assert "Root cause: `missing_collective`" in barrier.stdout
     assert "rank_conditional_collective" in barrier.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_cuda_use_cpu_mode_does_not_map_is_named_as_its_limit(tmp_path: Path) -> None:
+    script = SCRIPTS / "cuda_stream.py"
+    job = run_job(tmp_path, script, options=("--cpu",))
+    assert job.returncode != 0
+    root = job.report["findings"][0]
+    assert (root["kind"], root["cause"]) == ("rank_crashed", "cpu_mode_unmapped"), root
+    assert f"cuda_stream.py:{marker_line(script, 'unmapped')}" in job.stderr
+    assert all(t.cpu_mode for t in job.run().ranks.values())

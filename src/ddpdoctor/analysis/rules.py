@@ -127,6 +127,7 @@ def _after_loop(d: RankDetail, rank: int, ctx: RuleContext) -> bool:
 _NO_GPU = re.compile(r"not compiled with CUDA|no CUDA GPUs are available|found no NVIDIA driver"
                      r"|ProcessGroupNCCL is only supported with GPUs|no GPUs found"
                      r"|CUDA driver initialization failed|CUDA is not available"
+                     r"|requires CUDA support"  # torch.cuda.Stream, Event on a CPU build
                      r"|has no attribute '_cuda_"  # torch.cuda.* on a CPU-only build of torch
                      r"|doesn't have NCCL built in|NCCL is not available"
                      r"|(needs|requires) (a )?GPUs?\b", re.I)

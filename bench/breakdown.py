@@ -1,0 +1,86 @@
+"""Where the recording's cost goes on the calling thread of a real 2-rank gloo job.
+
+Run it under ddpdoctor (it needs the recording process group)::
+
+    ddpdoctor run --nproc-per-node 2 bench/breakdown.py
+
+Blocks of 200 ``all_reduce`` of one float32 alternate between variants, each with one more
+part of the recording switched on, 15 rounds; each rank prints one ``BREAKDOWN {json}`` line:
+the median caller-thread CPU µs per op of each variant. The difference between two neighbours
+is what that part costs *in the job*: on this 2-core VM every part costs 4-5 times its
+single-process price (``bench/run.py`` item a), because both ranks' threads share the cores and
+the main thread comes back from each ``wait()`` to cold caches.
+"""
+
+import json
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+# (variant, what it adds to the one before)
+VARIANTS = [
+    ("direct", "gloo called directly"),
+    ("wrapper", "the recording group forwarding, recording off"),
+    ("record", "numbering, shapes, reduce op, caller frame, the record object"),
+    ("bookkeeping", "writer lock, pending list, ids"),
+    ("encode", "the trace line encoded (write stubbed)"),
+    ("describe", "the labels and call stack read off the frames"),
+    ("full", "the line written (os.write): everything ddpdoctor does"),
+]
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    group = dist.distributed_c10d._get_default_group()
+    inner, recorder = getattr(group, "_inner", None), getattr(group, "_recorder", None)
+    if inner is None or recorder is None or recorder.writer is None:
+        raise SystemExit("run this under ddpdoctor run: the recording group is not in place")
+    writer, labeler = recorder.writer, recorder.labeler
+    # What the variants switch off; each must exist, or the figures would silently be wrong.
+    originals = {name: getattr(obj, attr) for name, (obj, attr) in {
+        "write": (writer, "_write_lines"), "encode": (writer, "_encode_collective"),
+        "collective": (writer, "write_collective"), "describe": (labeler, "describe"),
+        "record": (recorder, "record")}.items()}
+    assert hasattr(group, "_enabled")
+    stubs = {"write": lambda lines: None, "encode": lambda rec, lines: None,
+             "collective": lambda rec: None, "describe": lambda frame: ("user", None, ()),
+             "record": lambda *args: None}
+    targets = {"write": (writer, "_write_lines"), "encode": (writer, "_encode_collective"),
+               "collective": (writer, "write_collective"), "describe": (labeler, "describe"),
+               "record": (recorder, "record")}
+    off = {"direct": set(), "wrapper": {"record"},
+           "record": {"collective", "describe"}, "bookkeeping": {"encode", "write", "describe"},
+           "encode": {"write", "describe"}, "describe": {"write"}, "full": set()}
+
+    def use(variant: str) -> None:
+        group._enabled = variant != "wrapper"
+        for name, (obj, attr) in targets.items():
+            setattr(obj, attr, stubs[name] if name in off[variant] else originals[name])
+
+    t, opts = torch.ones(1), dist.AllreduceOptions()
+
+    def block(call, n: int = 200) -> float:
+        t0 = time.thread_time()
+        for _ in range(n):
+            call([t], opts).wait()
+        return (time.thread_time() - t0) / n * 1e6
+
+    for _ in range(300):
+        group.allreduce([t], opts).wait()
+    samples: dict[str, list[float]] = {v: [] for v, _ in VARIANTS}
+    for _ in range(15):
+        for variant, _ in VARIANTS:
+            use(variant)
+            samples[variant].append(block(inner.allreduce if variant == "direct"
+                                          else group.allreduce))
+    use("full")
+    time.sleep(0.3 * dist.get_rank())  # the ranks' lines one after the other
+    print("BREAKDOWN " + json.dumps({"rank": dist.get_rank(), **{
+        v: round(statistics.median(s), 1) for v, s in samples.items()}}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
