@@ -9,7 +9,8 @@ part of the recording switched on, 15 rounds; each rank prints one ``BREAKDOWN {
 the median caller-thread CPU µs per op of each variant. The difference between two neighbours
 is what that part costs *in the job*: on this 2-core VM every part costs 4-5 times its
 single-process price (``bench/run.py`` item a), because both ranks' threads share the cores and
-the main thread comes back from each ``wait()`` to cold caches.
+the main thread comes back from each ``wait()`` to cold caches. The job's own diagnosis is
+INCOMPLETE by design: the variants number collectives whose lines they do not write.
 """
 
 import json
