@@ -24,4 +24,4 @@ def test_the_hot_path_measurement_runs_and_records_every_call() -> None:
     result = overhead.hot_path_us(n=400)
     # Recording does work the bare backend call does not: the wrapper is really in the path.
     assert 0 < result.plain_us < result.recorded_us
-    assert result.cpu_us > 0 and result.recorded_wall_us > 0
+    assert result.cpu_us > 0 and result.recorded_wall_us > 0 and result.module_loop_us > 0

@@ -4,6 +4,7 @@ autograd engine's device thread when gradients live on a GPU)."""
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 from ddpdoctor.runtime.labels import StackLabeler
@@ -35,3 +36,21 @@ def test_no_caller_frame_on_a_side_thread_takes_the_main_threads_site() -> None:
 
 def test_no_caller_frame_on_the_main_thread_is_a_bucket_without_a_site() -> None:
     assert StackLabeler(internal_dirs=[]).describe(None) == (BUCKET, None, ())
+
+
+def test_stacks_are_cached_by_instruction_and_keep_their_own_lines() -> None:
+    # The stack cache is keyed by where each frame is (code object, instruction), so that
+    # f_lineno is computed once per place: the same place gives the same tuple, another
+    # line of the same function its own line number.
+    labeler = StackLabeler(internal_dirs=[])
+    source = "\n".join(f"x{i} = {i}" for i in range(500)) + (
+        "\nfor _ in range(2):\n    first = describe(frame())\nsecond = describe(frame())\n")
+    scope = {"describe": labeler.describe, "frame": lambda: sys._getframe(1)}
+    exec(compile(source, "/job/train.py", "exec"), scope)
+    first, second = scope["first"], scope["second"]
+    assert first[2][0] == ("/job/train.py", 502, "<module>")
+    assert second[2][0] == ("/job/train.py", 503, "<module>")
+    again = labeler.describe(sys._getframe())
+    assert again[2][0][1] + 1 == labeler.describe(sys._getframe())[2][0][1]  # the next line
+    loop = [labeler.describe(sys._getframe())[2] for _ in range(3)]
+    assert loop[0] is loop[1] is loop[2]  # one place, one cached tuple
