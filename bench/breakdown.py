@@ -39,18 +39,16 @@ def main() -> None:
     if inner is None or recorder is None or recorder.writer is None:
         raise SystemExit("run this under ddpdoctor run: the recording group is not in place")
     writer, labeler = recorder.writer, recorder.labeler
-    # What the variants switch off; each must exist, or the figures would silently be wrong.
-    originals = {name: getattr(obj, attr) for name, (obj, attr) in {
-        "write": (writer, "_write_lines"), "encode": (writer, "_encode_collective"),
-        "collective": (writer, "write_collective"), "describe": (labeler, "describe"),
-        "record": (recorder, "record")}.items()}
+    # What the variants switch off; each must exist, or the figures would silently be wrong
+    # (getattr raises for a renamed one).
+    targets = {"write": (writer, "_write_lines"), "encode": (writer, "_encode_collective"),
+               "collective": (writer, "write_collective"), "describe": (labeler, "describe"),
+               "record": (recorder, "record")}
+    originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
     stubs = {"write": lambda lines: None, "encode": lambda rec, lines: None,
              "collective": lambda rec: None, "describe": lambda frame: ("user", None, ()),
              "record": lambda *args: None}
-    targets = {"write": (writer, "_write_lines"), "encode": (writer, "_encode_collective"),
-               "collective": (writer, "write_collective"), "describe": (labeler, "describe"),
-               "record": (recorder, "record")}
     off = {"direct": set(), "wrapper": {"record"},
            "record": {"collective", "describe"}, "bookkeeping": {"encode", "write", "describe"},
            "encode": {"write", "describe"}, "describe": {"write"}, "full": set()}
