@@ -25,6 +25,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from ddpdoctor.runtime import env, max_steps, patches, user_code
@@ -135,9 +136,10 @@ def _holders(name: str, real: Callable) -> list[Any]:
     those that imported it by name while torch was being imported (``device_mesh``, whose
     ``init_device_mesh`` starts the default group of scripts that never call
     ``init_process_group`` themselves: tensor parallelism)."""
+    # vars(), not getattr(): a module's own __getattr__ may import, warn or raise.
     return [module for key, module in sorted(sys.modules.items())
-            if module is not None and (key == "torch" or key.startswith("torch."))
-            and getattr(module, name, None) is real]
+            if (key == "torch" or key.startswith("torch.")) and isinstance(module, ModuleType)
+            and vars(module).get(name) is real]
 
 
 # -- process groups ---------------------------------------------------------------------------
