@@ -20,7 +20,9 @@ d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic
    ``bench/synth.py`` (DDP-like, one injected divergence): collectives per rank grow at 8
    ranks, then ranks grow at 50,000 collectives; the baseline is reading the same bytes and
    splitting their lines, and the record-by-record reader (the code before the compact path)
-   is measured once at 8 x 50,000. Each diagnosis must name the injected divergence;
+   is measured once at 8 x 50,000, reading in one process (instead of worker processes,
+   ``ddpdoctor.trace.parallel``) once at 64 x 50,000. Each diagnosis must name the injected
+   divergence;
 e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout, and, for
    collectives that provably cannot match, with a 30 s hang timeout (target 2 s);
 f. trace bytes per collective on disk (CNN job); the trace of an hour at 10 steps/s with the
@@ -250,6 +252,9 @@ if sys.argv[2] == "legacy":
     def refuse(*a, **k):
         raise NotCompact("record by record")
     reader.read_compact = refuse
+if sys.argv[2] in ("legacy", "serial"):
+    from ddpdoctor.trace import parallel as _parallel
+    _parallel.MIN_FILES = 1 << 60
 t1 = time.perf_counter()
 if sys.argv[2] == "idle":
     run = None
@@ -260,11 +265,19 @@ report = diagnose(run) if run is not None else None
 t3 = time.perf_counter()
 root = report.findings[0] if report and report.findings else None
 # Peak RSS of this process image: VmHWM (ru_maxrss would include the parent's memory, which
-# a forked child carries until it executes this interpreter).
+# a forked child carries until it executes this interpreter); plus, when worker processes
+# read the traces, each worker's peak (RUSAGE_CHILDREN: the largest one, counted once per
+# worker; pages they share with this process counted twice, so an upper bound).
+import resource
+from pathlib import Path
+from ddpdoctor.trace import parallel, schema
 with open("/proc/self/status") as fh:
     hwm = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+files = [] if run is None else sorted(Path(sys.argv[1]).glob(schema.TRACE_GLOB))
+workers = parallel.workers_for(files)
+hwm += workers * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print(json.dumps({"load": t2 - t1, "diagnose": t3 - t2, "import": t1 - t0,
-                  "maxrss_kb": hwm,
+                  "maxrss_kb": hwm, "workers": workers,
                   "root": [root.kind, root.seq, sorted(root.ranks)] if root else None,
                   "verdict": report.verdict if report else None}))
 """
@@ -287,7 +300,7 @@ def _read_floor(folder: Path) -> float:
 
 
 def diff_scale(shapes: list[tuple[int, int]], legacy_at: tuple[int, int] | None,
-               work: Path) -> list[Row]:
+               serial_at: tuple[int, int] | None, work: Path) -> list[Row]:
     rows: list[Row] = []
     idle = _diff_child(None, "idle")
     base_rss = idle["maxrss_kb"] / 1024
@@ -316,17 +329,27 @@ def diff_scale(shapes: list[tuple[int, int]], legacy_at: tuple[int, int] | None,
             whole = "whole command "
         else:
             whole = ""
+        by = f", {res['workers']} worker processes" if res["workers"] else ""
         rows.append(Row(
             "d", f"diff wall, {whole}{scale}", "read + split the bytes", floor, wall, "s",
             f"≤ {target[0]:g} s" if target else "", (wall <= target[0]) if target else None,
             f"{wall / (ranks * colls) * 1e9:.0f} ns/collective; read {res['load']:.2f} s "
-            f"({res['load'] / ranks * 1e3:.0f} ms/rank), compare+diagnose "
+            f"({res['load'] / ranks * 1e3:.0f} ms/rank{by}), "
+            f"compare+diagnose "
             f"{res['diagnose']:.2f} s; {info['bytes'] / MB:,.0f} MB; "
             f"{'divergence found' if found else 'DIVERGENCE NOT FOUND'}"))
         rows.append(Row(
             "d", f"diff peak RSS, {scale}", "python + ddpdoctor imported", base_rss, rss, "MB",
             f"≤ {target[1]:g} MB" if target else "", (rss <= target[1]) if target else None,
-            ""))
+            f"this process + {res['workers']} workers' peaks (shared pages counted twice)"
+            if res["workers"] else ""))
+        if res["workers"] and (ranks, colls) == serial_at:
+            say("d: the same traces read in one process")
+            one = _diff_child(folder, "serial")
+            rows.append(Row("d", f"diff wall, {scale}, worker processes", "one process",
+                            one["load"] + one["diagnose"], res["load"] + res["diagnose"], "s",
+                            "", None, f"read {one['load']:.2f} s in one process, "
+                            f"{res['load']:.2f} s by {res['workers']} workers"))
         if legacy_at == (ranks, colls):
             say("d: the record-by-record reader (before), same traces")
             old = _diff_child(folder, "legacy")
@@ -495,7 +518,7 @@ def main() -> None:
             shapes = [(8, 12_500), (8, 50_000), (64, 50_000)] if quick else \
                 [(8, 12_500), (8, 50_000), (8, 200_000), (64, 50_000), (256, 50_000),
                  (1024, 20_000)]
-            rows += diff_scale(shapes, (8, 50_000), work)
+            rows += diff_scale(shapes, (8, 50_000), (64, 50_000), work)
         if "e" not in skip:
             rows += hang(1 if quick else 3, args.hang_timeout)
         if "f" not in skip and doctor_jobs:

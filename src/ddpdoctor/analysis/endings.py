@@ -123,14 +123,14 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     (one finding for all of them)."""
     early: list[int] = []
     waiters: dict[int, Collective] = {}
+    # The ranks still waiting, found once (not once per finished rank: 1024 ranks).
+    waits = [(other, w) for other, o in states.items() if o.status != rs.FINISHED
+             for w in (o.waiting,) if w is not None and w.seq is not None]
     for rank, s in sorted(states.items()):
         if s.status != rs.FINISHED:
             continue
         found = False
-        for other, o in states.items():
-            w = o.waiting
-            if other == rank or o.status == rs.FINISHED or w is None or w.seq is None:
-                continue
+        for other, w in waits:
             g = alignment.groups.get(w.group)
             if g is not None and rank in g.members and g.length(rank) < w.seq:
                 waiters[other] = w

@@ -39,15 +39,16 @@ class RuleContext:
     run: Run
     alignment: Alignment
     states: dict[int, RankState]
-    _ddp_sites: dict[int, set] = field(default_factory=dict)
+    _ddp_functions: dict[int, set] = field(default_factory=dict)
     _group_sites: dict[tuple[str, int], set] = field(default_factory=dict)
 
-    def ddp_sites(self, rank: int) -> set:
-        """Source lines (site keys) from which ``rank`` issued DDP training-step
-        collectives."""
-        found = self._ddp_sites.get(rank)
+    def ddp_functions(self, rank: int) -> set[tuple]:
+        """(file, function) of every function from which ``rank`` issued DDP training-step
+        collectives (computed once per rank: a rule asks it of every rank, for every rank)."""
+        found = self._ddp_functions.get(rank)
         if found is None:
-            found = self._ddp_sites[rank] = self.alignment.site_keys(rank, DDP_STEP_LABELS)
+            found = self._ddp_functions[rank] = {
+                (k[0], k[2]) for k in self.alignment.site_keys(rank, DDP_STEP_LABELS)}
         return found
 
     def group_sites(self, group: str, rank: int) -> set:
@@ -249,13 +250,17 @@ def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | N
     if found is None:
         return None
     ddp, _others = found
+    lacking: dict[tuple, list[int]] = {}  # (file, function) -> ranks never running DDP there
     for r, d in ddp.items():
         key = site_key(d.site)
         if key is None:
             continue
         test = _rank_test(d)
-        strangers = [o for o in f.ranks if o != r and ctx.states[o].trace is not None
-                     and (key[0], key[2]) not in {(k[0], k[2]) for k in ctx.ddp_sites(o)}]
+        function = (key[0], key[2])
+        if function not in lacking:  # once per function, not per rank: 1024 ranks agree
+            lacking[function] = [o for o in f.ranks if ctx.states[o].trace is not None
+                                 and function not in ctx.ddp_functions(o)]
+        strangers = [o for o in lacking[function] if o != r]
         if not strangers and not test:
             continue
         if strangers:

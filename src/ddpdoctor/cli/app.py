@@ -5,11 +5,14 @@ the ``ddpdoctor.yaml`` defaults, and the status lines and report output the subc
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperArgument, TyperCommand
 
 from ddpdoctor import __version__
@@ -95,6 +98,34 @@ def show(report: Report, console: Console) -> None:
 
 
 LOG_WIDTH = 400  # a report written to a log is not wrapped below this width
+
+
+READING_PROGRESS_FILES = 32  # reading fewer traces is too quick for a progress bar
+
+
+@contextmanager
+def reading_progress() -> Iterator[Callable[[int, int], None]]:
+    """A callback for :func:`~ddpdoctor.trace.reader.load_run` that shows, on a terminal, a
+    transient progress bar on stderr while many traces are read (1024 ranks take seconds)."""
+    bar: Progress | None = None
+    task: Any = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal bar, task
+        if total < READING_PROGRESS_FILES or not err.is_terminal:
+            return
+        if bar is None:
+            bar = Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), console=err, transient=True)
+            bar.start()
+            task = bar.add_task("read", total=total)
+        bar.update(task, completed=done)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.stop()
 
 
 def write_timeline(run: Run, report: Optional[Report], out: Path) -> None:

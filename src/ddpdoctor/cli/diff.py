@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from ddpdoctor.analysis import diagnose
-from ddpdoctor.cli.app import HelpCommand, app, fail, show, write_timeline
+from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
@@ -25,7 +25,9 @@ def diff(
 ) -> None:
     """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix."""
     try:
-        report = diagnose(load_run([str(p) for p in paths]))
+        with reading_progress() as on_file:
+            run = load_run([str(p) for p in paths], on_file)
+        report = diagnose(run)
     except TraceError as exc:
         fail(str(exc))
     if json_out:
@@ -46,7 +48,8 @@ def timeline(
     (Open trace file) or chrome://tracing. One row per rank and group, each collective a slice
     in DDP terms, the first divergence marked and joined by arrows."""
     try:
-        run = load_run([str(p) for p in paths])
+        with reading_progress() as on_file:
+            run = load_run([str(p) for p in paths], on_file)
     except TraceError as exc:
         fail(str(exc))
     write_timeline(run, diagnose(run), out)

@@ -18,11 +18,11 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ddpdoctor.trace import flight_recorder, schema
+from ddpdoctor.trace import flight_recorder, parallel, schema
 from ddpdoctor.trace.compact import NotCompact, read_compact
 from ddpdoctor.trace.model import RankTrace, Run
 from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
@@ -123,6 +123,12 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
             return _read_records(path, fh)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _read_batch(paths: list[Path]) -> list[RankTrace]:
+    """Read these rank files; ranks with identical collective sequences share one copy."""
+    pool: dict = {}
+    return [read_rank(path, pool) for path in paths]
 
 
 def _bounded_lines(fh: BinaryIO) -> Iterator[tuple[bytes | None, bool]]:
@@ -281,15 +287,17 @@ def _ranks_text(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + text
 
 
-def load_run(paths: Iterable[str | os.PathLike]) -> Run:
+def load_run(paths: Iterable[str | os.PathLike],
+             on_file: Callable[[int, int], None] | None = None) -> Run:
     """Load the traces under ``paths`` (folders or files, e.g. one folder per node), and any
-    flight-recorder dumps there."""
+    flight-recorder dumps there; ``on_file(read, total)`` follows the reading, file by file."""
     files, dumps = _inputs(list(paths))
     ranks: dict[int, RankTrace] = {}
     notes: list[str] = []
-    pool: dict = {}
-    for path in files:
-        trace = read_rank(path, pool)
+    traces = parallel.in_batches(_read_batch, files, parallel.workers_for(files))
+    for done, (path, trace) in enumerate(zip(files, traces), start=1):
+        if on_file is not None:
+            on_file(done, len(files))
         other = ranks.get(trace.rank)
         if other is not None:
             if other.attempt == trace.attempt:
