@@ -66,6 +66,7 @@ def _index_view(collectives: list[Collective] | CollectiveLog) -> dict:
                        for name, pos in index.by_group().items()},
             "p2p": [dataclasses.asdict(c) for c in index.p2p()],
             "incomplete": [dataclasses.asdict(c) for c in index.incomplete(64)],
+            "last_iteration": [index.last_iteration(w) for w in (1, 64, 10**6)],
             "stacks": sorted(str(s) for s in index.used_stacks())}
 
 

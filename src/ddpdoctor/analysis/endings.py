@@ -124,15 +124,15 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     early: list[int] = []
     waiters: dict[int, Collective] = {}
     # The ranks still waiting, found once (not once per finished rank: 1024 ranks).
-    waits = [(other, w) for other, o in states.items() if o.status != rs.FINISHED
+    waits = [(other, w, w.seq) for other, o in states.items() if o.status != rs.FINISHED
              for w in (o.waiting,) if w is not None and w.seq is not None]
     for rank, s in sorted(states.items()):
         if s.status != rs.FINISHED:
             continue
         found = False
-        for other, w in waits:
+        for other, w, seq in waits:
             g = alignment.groups.get(w.group)
-            if g is not None and rank in g.members and g.length(rank) < w.seq:
+            if g is not None and rank in g.members and g.length(rank) < seq:
                 waiters[other] = w
                 found = True
         if found:

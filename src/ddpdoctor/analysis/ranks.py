@@ -156,7 +156,7 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     if colls:
         state.last = colls[-1]
         # The DDP forward count only grows: the last collectives carry the highest.
-        state.iterations = max((c.iteration or 0) for c in colls[-64:])
+        state.iterations = index_of(colls).last_iteration(64)
         state.end_t = max(max(c.t, c.t_end or 0.0) for c in colls[-8:])
     exit_status = (trace.exit or {}).get("status")
     if exit_status == schema.EXIT_MAX_STEPS:

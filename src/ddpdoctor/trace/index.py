@@ -48,6 +48,9 @@ class ListIndex:
     def used_stacks(self) -> list[list[Site]]:
         return list({id(c.stack): c.stack for c in self._items}.values())
 
+    def last_iteration(self, window: int) -> int:
+        return max(((c.iteration or 0) for c in self._items[-window:]), default=0)
+
     @cached_property
     def _built(self) -> tuple[list[Collective],
                               dict[str, tuple[list[int], list[Collective | None]]]]:

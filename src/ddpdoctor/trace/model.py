@@ -136,6 +136,9 @@ class CollectiveIndex(Protocol):
     def used_stacks(self) -> list[list[Site]]:
         """The distinct call stacks of the collectives."""
 
+    def last_iteration(self, window: int) -> int:
+        """The highest DDP iteration among the last ``window`` collectives (0: none)."""
+
 
 @dataclass(frozen=True)
 class Completion:
