@@ -19,6 +19,9 @@ LINES = {
                            "--rdzv_endpoint=localhost:{port}",
     # distributed/minGPT-ddp/run_example.sh
     "minGPT-ddp": "--standalone --nproc_per_node=2",
+    # the DDP tutorial series' page for multigpu_torchrun.py: one rank per GPU (under --cpu,
+    # CPU mode's 2 ranks; torchrun itself stopped before with "Cuda is not available")
+    "ddp-tutorial-gpu": "--standalone --nproc_per_node=gpu",
     "tee-and-filters": "--nproc-per-node 2 --tee 3 --local-ranks-filter 0 --log-dir {tmp}/tl "
                        "--monitor-interval 0.2 --local-addr 127.0.0.1 --rdzv-conf timeout=60",
     "no-python": "--nproc_per_node=2 --no-python python",
@@ -58,3 +61,16 @@ def test_a_script_that_spawns_its_own_workers_under_torchrun_is_refused_with_the
     assert f"(seed001_uneven.py:{spawn_line})" in job.stderr
     assert f"ddpdoctor run --launcher python {script}" in job.stderr
     assert job.report is None  # nothing was diagnosed
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_stopping_before_any_rank_is_not_blamed_on_the_script(tmp_path: Path) -> None:
+    # torchrun accepts the option and stops when it sets the job up, before any worker runs:
+    # the report said "the script never called init_process_group".
+    job = run_job(tmp_path, SCRIPT, "--snapshot-path", str(tmp_path / "s.pt"),
+                  options=("--cpu", "--rdzv-backend=no-such-backend", "--nproc-per-node=2"))
+    assert job.returncode == 1, job.stderr[-3000:]
+    assert job.report["verdict"] == "untested"
+    assert job.report["notes"] == ["torchrun started no rank: it stopped with exit code 1 "
+                                   "before running the script (its own error is printed above)"]
+    assert "no-such-backend" in job.stderr  # torchrun's own error, shown as it printed it

@@ -3,11 +3,15 @@ verbatim, ddpdoctor's own options told apart (no processes)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from ddpdoctor.cli import split_run_args
 from ddpdoctor.launch import torchrun
-from ddpdoctor.launch.command import build_command
+from ddpdoctor.launch.command import build_command, build_env, gpu_count_word
+from ddpdoctor.runtime import env as rank_env
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options
 
 LINES = [
@@ -47,6 +51,31 @@ def test_the_command_passes_torchrun_options_through_and_adds_only_defaults() ->
     plain = build_command(RunOptions(script="t.py", args=["--lr", "1"]))
     assert plain[3] == "--nproc-per-node" and "--master-port" in plain
     assert plain[-3:] == ["t.py", "--lr", "1"]
+
+
+@pytest.mark.parametrize("word, ranks", [("gpu", 2), ("auto", 2), ("xpu", 2), ("cpu", None),
+                                         (None, 2)])
+def test_cpu_mode_runs_a_number_of_ranks_where_the_line_counts_accelerators(
+        word: str | None, ranks: int | None) -> None:
+    # The DDP tutorial's torchrun line says --nproc_per_node=gpu: under --cpu torchrun itself
+    # stopped ("Cuda is not available") and the report blamed the script.
+    line = ["--standalone"] + ([f"--nproc_per_node={word}"] if word else [])
+    opts = RunOptions(script="main.py", args=["5", "2"], torchrun_args=line, cpu=True)
+    check_options(opts)
+    cmd = build_command(opts)
+    env = build_env(opts, Path("/tmp/logs"), "r")
+    if word == "cpu":  # one rank per core, as torchrun counts them, each with its device
+        assert cmd[3:] == line + ["main.py", "5", "2"] and gpu_count_word(opts) is None
+        assert env[rank_env.CPU_DEVICES] == str(os.cpu_count())
+        return
+    assert env[rank_env.CPU_DEVICES] == str(ranks)
+    assert gpu_count_word(opts) == word
+    if word is None:  # ddpdoctor's default, given first
+        assert cmd[3:] == ["--nproc-per-node", str(ranks), *line, "main.py", "5", "2"]
+        return
+    assert cmd[-5:] == ["--nproc-per-node", str(ranks), "main.py", "5", "2"]
+    on_gpus = RunOptions(script="main.py", torchrun_args=line)  # without --cpu: torchrun's
+    assert build_command(on_gpus)[3:] == line + ["main.py"] and gpu_count_word(on_gpus) is None
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -24,7 +24,7 @@ from ddpdoctor.cli.exits import (
     EXIT_PROBLEM,
     EXIT_UNTESTED,
 )
-from ddpdoctor.launch.command import make_logdir
+from ddpdoctor.launch.command import CPU_MODE_NPROC, gpu_count_word, make_logdir
 from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
@@ -34,7 +34,7 @@ from ddpdoctor.render.junit import JunitReporter
 from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
-from ddpdoctor.trace import nested_launch, redact
+from ddpdoctor.trace import nested_launch, redact, schema
 from ddpdoctor.trace.model import Run
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
 
@@ -151,6 +151,11 @@ def run_command(
     except UsageError as exc:
         fail(str(exc))
     say(f"recording to {log_path}")
+    word = gpu_count_word(opts)
+    if word:
+        say(f"--cpu: --nproc-per-node {word} counts accelerators, and CPU mode has none: "
+            f"running {CPU_MODE_NPROC} ranks per node (give --nproc-per-node N for another "
+            f"number)")
     try:
         if err.is_terminal and sys.stdout.isatty():
             opts.status_every = LIVE_EVERY
@@ -280,6 +285,18 @@ def _expected_schedule(path: str) -> schedule.Schedule:
         raise UsageError(str(exc)) from None
 
 
+def _no_rank_note(opts: RunOptions, job: JobResult, logdir: Path) -> str:
+    """Why no process became a rank: torchrun never started the script (its own options or
+    environment stopped it: no worker exit codes were recorded), or the script never
+    initialised a process group."""
+    started = any(logdir.glob(f"{schema.EXITS_PREFIX}*.json"))
+    if opts.launcher == "torchrun" and not started and job.exit_code not in (0, None) and \
+            not job.interrupted:
+        return (f"torchrun started no rank: it stopped with exit code {job.exit_code} before "
+                f"running the script (its own error is printed above)")
+    return "no rank trace was written: the script never called init_process_group"
+
+
 def run_and_diagnose(opts: RunOptions, logdir: Path,
         on_status: Callable[[JobProgress, str], None] | None = None,
         on_output: Callable[[str, bool], None] | None = None) -> RunOutcome:
@@ -294,9 +311,7 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
         if expected is not None:
             changes = schedule.compare(expected, schedule.from_run(loaded))
     except NoTraces:
-        # No process became a rank: the script never initialised a process group.
-        report = diagnose(Run(ranks={}, world_size=0, notes=[
-            "no rank trace was written: the script never called init_process_group"]))
+        report = diagnose(Run(ranks={}, world_size=0, notes=[_no_rank_note(opts, job, logdir)]))
     except TraceError as exc:
         read_error = str(exc)
     outcome = _outcome(job, report, read_error)

@@ -38,15 +38,30 @@ def default_nproc() -> int:
     return count or 2
 
 
+CPU_MODE_NPROC = 2  # ranks per node of a CPU-mode run unless a number is given
+
+
 def nproc(opts: RunOptions) -> int:
-    """Processes per node: as asked (a number), else 2 in CPU mode, else the visible GPUs
-    (or 2)."""
+    """Processes per node: as asked (a number; ``cpu``: one per core), else 2 in CPU mode,
+    else the visible GPUs (or 2)."""
     if opts.launcher == "torchrun" and (opts.torchrun.given("nproc_per_node")
                                         or os.environ.get("PET_NPROC_PER_NODE")):
         asked = opts.torchrun.nproc_per_node
         if asked:
             return asked
-    return 2 if opts.cpu else default_nproc()
+        if opts.torchrun.nproc_word == "cpu":
+            return os.cpu_count() or 1
+    return CPU_MODE_NPROC if opts.cpu else default_nproc()
+
+
+def gpu_count_word(opts: RunOptions) -> str | None:
+    """``gpu``, ``auto`` or ``xpu`` given as torchrun's processes per node in CPU mode: words
+    that count accelerators, of which CPU mode has none (torchrun would stop with "Cuda is
+    not available", or start one rank per core). Such a run gets :data:`CPU_MODE_NPROC`."""
+    if not opts.cpu or opts.launcher != "torchrun":
+        return None
+    word = opts.torchrun.nproc_word
+    return word if word in ("gpu", "auto", "xpu") else None
 
 
 def stop_timeout(opts: RunOptions) -> float:
@@ -121,7 +136,10 @@ def build_command(opts: RunOptions) -> list[str]:
     if single and not (tr.given("master_port") or tr.given("rdzv_endpoint")
                        or tr.values.standalone):
         cmd += ["--master-port", str(free_port())]
-    return cmd + list(opts.torchrun_args) + [opts.script, *opts.args]
+    cmd += list(opts.torchrun_args)
+    if gpu_count_word(opts):  # torchrun keeps the last value given
+        cmd += ["--nproc-per-node", str(CPU_MODE_NPROC)]
+    return cmd + [opts.script, *opts.args]
 
 
 def build_env(opts: RunOptions, logdir: Path, run: str) -> dict[str, str]:

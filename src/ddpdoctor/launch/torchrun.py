@@ -129,6 +129,12 @@ class Torchrun:
         value = str(self.values.nproc_per_node or "")
         return int(value) if value.isdigit() else None
 
+    @property
+    def nproc_word(self) -> str | None:
+        """Processes per node when given as a word: ``auto``, ``cpu``, ``gpu`` or ``xpu``."""
+        value = str(self.values.nproc_per_node or "")
+        return value if value and not value.isdigit() else None
+
     def run_id(self) -> str | None:
         """An id every node of a multi-node job computes alike (from the rendezvous), so the
         traces of all nodes are recognised as one run; None on a single node."""
