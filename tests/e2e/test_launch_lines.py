@@ -74,3 +74,25 @@ def test_torchrun_stopping_before_any_rank_is_not_blamed_on_the_script(tmp_path:
     assert job.report["notes"] == ["torchrun started no rank: it stopped with exit code 1 "
                                    "before running the script (its own error is printed above)"]
     assert "no-such-backend" in job.stderr  # torchrun's own error, shown as it printed it
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("body, code, note", [
+    ("import no_such_module_for_ddpdoctor\n", 1,
+     "the script stopped (exit code 1) before it called init_process_group: no rank was "
+     "recorded (its error is printed above)"),
+    ("print('no distributed work here')\n", 4,  # CI mode (--cpu): nothing tested fails
+     "no rank trace was written: the script never called init_process_group"),
+])
+def test_a_script_that_never_became_a_rank_is_told_apart(tmp_path: Path, body: str, code: int,
+                                                          note: str) -> None:
+    # pytorch/examples' imagenet/main.py (its own launcher: mp.spawn) without torchvision
+    # installed failed at its imports; the report only said the script never called
+    # init_process_group. (Under torchrun each worker is a rank from its start: its
+    # exception is recorded and reported as a crash.)
+    script = tmp_path / "no_rank.py"
+    script.write_text(body)
+    job = run_job(tmp_path, script, options=("--cpu", "--launcher", "python"))
+    assert job.returncode == code, job.stderr[-3000:]
+    assert job.report["verdict"] == "untested"
+    assert job.report["notes"] == [note]

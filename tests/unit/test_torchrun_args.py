@@ -11,8 +11,8 @@ import pytest
 from ddpdoctor.cli import split_run_args
 from ddpdoctor.launch import torchrun
 from ddpdoctor.launch.command import build_command, build_env, gpu_count_word
-from ddpdoctor.runtime import env as rank_env
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options
+from ddpdoctor.runtime import env as rank_env
 
 LINES = [
     # pytorch/examples distributed/ddp-tutorial-series/run_example.sh

@@ -287,13 +287,16 @@ def _expected_schedule(path: str) -> schedule.Schedule:
 
 def _no_rank_note(opts: RunOptions, job: JobResult, logdir: Path) -> str:
     """Why no process became a rank: torchrun never started the script (its own options or
-    environment stopped it: no worker exit codes were recorded), or the script never
-    initialised a process group."""
+    environment stopped it: no worker exit codes were recorded), the script failed before it
+    initialised a process group (an import error), or it never initialised one."""
     started = any(logdir.glob(f"{schema.EXITS_PREFIX}*.json"))
-    if opts.launcher == "torchrun" and not started and job.exit_code not in (0, None) and \
-            not job.interrupted:
+    failed = job.exit_code not in (0, None) and not job.interrupted
+    if opts.launcher == "torchrun" and not started and failed:
         return (f"torchrun started no rank: it stopped with exit code {job.exit_code} before "
                 f"running the script (its own error is printed above)")
+    if failed:
+        return (f"the script stopped (exit code {job.exit_code}) before it called "
+                f"init_process_group: no rank was recorded (its error is printed above)")
     return "no rank trace was written: the script never called init_process_group"
 
 
