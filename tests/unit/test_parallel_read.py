@@ -9,6 +9,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,21 @@ def test_a_worker_that_dies_costs_time_not_results(tmp_path: Path) -> None:
     files = [tmp_path / f"f{i}" for i in range(10)]
     got = list(parallel.in_batches(_die_in_worker, files, 2))
     assert got == [p.name for p in files]
+    assert multiprocessing.active_children() == []
+
+
+def _slow(paths: list[Path]) -> list[str]:
+    time.sleep(0.2)
+    return [p.name for p in paths]
+
+
+def test_a_reader_that_stops_early_leaves_no_worker(tmp_path: Path) -> None:
+    # Ctrl-C while the traces are read, or an error about the first file (two traces of one
+    # rank): the caller leaves the loop while workers still read.
+    files = [tmp_path / f"f{i}" for i in range(8 * parallel.FILES_PER_TASK)]
+    batches = parallel.in_batches(_slow, files, 2)
+    assert next(batches) == "f0"
+    batches.close()
     assert multiprocessing.active_children() == []
 
 
