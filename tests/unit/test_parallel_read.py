@@ -35,7 +35,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     sys.modules[spec.name] = synth  # dataclasses look their module up
     spec.loader.exec_module(synth)
     folder = tmp_path_factory.mktemp("synth") / "logs"
-    return folder, synth.generate(folder, RANKS, 2500, diverge_rank=13)
+    return folder, synth.generate(folder, RANKS, 1200, diverge_rank=13)
 
 
 @pytest.fixture(autouse=True)

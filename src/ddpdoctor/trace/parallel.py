@@ -1,6 +1,6 @@
 """Reads many rank files at once in worker processes, when there are enough bytes to pay off.
 
-Reading a trace is Python work per line (about 1.5 µs per collective on a 2-core VM): 1024
+Reading a trace is Python work per line (about 1.3 µs per collective on a 2-core VM): 1024
 ranks × 20,000 collectives is half a minute in one process. Files are independent, so large
 runs are read by forked worker processes, one per core (at most :data:`MAX_WORKERS`), each
 taking :data:`FILES_PER_TASK` files at a time; results come back in file order. What crosses
