@@ -1,15 +1,15 @@
 """Words for collectives: what a recorded collective *is*, in DDP terms a user recognises.
 
 ``describe`` turns a label plus bucket/iteration into "DDP gradient bucket 2 of iteration 7";
-``op_text`` spells the operation itself ("all_reduce SUM float32[244]"); ``rank_list`` writes
-rank sets compactly ("ranks 0-3, 7"). Pure functions, no state.
+``op_text`` spells the operation itself ("all_reduce SUM float32[244]"); ``rank_list`` (from
+:mod:`ddpdoctor.trace.rank_text`, which the reader's notes share) writes rank sets compactly
+("ranks 0-3, 7"). Pure functions, no state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from ddpdoctor.trace.model import Collective, Site
+from ddpdoctor.trace.rank_text import rank_list, rank_numbers  # noqa: F401  (the analysis' words)
 
 # What each recorder label means; "{it}" is " of <the iteration phrase>", "{b}" " <bucket>".
 _LABELS: dict[str, str] = {
@@ -100,32 +100,6 @@ def site_text(site: Site | None) -> str:
     if site is None:
         return "an unknown line"
     return f"{site.short} in {site.function}()"
-
-
-def rank_list(ranks: Iterable[int]) -> str:
-    """'rank 3', 'ranks 0, 2', 'ranks 0-127, 129-255'."""
-    items = sorted(set(ranks))
-    if not items:
-        return "no rank"
-    return ("rank " if len(items) == 1 else "ranks ") + rank_numbers(items)
-
-
-def rank_numbers(ranks: Iterable[int]) -> str:
-    """'3', '0, 2', '0-127, 129-255': the ranks of :func:`rank_list` without the word."""
-    items = sorted(set(ranks))
-    if not items:
-        return ""
-    spans: list[str] = []
-    start = prev = items[0]
-    for r in items[1:] + [None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        spans.append(str(start) if start == prev else
-                     f"{start}, {prev}" if prev == start + 1 else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ", ".join(spans)
 
 
 def group_text(group: str | None, ranks: list[int] | None = None) -> str:

@@ -25,6 +25,7 @@ from typing import BinaryIO
 from ddpdoctor.trace import flight_recorder, parallel, schema
 from ddpdoctor.trace.compact import NotCompact, read_compact
 from ddpdoctor.trace.model import RankTrace, Run
+from ddpdoctor.trace.rank_text import rank_list
 from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
 
 MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
@@ -275,18 +276,6 @@ def _job_records(folders: set[Path]) -> tuple[str | None, str, int]:
     return stop, reason, nnodes
 
 
-def _ranks_text(ranks: list[int]) -> str:
-    """'rank 3' or 'ranks 0-3, 7' (sorted input)."""
-    spans: list[list[int]] = []
-    for r in ranks:
-        if spans and spans[-1][1] == r - 1:
-            spans[-1][1] = r
-        else:
-            spans.append([r, r])
-    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-    return ("rank " if len(ranks) == 1 else "ranks ") + text
-
-
 def load_run(paths: Iterable[str | os.PathLike],
              on_file: Callable[[int, int], None] | None = None) -> Run:
     """Load the traces under ``paths`` (folders or files, e.g. one folder per node), and any
@@ -325,7 +314,7 @@ def load_run(paths: Iterable[str | os.PathLike],
     if capped:
         limit = (ranks[capped[0]].cap or {}).get("max_bytes")
         mb = limit / 2 ** 20 if is_int(limit) else 0
-        notes.append(f"{_ranks_text(capped)}: the trace reached its size cap ({mb:g} MB, "
+        notes.append(f"{rank_list(capped)}: the trace reached its size cap ({mb:g} MB, "
                      f"DDPDOCTOR_MAX_TRACE_MB); after it, collectives that repeat the rank's "
                      f"pattern are stored as runs and their times are interpolated")
     for trace in ranks.values():
