@@ -124,8 +124,11 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     early: list[int] = []
     waiters: dict[int, Collective] = {}
     # The ranks still waiting, found once (not once per finished rank: 1024 ranks).
-    waits = [(other, w, w.seq) for other, o in states.items() if o.status != rs.FINISHED
-             for w in (o.waiting,) if w is not None and w.seq is not None]
+    waits: list[tuple[int, Collective, int]] = []
+    for other, o in states.items():
+        w = o.waiting
+        if o.status != rs.FINISHED and w is not None and w.seq is not None:
+            waits.append((other, w, w.seq))
     for rank, s in sorted(states.items()):
         if s.status != rs.FINISHED:
             continue

@@ -64,14 +64,16 @@ def _quiet_worker() -> None:
 
 def in_batches(read: Callable[[list[Path]], list[T]], files: Sequence[Path],
                workers: int) -> Iterator[T]:
-    """``read`` applied to ``files`` in batches, results in file order: by ``workers`` forked
-    processes when ``workers`` > 1, else here. ``read`` must be a module-level function (the
-    workers find it by name). Errors it raises reach the caller as raised."""
+    """``read`` applied to ``files`` in batches of :data:`FILES_PER_TASK`, results in file
+    order as each batch is read (a caller can show progress): by ``workers`` forked processes
+    when ``workers`` > 1, else here. ``read`` must be a module-level function (the workers find
+    it by name). Errors it raises reach the caller as raised."""
     files = list(files)
-    if workers < 2:
-        yield from read(files)
-        return
     tasks = [files[i:i + FILES_PER_TASK] for i in range(0, len(files), FILES_PER_TASK)]
+    if workers < 2:
+        for task in tasks:
+            yield from read(task)
+        return
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_quiet_worker)
     futures: list[Future[list[T]]] = []
