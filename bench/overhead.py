@@ -202,7 +202,7 @@ def _trace_stats(logdir: Path) -> tuple[int, int, int]:
         data = path.read_bytes()
         total += len(data)
         for line in data.split(b"\n"):
-            if line.startswith(b'{"kind": "collective"'):
+            if line.startswith(b'{"id": '):  # format 4's collective lines
                 lines += 1
                 coll += len(line) + 1
     return total, lines, coll

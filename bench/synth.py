@@ -19,7 +19,8 @@ Each rank runs a DDP-like job:
   rank, ends blocked in its last two (pending, no ``exit`` record), while the others finish.
 
 Ranks other than the diverging one record identical collective sequences (their times and
-ranks differ), which is what a real job of identical ranks looks like.
+ranks, in their own records, differ), which is what a real job of identical ranks looks
+like.
 """
 
 from __future__ import annotations
@@ -89,12 +90,12 @@ def static_json(op: Op, stack_id: int) -> str:
     return json.dumps(out)[1:-1]
 
 
-def collective_line(rank: int, cid: int, seq: int, iteration: int, t: float, state: str,
-                    bucket: int | None, static: str) -> str:
+def collective_line(cid: int, seq: int, iteration: int, state: str, bucket: int | None,
+                    static: str) -> str:
     """One collective line, exactly as ``TraceWriter._encode_collective`` formats it."""
     extra = "" if bucket is None else f', "bucket": {bucket}'
-    return (f'{{"kind": "collective", "id": {cid}, "rank": {rank}, "seq": {seq}, '
-            f'"iteration": {iteration}, "t": {t:.6f}, "state": "{state}"{extra}, {static}}}')
+    return (f'{{"id": {cid}, "kind": "collective", "seq": {seq}, '
+            f'"iteration": {iteration}, "state": "{state}"{extra}, {static}}}')
 
 
 BUF_F = Op("broadcast", "ddp.buffers", ((1024,),), ("float32",), "fwd", root=0)
@@ -155,6 +156,7 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
     ddp_logged = False
     still: list[int] = []  # ids the next ``done`` record lists as running
     late: list[int] = []  # slow buckets issued since the last ``done`` record
+    issued: list[float] = []  # issue times since the last ``done`` record
     for cid, (op, iteration, bucket) in enumerate(sched, start=1):
         static = statics.get(op)
         if static is None:
@@ -174,14 +176,17 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
             ddp_logged = True
         t += 0.0011
         last = diverge and cid > len(sched) - 2
-        lines.append(collective_line(rank, cid, cid, iteration, t, "pending", bucket, static))
+        lines.append(collective_line(cid, cid, iteration, "pending", bucket, static))
+        issued.append(round(t, 6))
         if last or (bucket == 0 and iteration % PENDING_EVERY == 0):
             late.append(cid)
         if cid % DONE_EVERY == 0 or cid == len(sched):
             still = [i for i in still if diverge and i > len(sched) - 2] + late
             late = []
             lines.append(json.dumps({"kind": schema.DONE, "t": round(t + 0.0005, 6),
-                                     "upto": cid, "pending": still}))
+                                     "upto": cid, "pending": still,
+                                     schema.ISSUED: [[cid - len(issued) + 1, issued]]}))
+            issued = []
     if still and not diverge:
         lines.append(json.dumps({"kind": schema.DONE, "t": round(t + 0.001, 6),
                                  "upto": len(sched), "pending": []}))

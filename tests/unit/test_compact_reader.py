@@ -182,8 +182,7 @@ def _swap_collectives(start: int):
     def change(d: bytes) -> bytes:
         lines = _lines(d)
         i = next(i for i in range(start, len(lines) - 1)
-                 if lines[i].startswith(b'{"kind": "collective"')
-                 and lines[i + 1].startswith(b'{"kind": "collective"'))
+                 if lines[i].startswith(b'{"id": ') and lines[i + 1].startswith(b'{"id": '))
         lines[i], lines[i + 1] = lines[i + 1], lines[i]
         return b"\n".join(lines)
     return change
@@ -209,7 +208,7 @@ DAMAGE = {
     "state-for-unknown-id": _insert(300, b'{"kind": "state", "id": 77777, "state": "failed", '
                                          b'"t": 5.0}'),
     "bad-utf8-in-tail": _edit(130, b'"label": "ddp', b'"label": "\xff\xfeddp'),
-    "bad-number-in-head": _edit(140, b'"t": 1', b'"t": 1.2.3'),
+    "bad-number-in-head": _edit(140, b'"iteration": ', b'"iteration": 1.2.3'),
 }
 
 
@@ -276,7 +275,7 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
             lines: list[str] = []
             writer._encode_collective(rec, lines)
             sid = stacks.setdefault(op.stack, len(stacks))
-            want = synth.collective_line(3, cid, cid, 7, rec.t, "pending", rec.bucket,
+            want = synth.collective_line(cid, cid, 7, "pending", rec.bucket,
                                          synth.static_json(op, sid))
             assert lines[-1] == want
     finally:
@@ -294,7 +293,7 @@ def test_reading_in_small_chunks_changes_nothing(job: Path, tmp_path: Path,
 
     monkeypatch.setattr(records, "CHUNK", 997)  # chunk edges fall inside lines everywhere
     monkeypatch.setattr(compact, "_ID_CACHE", 300)  # and most ids lie past the shared cache
-    monkeypatch.setattr(compact, "_ID_PREFIXES", [])
+    monkeypatch.setattr(compact, "_ID_PREFIXES", {})
     _assert_same(job)
     capped = writer_job(tmp_path / "capped", 8000, iterations=300)
     assert _assert_same(capped).ranks[0].cap is not None

@@ -7,11 +7,14 @@ cache, so whatever way the rank dies afterwards — an exception, ``os._exit``, 
 gloo, SIGSEGV, SIGKILL — the collective it was in, and every one before it, can be read.
 
 Completion is the one thing known later. A daemon thread polls the ``Work`` of every collective
-still running every ``interval`` seconds and, when some completed, writes one ``done`` record
-for all of them: every collective up to ``upto`` has completed except the ids it lists as
-``pending`` (failures get a ``state`` record each). With ``DDPDOCTOR_MAX_TRACE_MB`` set, a
-trace past that size keeps only the collectives that break the rank's pattern
-(:mod:`ddpdoctor.runtime.trace_cap`). Standard library only: this runs inside every rank.
+still running every ``interval`` seconds and, when some completed or were issued, writes one
+``done`` record for all of them: every collective up to ``upto`` has completed except the ids
+it lists as ``pending`` (failures get a ``state`` record each), and the issue times of the
+collectives written since the last one (``issued``). The collective line itself carries no
+time and no rank, so identical ranks write identical lines (readers compare them by bytes).
+With ``DDPDOCTOR_MAX_TRACE_MB`` set, a trace past that size keeps only the collectives that
+break the rank's pattern (:mod:`ddpdoctor.runtime.trace_cap`). Standard library only: this
+runs inside every rank.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ class TraceWriter:
         self.issued: dict[str, int] = {}  # group -> highest seq written
         self.completed = 0  # collectives known to have completed
         self._pending: list[CollectiveRecord] = []
+        self._unreported: list[CollectiveRecord] = []  # written; issue time not yet in a done
         self._last_write = time.monotonic()
         self._stacks: dict[tuple, int] = {}
         self._static: dict[tuple, tuple[str, tuple]] = {}  # key -> (static part, key)
@@ -129,7 +133,8 @@ class TraceWriter:
             self._pending.append(rec)
             if rec.seq is not None:
                 self.issued[rec.group] = rec.seq
-            self._encode_collective(rec, lines)
+            if self._encode_collective(rec, lines):
+                self._unreported.append(rec)
             if lines:
                 self._write_lines(lines)
 
@@ -189,13 +194,16 @@ class TraceWriter:
                 lines.append(json.dumps({"kind": schema.STATE, "id": rec.id, "state": state,
                                          "t": round(now, 6)}))
         self._pending = still
-        if changed:
+        if changed or self._unreported:
             # Every id up to the last one written has completed, failed, or is listed.
             done: dict[str, Any] = {"kind": schema.DONE, "t": round(now, 6),
                                     "upto": self._next_id,
                                     "pending": [r.id for r in still[:MAX_PENDING_LISTED]]}
             if len(still) > MAX_PENDING_LISTED:
                 done["pending_from"] = still[MAX_PENDING_LISTED].id  # all later ids run too
+            if self._unreported:
+                done[schema.ISSUED] = issued_runs(self._unreported)
+                self._unreported = []
             lines.append(json.dumps(done))
         if cap is not None and (final or time.monotonic() - self._last_write >= self.interval):
             cap.close_all(lines)
@@ -203,7 +211,9 @@ class TraceWriter:
             self._write_lines(lines)
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
-    def _encode_collective(self, rec: CollectiveRecord, lines: list[str]) -> None:
+    def _encode_collective(self, rec: CollectiveRecord, lines: list[str]) -> bool:
+        """Append ``rec``'s line to ``lines``; False when a capped trace folded it into a run
+        instead (its time is the run's)."""
         # What repeats from iteration to iteration (group, op, label, shapes, call stack, ...)
         # is encoded once and cached; only the per-call fields are formatted each time.
         key = (rec.group, rec.op, rec.label, rec.api, rec.reduce_op, rec.root, rec.peer,
@@ -219,7 +229,7 @@ class TraceWriter:
         # which cost more than everything else here together.
         rec.stack, rec.tensors = cached[7], cached[8]
         if self._cap is not None and rec.seq is not None and self._cap.fold(rec, static, lines):
-            return
+            return False
         extra = ""
         if rec.p2p_seq is not None:
             extra += f', "p2p_seq": {rec.p2p_seq}'
@@ -228,10 +238,10 @@ class TraceWriter:
         # "state" is always pending here: the line is written before the collective runs. The
         # layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the reader's fast
         # path depends on it byte for byte.
-        lines.append(f'{{"kind": "collective", "id": {rec.id}, "rank": {self.rank}, '
+        lines.append(f'{{"id": {rec.id}, "kind": "collective", '
                      f'"seq": {"null" if rec.seq is None else rec.seq}, '
-                     f'"iteration": {rec.iteration}, "t": {rec.t:.6f}, "state": "pending"'
-                     f'{extra}, {static}}}')
+                     f'"iteration": {rec.iteration}, "state": "pending"{extra}, {static}}}')
+        return True
 
     def _encode_static(self, rec: CollectiveRecord, lines: list[str]) -> str:
         stack_id = self._stacks.get(rec.stack)
@@ -280,3 +290,18 @@ class TraceWriter:
             pass
         sys.stderr.write(f"ddpdoctor: rank {self.rank}: cannot write trace {self.path}: "
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
+
+
+def issued_runs(recs: Sequence[CollectiveRecord]) -> list[list]:
+    """The ``issued`` field of a ``done`` record: ``[first id, [issue time, ...]]`` for each
+    run of consecutive ids among ``recs`` (a capped trace leaves gaps where runs fold)."""
+    out: list[list] = []
+    times: list[float] = []
+    last = -2
+    for rec in recs:
+        if rec.id != last + 1:
+            times = []
+            out.append([rec.id, times])
+        times.append(round(rec.t, 6))
+        last = rec.id
+    return out

@@ -32,36 +32,53 @@ capped traces are read record by record (:func:`~ddpdoctor.trace.records.expand_
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import mmap
+import os
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, compress, repeat
+from operator import add, ge, itemgetter, le, methodcaller, not_
 from typing import Any, BinaryIO, overload
 
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.model import Collective, GroupPositions, RankTrace, Site
+from ddpdoctor.trace.model import Collective, Completion, GroupPositions, RankTrace, Site
 from ddpdoctor.trace.records import (
     Fold,
     apply_record,
     collective_from,
+    is_int,
     is_p2p,
+    issued_run,
     line_chunks,
     parse_line,
     repeat_fields,
     run_member,
 )
 
-COLLECTIVE_PREFIX = b'{"kind": "collective", "id": '
-_PREFIX_LEN = len(COLLECTIVE_PREFIX)
+# How a collective line begins, before its id: format 4, and format 3 (which is read too).
+_PREFIXES = {4: b'{"id": %d, "kind": "collective", ', 3: b'{"kind": "collective", "id": %d, '}
+_HEADS = {4: list(schema.COLLECTIVE_HEAD), 3: list(schema.COLLECTIVE_HEAD_V3)}
+_PREFIX_LEN = len(b'{"id": ')  # the ``"state"`` of a line's tail lies past this in both
 STATE_MARK = b'"state": "'
 _STATE_PREFIX = b'{"kind": "state", "id": '
 _STATE_LINE = re.compile(
     rb'\{"kind": "state", "id": (\d+), "state": "([a-z_]+)", "t": (-?\d+(?:\.\d+)?)\}')
-_ITERATION = re.compile(rb', "iteration": (\d+), "t": ')  # in the head, before the tail
-_HEAD_FIELDS = list(schema.COLLECTIVE_HEAD)
+_NUMBER = rb'-?(?:0|[1-9]\d*+)(?:\.\d++)?+(?:[eE][-+]?\d++)?+'
+_INT = rb'(?:0|[1-9]\d*+)'
+_DONE_PREFIX = b'{"kind": "done", "t": '
+# A done record as the writer writes it in format 4 (no ``pending_from``, one ``issued`` run):
+# what comes before the issue times, which are counted here and decoded only when needed. A
+# record of any other shape is decoded as JSON.
+_DONE_LINE = re.compile(rb'\{"kind": "done", "t": (' + _NUMBER + rb'), "upto": (' + _INT
+                        + rb'), "pending": \[((?:' + _INT + rb'(?:, ' + _INT + rb')*+)?+)\], "'
+                        + schema.ISSUED.encode() + rb'": \[\[(' + _INT + rb'), \[')
+_ITERATION = re.compile(rb', "iteration": (\d+), "')  # in the head, before the tail
 _VARIABLE_TAIL = schema.COLLECTIVE_VARIABLE
 _TAIL_FIELDS = frozenset(schema.COLLECTIVE_VARIABLE + schema.COLLECTIVE_STATIC)
 _BLOCK = 64  # lines per entry of the sparse offset index
@@ -69,6 +86,90 @@ _BLOCK = 64  # lines per entry of the sparse offset index
 
 class NotCompact(Exception):
     """The file is not in the writer's exact layout: read it record by record instead."""
+
+
+class _Clock:
+    """Format 4's times of one rank's collectives: where its ``done`` records' ``issued``
+    runs are (the times decoded from their line when a collective is), and the rank's clock
+    (:func:`~ddpdoctor.trace.records.clock_time`) at each point of the file it changed, for
+    a collective whose issue time never reached a ``done`` record."""
+
+    def __init__(self) -> None:
+        self.counts = array("q")  # collective lines before the clock changed
+        self.times = array("d")  # the clock from there on
+        self.first = array("q")  # per issued run: its first id,
+        self.n = array("q")  # its length,
+        self.lines = array("q")  # the line of its done record,
+        self.index = array("q")  # and its place in that record
+        self._runs: dict[tuple[int, int], tuple[int, list[float]] | None] = {}
+        self._issued: dict[int, object] = {}  # done line -> its decoded ``issued``
+        self.sorted = True  # the runs come in order of their ids, none overlapping
+
+    def add_run(self, first: int, n: int, line_no: int, index: int) -> None:
+        """An ``issued`` run of ``n`` ids from ``first``: entry ``index`` of the ``done``
+        record on line ``line_no``."""
+        if self.first and first < self.first[-1] + self.n[-1]:
+            self.sorted = False
+        self.first.append(first)
+        self.n.append(n)
+        self.lines.append(line_no)
+        self.index.append(index)
+
+    def note(self, count: int, clock: float, line_no: int,
+             runs: Iterable[tuple[int, int, int]] = ()) -> None:
+        """A record folded after ``count`` collective lines, at line ``line_no``: ``clock``,
+        the rank's clock after it; ``runs``, its ``issued`` runs as (first id, length,
+        place in the record)."""
+        if not self.times or self.times[-1] != clock:
+            self.counts.append(count)
+            self.times.append(clock)
+        for first, n, index in runs:
+            if n > 0:
+                self.add_run(first, n, line_no, index)
+
+    def line_of(self, cid: int) -> int | None:
+        """The line of the ``done`` record that most likely holds ``cid``'s issue time (to be
+        read together with the collective's own line)."""
+        if not self.sorted:
+            return None
+        i = bisect_right(self.first, cid) - 1
+        return self.lines[i] if i >= 0 and cid < self.first[i] + self.n[i] else None
+
+    def primed(self, line_no: int) -> bool:
+        return line_no in self._issued
+
+    def prime(self, line_no: int, raw: bytes) -> None:
+        """The ``done`` record on line ``line_no``, read along with collective lines."""
+        if line_no not in self._issued:
+            rec = parse_line(raw)
+            self._issued[line_no] = rec.get(schema.ISSUED) if isinstance(rec, dict) else None
+
+    def issue_time(self, cid: int, explicit: int, line_no: int,
+                   read_lines: Callable[[list[int]], dict[int, bytes]]) -> float:
+        """The issue time of collective ``cid``, the ``explicit``-th collective line (line
+        ``line_no``), as the record-by-record reader sets it: from the last ``done`` record
+        after its line that lists it, else the clock at its line."""
+        first, n, lines = self.first, self.n, self.lines
+        if self.sorted:
+            i = bisect_right(first, cid) - 1
+            found: Iterable[int] = (i,) if i >= 0 else ()
+        else:  # damaged or reordered records: the last one in the file wins
+            found = reversed(range(len(first)))
+        for i in found:
+            if not (first[i] <= cid < first[i] + n[i] and lines[i] > line_no):
+                continue
+            key = (lines[i], self.index[i])
+            if key not in self._runs:
+                if lines[i] not in self._issued:
+                    self.prime(lines[i], read_lines([lines[i]])[lines[i]])
+                raw = self._issued[lines[i]]
+                self._runs[key] = issued_run(raw[self.index[i]]) \
+                    if isinstance(raw, list) and self.index[i] < len(raw) else None
+            run = self._runs[key]
+            if run is not None and cid - run[0] < len(run[1]):
+                return run[1][cid - run[0]]
+        j = bisect_right(self.counts, explicit) - 1
+        return self.times[j] if j >= 0 else 0.0
 
 
 @dataclass
@@ -122,7 +223,9 @@ class CollectiveLog(Sequence[Collective]):
     """
 
     def __init__(self, path: str, rank: int, codes: list[int], tail_codes: list[int],
-                 reader: _Reader, runs: _Runs | None) -> None:
+                 reader: _Reader, runs: _Runs | None, twin: CollectiveLog | None = None) -> None:
+        """``twin``: the log of a rank whose collective lines are this rank's, byte for byte
+        (format 4): a collective is decoded once there and given this rank's own fields."""
         self.path = path
         self.rank = rank
         self.protos = reader.protos
@@ -133,12 +236,16 @@ class CollectiveLog(Sequence[Collective]):
         self.incomplete_ordinals: list[int] = []
         self._others = reader.others  # per non-collective line: collectives before it
         self._sparse = reader.sparse  # byte offset of every _BLOCK-th line
+        self._clock = reader.clock  # format 4: issue times, and the clock where none came
         # Later state records, sorted by id (stable: the last record of an id comes last).
         order = sorted(range(len(reader.state_ids)), key=reader.state_ids.__getitem__)
         self._state_ids = array("q", [reader.state_ids[i] for i in order])
         self._state_words = [reader.state_words[i] for i in order]
         self._state_t = [reader.state_t[i] for i in order]
         self._cache: dict[int, Collective] = {}
+        self._twin = twin
+        self._last_iterations: dict[int, int] = {}
+        self._head_damaged: set[int] = set()  # decoded from their tail alone
         self.version = reader.trace.version
         self.completion = reader.trace.completion
         self._runs = runs or _Runs()
@@ -199,6 +306,14 @@ class CollectiveLog(Sequence[Collective]):
         """The highest DDP iteration among the last ``window`` collectives, read off their
         lines without decoding them (every rank asks: 1024 ranks × 64 lines); a line it does
         not recognise, and a run member, is decoded."""
+        if self._twin is not None:  # the same lines
+            return self._twin.last_iteration(window)
+        known = self._last_iterations.get(window)
+        if known is None:
+            known = self._last_iterations[window] = self._read_last_iteration(window)
+        return known
+
+    def _read_last_iteration(self, window: int) -> int:
         first = max(0, len(self.codes) - window)
         best = 0
         lines: dict[int, int] = {}
@@ -286,14 +401,49 @@ class CollectiveLog(Sequence[Collective]):
             ordinals = lines
         if not ordinals:
             return
+        if self._twin is not None:
+            self._load_from_twin(self._twin, ordinals)
+            return
         want: dict[int, int] = {}
+        done_lines: set[int] = set()
         for k in ordinals:
             e = self.explicit(k)
             assert e is not None  # run members were built above
             want[self.line_index(e)] = k
-        raw = self.read_lines(list(want))
+            if self.version >= 4:  # its issue time, most likely: read in the same pass
+                done = self._clock.line_of(k + 1)
+                if done is not None:
+                    done_lines.add(done)
+        raw = self.read_lines(list(want) + list(done_lines))
+        for line_no in done_lines:
+            self._clock.prime(line_no, raw[line_no])
         for line_no, k in want.items():
             self._cache[k] = self._decode(raw[line_no], k)
+
+    def _load_from_twin(self, twin: CollectiveLog, ordinals: list[int]) -> None:
+        """Decode as :meth:`_decode` would from this rank's own identical lines: the twin's
+        collective with this rank's rank, issue time, completion and end."""
+        twin._load([k for k in ordinals if k not in twin._cache])
+        clock = self._clock
+        done_lines = {n for n in map(clock.line_of, (k + 1 for k in ordinals))
+                      if n is not None and not clock.primed(n)}
+        if done_lines:
+            raw = self.read_lines(list(done_lines))
+            for line_no in done_lines:
+                clock.prime(line_no, raw[line_no])
+        ids, ends = self._state_ids, self._state_t
+        for k in ordinals:
+            c = _clone(twin._cache[k])
+            c.rank, c.t_end = self.rank, None
+            if k in twin._head_damaged:
+                self._head_damaged.add(k)
+            else:
+                c.t = clock.issue_time(c.id, k, self.line_index(k), self.read_lines)
+            i = bisect_right(ids, c.id)
+            if i and ids[i - 1] == c.id:
+                c.t_end = ends[i - 1]
+            c.state = self.state_of(c.id, schema.PENDING)
+            self._cache[k] = c
 
     def read_lines(self, line_numbers: list[int]) -> dict[int, bytes]:
         """The file's lines with these numbers (0 = header), in one read of the span."""
@@ -313,11 +463,16 @@ class CollectiveLog(Sequence[Collective]):
             rec = json.loads(raw.decode("utf-8"))
             c = collective_from(self.rank, rec, self.stacks) \
                 if rec.get("kind") == schema.COLLECTIVE else None
+            if c is not None and "t" not in rec:  # format 4
+                e = self.explicit(ordinal)
+                assert e is not None  # run members are not decoded from a line
+                c.t = self._clock.issue_time(c.id, e, self.line_index(e), self.read_lines)
         except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError,
                 RecursionError):
             c = None
         if c is None:
             # A line whose variable head is damaged: what its tail says, at its position.
+            self._head_damaged.add(ordinal)
             p = self.protos[self.codes[ordinal]]
             c = Collective(rank=self.rank, id=ordinal + 1, group=p.group, seq=None, op=p.op,
                            label=p.label, shapes=p.shapes, dtypes=p.dtypes, numel=p.numel,
@@ -405,28 +560,33 @@ class CollectiveLog(Sequence[Collective]):
         self._load(self.p2p_ordinals)
 
 
-_ID_PREFIXES: list[bytes] = []
+_ID_PREFIXES: dict[int, list[bytes]] = {}  # per format version
 _ID_CACHE = 1 << 18  # ids whose prefixes are kept for every rank (about 20 MB at most)
 
 
-def _id_prefixes(first: int, count: int) -> tuple[list[bytes], int]:
+def _id_prefixes(version: int, first: int, count: int) -> tuple[list[bytes], int]:
     """``(prefixes, i)``: ``prefixes[i + j]`` is the start of the writer's collective line
     with id ``first + j``, for j up to at least ``count + 1``. Ids below :data:`_ID_CACHE`
     come from a cache shared by every rank; later ones are made for the chunk."""
+    prefix = _PREFIXES[version]
     if first + count + 2 >= _ID_CACHE:
-        return [COLLECTIVE_PREFIX + b"%d, " % i for i in range(first, first + count + 2)], 0
-    have = len(_ID_PREFIXES)
+        return [prefix % i for i in range(first, first + count + 2)], 0
+    cache = _ID_PREFIXES.setdefault(version, [])
+    have = len(cache)
     if have <= first + count + 2:
-        _ID_PREFIXES.extend(COLLECTIVE_PREFIX + b"%d, " % i
-                            for i in range(have, min(_ID_CACHE, first + count + 1024)))
-    return _ID_PREFIXES, first
+        cache.extend(prefix % i for i in range(have, min(_ID_CACHE, first + count + 1024)))
+    return cache, first
 
 
 class _Reader:
     """One pass over a rank's lines; see :func:`read_compact`."""
 
     def __init__(self, trace: RankTrace, truncated: bool) -> None:
+        if trace.version not in _PREFIXES:
+            raise NotCompact(f"format {trace.version} is read record by record")
         self.trace = trace
+        self.version = trace.version
+        self.head = _HEADS[trace.version]
         self.truncated = truncated
         self.last = False  # feeding the file's cut-off last line
         self.codes: list[int] = []
@@ -447,6 +607,9 @@ class _Reader:
         self.state_t: list[Any] = []  # as written (damage included): t_end of a collective
         self.runs: list[tuple[int, dict]] = []  # (collective lines before it, repeat record)
         self.members = 0  # collectives in those runs
+        self.clock = _Clock()
+        self.best_upto = 0  # the completion of the latest done record folded by _done
+        self.best_pending: bytes | None = None
 
     def read(self, fh: BinaryIO, start: int) -> list[int]:
         """Read the file from byte ``start`` (the line after the header) in chunks of
@@ -459,6 +622,7 @@ class _Reader:
             self._index_lines(lines)
             self.last = cut_off  # no newline at the end: the cut-off last line
             self.feed(lines)
+        self.settle_done()
         return self.codes
 
     def _index_lines(self, lines: list[bytes]) -> None:
@@ -483,7 +647,8 @@ class _Reader:
         mark, plen = STATE_MARK, _PREFIX_LEN
         # A collective line must start with the id that comes next: a lost, repeated or
         # reordered collective line sends the file down the record-by-record path.
-        expect, k = _id_prefixes(self.nid, len(lines))
+        version = self.version
+        expect, k = _id_prefixes(version, self.nid, len(lines))
         shift = self.nid - k  # expect[k] is the start of the line with id k + shift
         for line in lines:
             if line.startswith(expect[k]):
@@ -498,10 +663,10 @@ class _Reader:
                 k += 1
             else:
                 others.append(len(codes))
-                k += other(line, len(codes))
+                k += other(line, len(codes), len(codes) + len(others))
                 if k >= len(expect) - 1:  # a repeat record jumped past the prefixes made
                     nid = k + shift
-                    expect, k = _id_prefixes(nid, len(lines))
+                    expect, k = _id_prefixes(version, nid, len(lines))
                     shift = nid - k
         self.nid = k + shift
 
@@ -516,8 +681,9 @@ class _Reader:
             self._damaged(line)
             return -1
         tail_rec = parse_line(b"{" + tail) if tail.startswith(STATE_MARK) else None
-        if (not isinstance(tail_rec, dict) or list(rec)[:len(_HEAD_FIELDS)] != _HEAD_FIELDS
-                or list(rec)[len(_HEAD_FIELDS):] != list(tail_rec)
+        head = self.head
+        if (not isinstance(tail_rec, dict) or list(rec)[:len(head)] != head
+                or list(rec)[len(head):] != list(tail_rec)
                 or not set(tail_rec) <= _TAIL_FIELDS or rec.get("stack") not in self.stacks
                 and "stack" in rec
                 or tail_rec.get("state") not in (schema.PENDING, schema.COMPLETED,
@@ -539,9 +705,13 @@ class _Reader:
         self.tail_state.append(str(tail_rec["state"]))
         return code
 
-    def _other(self, line: bytes, count: int) -> int:
-        """Fold a line that is not the next collective; returns how many collectives it
-        stands for (the members of a ``repeat`` run, else 0)."""
+    def _other(self, line: bytes, count: int, line_no: int) -> int:
+        """Fold line ``line_no``, which is not the next collective; returns how many
+        collectives it stands for (the members of a ``repeat`` run, else 0)."""
+        if line[:len(_DONE_PREFIX)] == _DONE_PREFIX:
+            m = _DONE_LINE.match(line)
+            if m is not None and self._done(m, line, count, line_no):
+                return 0
         if line[:len(_STATE_PREFIX)] == _STATE_PREFIX:
             m = _STATE_LINE.fullmatch(line)
             if m is not None:
@@ -572,9 +742,53 @@ class _Reader:
             self.runs.append((count, rec))
             self.members += rec["n"]
             return rec["n"]
+        before = self.fold.last_t
+        if kind == schema.DONE:
+            self.settle_done()
         if not apply_record(self.trace, rec, self.fold):
             self._damaged(line)
+        elif kind == schema.DONE:
+            self.best_upto = self.trace.completion.upto
+            raw = rec.get(schema.ISSUED)
+            runs = [(run[0], len(run[1]), i) for i, run in enumerate(raw)
+                    if isinstance(run, list) and len(run) == 2 and is_int(run[0])
+                    and isinstance(run[1], list)] if isinstance(raw, list) else []
+            self.clock.note(count, self.fold.last_t, line_no, runs)
+        elif self.fold.last_t != before:
+            self.clock.note(count, self.fold.last_t, line_no)
         return 0
+
+    def _done(self, m: re.Match, line: bytes, count: int, line_no: int) -> bool:
+        """Fold a ``done`` line of the writer's usual shape (:data:`_DONE_LINE`) without
+        decoding its issue times (decoded when a collective's time is asked for); False
+        when it is not of that shape after all. The run's length is taken as at most
+        ``upto - first + 1`` (every id it lists was written before the record), the exact
+        one when it is decoded. The completion it states is kept as bytes until
+        :meth:`settle_done`."""
+        if line.find(b"]", m.end()) != len(line) - 4 or not line.endswith(b"]]]}"):
+            return False
+        t, upto_text, pending, first_text = m.group(1, 2, 3, 4)
+        upto, first = int(upto_text), int(first_text)
+        if upto >= self.best_upto:
+            self.best_upto, self.best_pending = upto, pending
+        fold, clock = self.fold, self.clock
+        when = float(t)
+        if when > fold.last_t:
+            fold.last_t = when
+            clock.counts.append(count)
+            clock.times.append(when)
+        if upto >= first:
+            clock.add_run(first, upto - first + 1, line_no, 0)
+        return True
+
+    def settle_done(self) -> None:
+        """The completion the ``done`` lines folded by :meth:`_done` state, into the trace."""
+        if self.best_pending is not None:
+            pending = self.best_pending
+            self.trace.completion = Completion(
+                self.best_upto, frozenset(map(int, pending.split(b", "))) if pending
+                else frozenset(), None)
+            self.best_pending = None
 
     def _state(self, cid: int, word: str, t: Any, count: int, line: bytes) -> None:
         if not 1 <= cid <= count + self.members:  # no such collective yet: damage, as ever
@@ -585,12 +799,129 @@ class _Reader:
         self.state_t.append(t)
 
 
+@dataclass
+class _Class:
+    """Ranks whose collective and ``stack`` lines are byte for byte the same (format 4):
+    what the first of them read, which the others share."""
+
+    common: bytes  # those lines, in order
+    starts: array  # the byte offset of each in ``common``, then len(common)
+    stack_lines: list[int]  # which of them are stack records
+    reader: _Reader  # the first rank's pass: tails, prototypes, stacks
+    codes: list[int]
+    tail_codes: list[int]
+    log: CollectiveLog  # the first rank's, which decodes for all
+
+    def own_records(self, data: bytes | mmap.mmap, start: int) -> list[tuple[int, bytes]] | None:
+        """The records of its own in the file ``data`` (from byte ``start``), each with the
+        number of this class's lines before it, when every other line of the file is this
+        class's line, in order; else None.
+
+        The file is compared with the class's lines block by block (memcmp): a block of
+        lines that matches is skipped whole; where a block does not, the first line that
+        differs is found by halving it and must be a record of the rank's own (a ``done``
+        record, mostly). The next block is as long as the last stretch between two own
+        records (the writer's records come at a steady pace), so a file is usually read
+        with two comparisons per own record, never a pass over each line."""
+        with memoryview(data) as view:
+            return self._own_records(data, view, start)
+
+    def _own_records(self, data: bytes | mmap.mmap, view: memoryview,
+                     start: int) -> list[tuple[int, bytes]] | None:
+        # The hot loop of reading a large run: the checks are written out, not called.
+        starts, same = self.starts, self.common.startswith
+        total = len(starts) - 1
+        size = len(data)
+        find = data.find
+        own: list[tuple[int, bytes]] = []
+        pos, li, gap = start, 0, 64
+        while True:
+            while find(_RANK_RECORD, pos, pos + _RANK_LEN) == pos:  # the rank's own records
+                end = find(b"\n", pos)
+                if end < 0:
+                    return None
+                line = data[pos:end]
+                if line.startswith(_STACK_LINE):  # a class line
+                    break
+                own.append((li, line))
+                pos = end + 1
+            if li == total:
+                return own if pos == size else None
+            lo, hi = li, min(li + gap, total)  # class lines before lo are the file's at pos
+            while True:
+                n = starts[hi] - starts[lo]
+                if pos + n <= size and same(view[pos:pos + n], starts[lo]):
+                    pos += n
+                    lo = hi
+                    if lo == total or find(_RANK_RECORD, pos, pos + _RANK_LEN) == pos:
+                        break
+                    hi = min(lo + lo - li, total)
+                    continue
+                while hi - lo > 1:  # lines lo..hi-1 hold the first that differs
+                    mid = (lo + hi) // 2
+                    n = starts[mid] - starts[lo]
+                    if pos + n <= size and same(view[pos:pos + n], starts[lo]):
+                        pos += n
+                        lo = mid
+                    else:
+                        hi = mid
+                break
+            if lo == li:
+                return None  # a line that is neither the class's nor the rank's own
+            gap, li = lo - li, lo
+
+
+@dataclass
+class Shared:
+    """What the ranks read by one process share: identical code lists, and (format 4) the
+    last few classes of byte-identical ranks, whose later members are read without a pass
+    over their lines."""
+
+    codes: dict[bytes, list[int]] = field(default_factory=dict)
+    classes: list[_Class] = field(default_factory=list)
+
+    def class_of(self, data: bytes | mmap.mmap, start: int) -> tuple[_Class, list] | None:
+        """The class whose lines the file ``data`` holds, with the file's own records."""
+        for cls in self.classes:
+            own = cls.own_records(data, start)
+            if own is not None:
+                return cls, own
+        return None
+
+    def add(self, cls: _Class) -> None:
+        if len(self.classes) >= MAX_CLASSES:
+            del self.classes[0]
+        self.classes.append(cls)
+
+
+MAX_CLASSES = 4  # classes kept at once (each holds its lines' bytes)
+BULK_MAX = 64 * 1024 * 1024  # a larger file is read in chunks, never whole
+
+
 def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
-                 pool: dict | None = None) -> None:
+                 pool: Shared | None = None) -> None:
     """Fill ``trace`` from the open trace file ``fh``, from byte ``start`` (the header line
     already read), its collectives as a :class:`CollectiveLog`; the other records are folded
     as the record-by-record reader folds them. ``pool`` shares identical code lists between
-    ranks. Raises :class:`NotCompact` when the file is not in the writer's layout."""
+    ranks, and lets a format-4 rank whose collective lines equal an earlier rank's be read
+    from its own records alone. Raises :class:`NotCompact` when the file is not in the
+    writer's layout."""
+    split = None
+    if pool is not None and trace.version >= 4 and not truncated and \
+            start < os.fstat(fh.fileno()).st_size <= BULK_MAX:
+        # Mapped, not read: a member of a known class is compared with it in place (a copy
+        # of the file would cost more than the comparison). Trace files are only appended to.
+        with mmap.mmap(fh.fileno(), 0, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
+            if mapped[-1:] == b"\n":  # else the file grew since it was looked at
+                found = pool.class_of(mapped, start)
+                if found is not None:
+                    trace.collectives = _member_log(trace, found[0], found[1], start)
+                    return
+            data = mapped[:]
+        if data.endswith(b"\n"):
+            split = _Split(data, start)
+        fh = io.BytesIO(data)
+        fh.seek(start)
     reader = _Reader(trace, truncated)
     tail_codes = reader.read(fh, start)
     tail_proto = reader.tail_proto
@@ -600,12 +931,164 @@ def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
         codes, runs = _expand(codes, reader)
     if pool is not None and codes:
         key = array("i", codes).tobytes()
-        shared = pool.get(key)
+        shared = pool.codes.get(key)
         if shared is None:
-            pool[key] = codes
+            pool.codes[key] = codes
         else:
             codes = shared
-    trace.collectives = CollectiveLog(trace.path, trace.rank, codes, tail_codes, reader, runs)
+    log = trace.collectives = CollectiveLog(trace.path, trace.rank, codes, tail_codes, reader,
+                                            runs)
+    if split is not None and pool is not None and not runs and not trace.damaged_lines:
+        cls = _new_class(split, reader, log, tail_codes)
+        if cls is not None:
+            pool.add(cls)
+
+
+_STACK_LINE = b'{"kind": "stack", '
+_RANK_RECORD = schema.RANK_RECORD
+_RANK_LEN, _STACK_LEN = len(_RANK_RECORD), len(_STACK_LINE)
+# The whole file is compared: mapping its pages at once costs less than faulting them in.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+_OWN_MARK = b"\n" + _RANK_RECORD
+
+
+class _Split:
+    """A format-4 file's lines from byte ``start`` on, told apart without decoding them: the
+    rank's own records (``{"kind": `` begins every line but a collective line, and no JSON
+    value can hold that text: a quote inside a string is escaped) and the rest, collective
+    and ``stack`` lines, which identical ranks share (``pieces``, views of the file between
+    its own records, ``size`` bytes in all). ``own`` holds each own record with the offset
+    in the joined pieces where it stood."""
+
+    def __init__(self, data: bytes, start: int) -> None:
+        view = memoryview(data)
+        self.pieces: list[memoryview] = []
+        self.own: list[tuple[int, bytes]] = []
+        pos, size = start, 0
+        find = data.find
+        hit = find(_OWN_MARK, start - 1)
+        while hit >= 0:
+            begin = hit + 1
+            if data.startswith(_STACK_LINE, begin):
+                hit = find(_OWN_MARK, begin)
+                continue
+            end = find(b"\n", begin)  # the file ends with a line end (the caller checks)
+            self.pieces.append(view[pos:begin])
+            size += begin - pos
+            self.own.append((size, data[begin:end]))
+            pos = end + 1
+            hit = find(_OWN_MARK, end)
+        self.pieces.append(view[pos:])
+        self.size = size + len(data) - pos
+
+
+def _new_class(split: _Split, reader: _Reader, log: CollectiveLog,
+               tail_codes: list[int]) -> _Class | None:
+    """The class a rank just read in full founds, when its lines were read as ``split``
+    tells them apart (every line it did not call its own a collective or a stack record);
+    else None."""
+    common = b"".join(split.pieces)
+    lines = common.split(b"\n")[:-1]
+    stack_lines = [j for j, line in enumerate(lines) if line.startswith(_STACK_LINE)]
+    codes = log.codes
+    if len(lines) - len(stack_lines) != len(codes) or \
+            len(reader.others) != len(stack_lines) + len(split.own):
+        return None
+    starts = array("q", accumulate((len(line) + 1 for line in lines), initial=0))
+    return _Class(common, starts, stack_lines, reader, codes, tail_codes, log)
+
+
+def _member_log(trace: RankTrace, cls: _Class, own: list[tuple[int, bytes]],
+                start: int) -> CollectiveLog:
+    """The log of a rank whose collective and stack lines are its class's: its ``own``
+    records (each after so many class lines) folded at the line numbers they have in its
+    file, the rest shared."""
+    first = cls.reader
+    reader = _Reader(trace, False)
+    reader.stacks, reader.fold = first.stacks, Fold(first.stacks)
+    reader.tails, reader.tail_proto, reader.tail_state = \
+        first.tails, first.tail_proto, first.tail_state
+    reader.protos, reader.proto_ids = first.protos, first.proto_ids
+    starts, stacks = cls.starts, cls.stack_lines
+    lines = [line for _, line in own]
+    js = [j for j, _ in own]  # class lines before each
+    counts = [j - bisect_left(stacks, j) for j in js] if stacks else js  # collective lines
+    own_lines = array("q", map(add, js, range(1, len(own) + 1)))  # their line numbers
+    reader.others.extend(sorted(counts + [k - i for i, k in enumerate(stacks)]))
+    if not _fold_in_bulk(reader, lines, counts, own_lines):
+        other, done, match = reader._other, reader._done, _DONE_LINE.match
+        for line, count, line_no in zip(lines, counts, own_lines):
+            m = match(line)
+            if (m is None or not done(m, line, count, line_no)) and other(line, count, line_no):
+                raise NotCompact("a repeat record: read in full")
+    reader.settle_done()
+    sizes = list(accumulate((len(line) + 1 for line in lines), initial=0))
+    total = len(starts) - 1 + len(own)
+    for line_no in range(_BLOCK, total + 1, _BLOCK):
+        p = bisect_left(own_lines, line_no)  # own records before it
+        reader.sparse.append(start + starts[line_no - 1 - p] + sizes[p])
+    return CollectiveLog(trace.path, trace.rank, cls.codes, cls.tail_codes, reader, None,
+                         cls.log)
+
+
+def _clone(c: Collective) -> Collective:
+    """A shallow copy (its lists shared with ``c``: collectives are never changed in place
+    once read), without :func:`copy.copy`'s generic protocol."""
+    twin = object.__new__(Collective)
+    twin.__dict__.update(c.__dict__)
+    return twin
+
+
+def _fold_in_bulk(reader: _Reader, lines: list[bytes], counts: list[int],
+                  line_nos: array) -> bool:
+    """Fold a rank's own records as one pass of :meth:`_Reader._other` and
+    :meth:`_Reader._done` over them would, with the ``done`` records (most of them) taken
+    apart by C-level maps instead of one at a time; False, having changed nothing, when
+    some ``done`` record is not of the writer's usual shape (then they are folded one by
+    one)."""
+    is_done = list(map(bytes.startswith, lines, repeat(_DONE_PREFIX)))
+    done = list(compress(lines, is_done))
+    matches = list(map(_DONE_LINE.match, done))
+    if None in matches or not all(map(bytes.endswith, done, repeat(b"]]]}"))) or \
+            list(map(bytes.find, done, repeat(b"]"), map(methodcaller("end"), matches))) != \
+            [len(line) - 4 for line in done] or \
+            any(line.startswith(b'{"kind": "done"')
+                for line in compress(lines, map(not_, is_done))):
+        return False
+    groups = list(map(methodcaller("group", 1, 2, 3, 4), matches))
+    uptos = list(map(int, map(itemgetter(1), groups)))
+    firsts = list(map(int, map(itemgetter(3), groups)))
+    if not all(map(ge, uptos, firsts)):
+        return False
+    # The rest in order, each one's clock read off the fold (see records.clock_time).
+    fold, clock = reader.fold, reader.clock
+    times: list[float] = list(map(float, map(itemgetter(0), groups)))
+    stamps: list[float] = []
+    k = 0
+    for line, count, line_no, is_d in zip(lines, counts, line_nos, is_done):
+        if is_d:
+            stamps.append(times[k])
+            k += 1
+            continue
+        fold.last_t = -math.inf
+        if reader._other(line, count, line_no):
+            raise NotCompact("a repeat record: read in full")
+        stamps.append(fold.last_t)
+    clock.counts, clock.times = array("q", counts), array("d", accumulate(stamps, max,
+                                                                          initial=0.0))
+    del clock.times[0]
+    fold.last_t = clock.times[-1] if clock.times else 0.0
+    if uptos:
+        best = max(uptos)
+        if best >= reader.trace.completion.upto:
+            reader.best_upto = best
+            reader.best_pending = groups[len(uptos) - 1 - uptos[::-1].index(best)][2]
+        lengths = [upto - first + 1 for upto, first in zip(uptos, firsts)]
+        clock.first, clock.n = array("q", firsts), array("q", lengths)
+        clock.lines = array("q", compress(line_nos, is_done))
+        clock.index = array("q", bytes(8 * len(firsts)))
+        clock.sorted = all(map(le, map(add, firsts, lengths), firsts[1:]))
+    return True
 
 
 def _expand(explicit: list[int], reader: _Reader) -> tuple[list[int], _Runs]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, parallel, schema
-from ddpdoctor.trace.compact import NotCompact, read_compact
+from ddpdoctor.trace.compact import NotCompact, Shared, read_compact
 from ddpdoctor.trace.model import RankTrace, Run
 from ddpdoctor.trace.rank_text import rank_list
 from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
@@ -108,9 +108,9 @@ def _regular(path: Path) -> None:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
+def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
     """Read one rank's trace file (``pool`` lets ranks with identical collective sequences
-    share one copy of it)."""
+    share one copy of it, and read identical ranks' files by comparing bytes)."""
     _regular(path)
     try:
         with open(path, "rb") as fh:
@@ -126,10 +126,14 @@ def read_rank(path: Path, pool: dict | None = None) -> RankTrace:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
 
 
+# What the ranks read by this process share (a worker process's own copy, from the fork):
+# made anew for each run read, dropped after it.
+_shared = Shared()
+
+
 def _read_batch(paths: list[Path]) -> list[RankTrace]:
     """Read these rank files; ranks with identical collective sequences share one copy."""
-    pool: dict = {}
-    return [read_rank(path, pool) for path in paths]
+    return [read_rank(path, _shared) for path in paths]
 
 
 def _bounded_lines(fh: BinaryIO) -> Iterator[tuple[bytes | None, bool]]:
@@ -191,7 +195,7 @@ def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
                      cut=os.path.exists(schema.cut_marker(str(path))))
 
 
-def _read_compact(path: Path, fh: BinaryIO, pool: dict | None) -> RankTrace | None:
+def _read_compact(path: Path, fh: BinaryIO, pool: Shared | None) -> RankTrace | None:
     """The fast path, reading the file in chunks; None when the file needs the record-by-
     record path (which also reports a bad header)."""
     first = fh.readline(MAX_LINE + 1)
@@ -276,13 +280,10 @@ def _job_records(folders: set[Path]) -> tuple[str | None, str, int]:
     return stop, reason, nnodes
 
 
-def load_run(paths: Iterable[str | os.PathLike],
-             on_file: Callable[[int, int], None] | None = None) -> Run:
-    """Load the traces under ``paths`` (folders or files, e.g. one folder per node), and any
-    flight-recorder dumps there; ``on_file(read, total)`` follows the reading, file by file."""
-    files, dumps = _inputs(list(paths))
+def _read_ranks(files: list[Path], notes: list[str],
+                on_file: Callable[[int, int], None] | None) -> dict[int, RankTrace]:
+    """Every rank's latest trace among ``files``, read in worker processes when it pays."""
     ranks: dict[int, RankTrace] = {}
-    notes: list[str] = []
     traces = parallel.in_batches(_read_batch, files, parallel.workers_for(files))
     for done, (path, trace) in enumerate(zip(files, traces), start=1):
         if on_file is not None:
@@ -296,6 +297,21 @@ def load_run(paths: Iterable[str | os.PathLike],
             if other.attempt > trace.attempt:
                 continue
         ranks[trace.rank] = trace
+    return ranks
+
+
+def load_run(paths: Iterable[str | os.PathLike],
+             on_file: Callable[[int, int], None] | None = None) -> Run:
+    """Load the traces under ``paths`` (folders or files, e.g. one folder per node), and any
+    flight-recorder dumps there; ``on_file(read, total)`` follows the reading, file by file."""
+    global _shared
+    files, dumps = _inputs(list(paths))
+    notes: list[str] = []
+    _shared = Shared()
+    try:
+        ranks = _read_ranks(files, notes, on_file)
+    finally:
+        _shared = Shared()
     run_ids = {t.run_id for t in ranks.values()}
     _merge_dumps(ranks, dumps, notes)
     if not ranks:

@@ -81,6 +81,7 @@ class Fold:
     collectives: list[Collective] | None = None  # None: collective records are not folded
     by_id: dict[int, Collective] = field(default_factory=dict)
     by_group: dict[str, list[Collective | None]] = field(default_factory=dict)
+    last_t: float = 0.0  # the latest time known so far (see :func:`clock_time`)
 
 
 def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
@@ -93,6 +94,8 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             if colls is None:
                 return False
             c = collective_from(trace.rank, rec, stacks)
+            if "t" not in rec:  # format 4: the issue time comes with a later done record
+                c.t = fold.last_t
             if c.state not in STATES:
                 return False
             damaged = ("stack" in rec and rec["stack"] not in stacks) or \
@@ -115,6 +118,12 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             done = completion_of(rec)
             if done.upto >= trace.completion.upto:
                 trace.completion = done
+            if colls is not None:
+                for first, times in issued_of(rec):
+                    for issued_id, issued in enumerate(times, start=first):
+                        listed = fold.by_id.get(issued_id)
+                        if listed is not None:
+                            listed.t = issued
         elif kind == schema.ACTIVITY:
             trace.activity = rec
         elif kind == schema.STATE:
@@ -152,7 +161,45 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             return False  # unknown kinds of this version are damage; newer versions are refused
     except (KeyError, TypeError, ValueError):
         return False
+    clock = clock_time(rec)
+    if clock is not None:
+        fold.last_t = max(fold.last_t, clock)
     return True
+
+
+_CLOCK_KINDS = frozenset({schema.DONE, schema.ACTIVITY, schema.PROCESS_START})
+
+
+def clock_time(rec: dict) -> float | None:
+    """The time of a record that tells how far a rank's clock got (``done``, ``activity``,
+    ``process_start``), else None. In format 4 a collective whose issue time never reached a
+    ``done`` record (the rank was killed within the writer's interval) is given the latest
+    such time before its line: at most the interval too early."""
+    t = rec.get("t")
+    if rec.get("kind") in _CLOCK_KINDS and isinstance(t, (int, float)) \
+            and not isinstance(t, bool):
+        return float(t)
+    return None
+
+
+def issued_run(run: object) -> tuple[int, list[float]] | None:
+    """One entry of a ``done`` record's ``issued``, ``(first id, issue times)``; None when
+    malformed."""
+    if isinstance(run, list) and len(run) == 2 and is_int(run[0]) and isinstance(run[1], list) \
+            and set(map(type, run[1])) <= _NUMBER_TYPES:
+        return run[0], list(map(float, run[1]))
+    return None
+
+
+_NUMBER_TYPES = {int, float}  # what json.loads makes of a number (bool is a type of its own)
+
+
+def issued_of(rec: dict) -> list[tuple[int, list[float]]]:
+    """The ``issued`` runs of a ``done`` record, the malformed ones left out."""
+    runs = rec.get(schema.ISSUED)
+    if not isinstance(runs, list):
+        return []
+    return [r for r in map(issued_run, runs) if r is not None]
 
 
 def completion_of(rec: dict) -> Completion:

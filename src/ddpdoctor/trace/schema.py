@@ -14,7 +14,11 @@ FORMAT = "ddpdoctor-trace"
 #    ``pending``); completion comes in bulk as ``done`` records; ``activity`` records say what
 #    a rank does while it issues no collective; the ``exception`` record carries the DDP
 #    iteration. Versions 1 and 2 are read as before.
-VERSION = 3
+# 4: a collective line carries neither ``rank`` (the header has it) nor ``t``, and begins with
+#    ``id``: equal collectives give equal lines on every rank, so readers compare identical
+#    ranks' files by their bytes. Issue times come in the writer thread's ``done`` records
+#    (``issued``). Version 3 is read as before.
+VERSION = 4
 
 # Record kinds.
 HEADER = "header"
@@ -40,9 +44,13 @@ PEERS = "peers"  # several nodes: every rank's state, read from the job's c10d s
 # the reader's fast path (``trace/compact.py``) relies on byte for byte: these fields in this
 # order, ``json.dumps`` spacing, then the variable fields present and the static part (the
 # ``COLLECTIVE_STATIC`` fields present, in this order). ``state`` lines are
-# ``{"kind": "state", "id": N, "state": "...", "t": T}``. A file in any other layout is still
-# read, record by record; ``tests/unit/test_compact_reader.py`` checks the writer keeps to it.
-COLLECTIVE_HEAD = ("kind", "id", "rank", "seq", "iteration", "t")
+# ``{"kind": "state", "id": N, "state": "...", "t": T}``. Every other record of a rank begins
+# with ``{"kind": `` (RANK_RECORD). A file in any other layout is still read, record by record;
+# ``tests/unit/test_compact_reader.py`` checks the writer keeps to it.
+COLLECTIVE_HEAD = ("id", "kind", "seq", "iteration")
+COLLECTIVE_HEAD_V3 = ("kind", "id", "rank", "seq", "iteration", "t")
+RANK_RECORD = b'{"kind": '
+ISSUED = "issued"  # in a ``done`` record: [[first id, [issue time, ...]], ...]
 COLLECTIVE_VARIABLE = ("state", "p2p_seq", "bucket")
 COLLECTIVE_STATIC = ("group", "op", "label", "shapes", "dtypes", "numel", "stack", "reduce_op",
                      "api", "root", "peer")
