@@ -303,3 +303,159 @@ def test_reading_in_small_chunks_changes_nothing(job: Path, tmp_path: Path,
     for cut in (size - 1, size - 500, size - 1001):
         run = _assert_same(_mutate(job, tmp_path / f"cut{cut}", 1, lambda d, c=cut: d[:c]))
         assert isinstance(run.ranks[1].collectives, CollectiveLog) and run.ranks[1].truncated
+
+
+# -- format 4: identical ranks compared by bytes ------------------------------------------------
+def _synth():
+    spec = importlib.util.spec_from_file_location("ddpdoctor_bench_synth_f4", BENCH / "synth.py")
+    assert spec is not None and spec.loader is not None
+    synth = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = synth  # dataclasses look their module up
+    spec.loader.exec_module(synth)
+    return synth
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    folder = tmp_path_factory.mktemp("f4") / "logs"
+    return folder, _synth().generate(folder, 8, 2000, diverge_rank=5)
+
+
+def _members(folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Run, list[int]]:
+    """The compact run of ``folder`` and the ranks read as members of a class."""
+    from ddpdoctor.trace import compact
+
+    read: list[int] = []
+    real = compact._member_log
+
+    def spy(trace, *args):  # type: ignore[no-untyped-def]
+        read.append(trace.rank)
+        return real(trace, *args)
+
+    with monkeypatch.context() as m:
+        m.setattr(compact, "_member_log", spy)
+        return _assert_same(folder), read
+
+
+def test_identical_ranks_are_read_from_their_own_records(
+        synthetic: tuple[Path, dict], monkeypatch: pytest.MonkeyPatch) -> None:
+    folder, info = synthetic
+    run, members = _members(folder, monkeypatch)
+    # rank 0 founds the class, rank 5 diverges; every other rank is read without a line pass
+    assert sorted(members) == [1, 2, 3, 4, 6, 7]
+    log = run.ranks[3].collectives
+    assert isinstance(log, CollectiveLog) and log.codes is run.ranks[0].collectives.codes
+    # each rank keeps its own issue times (the synthetic ranks' clocks differ by 10 µs)
+    assert run.ranks[3].collectives[100].t - run.ranks[0].collectives[100].t == \
+        pytest.approx(3e-5, abs=1e-6)
+    root = diagnose(run).findings[0]
+    assert root.seq == info["diverge_seq"] and 5 in root.ranks
+
+
+def test_the_writer_puts_issue_times_in_done_records(tmp_path: Path) -> None:
+    folder = writer_job(tmp_path / "logs", None, iterations=40, eval_rank=None)
+    lines = (folder / "rank-1.jsonl").read_bytes().splitlines()
+    assert all(b'"t": ' not in line for line in lines if line.startswith(b'{"id": '))
+    dones = [json.loads(line) for line in lines if line.startswith(b'{"kind": "done"')]
+    issued = [run for d in dones for run in d.get("issued", [])]
+    assert issued and sum(len(times) for _, times in issued) == \
+        sum(1 for line in lines if line.startswith(b'{"id": '))
+    run = load_run([folder])
+    first, times = issued[0]
+    assert run.ranks[1].collectives[first - 1].t == times[0]
+
+
+def test_a_rank_killed_before_its_issue_times_were_written(
+        synthetic: tuple[Path, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last collectives' lines are on disk, their times were not: they get the rank's
+    clock (the last done record's time) and the same reading on both paths."""
+    folder, _ = synthetic
+
+    def cut_after_last_collective(data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        last = max(i for i, line in enumerate(lines) if line.startswith(b'{"id": '))
+        return b"\n".join(lines[:last + 1]) + b"\n"
+
+    cut = _mutate(folder, tmp_path / "cut", 2, cut_after_last_collective)
+    run, members = _members(cut, monkeypatch)
+    assert 2 in members  # its collective lines are still the class's (it only lost records)
+    log = run.ranks[2].collectives
+    done = [json.loads(line) for line in (cut / "rank-2.jsonl").read_bytes().splitlines()
+            if line.startswith(b'{"kind": "done"')]
+    covered = done[-1]["upto"]
+    assert len(log) > covered
+    assert all(c.t == done[-1]["t"] for c in log[covered:])
+    assert log[covered - 1].t == done[-1]["issued"][-1][1][-1]
+    assert all(c.state == "pending" for c in log[covered:])
+
+
+def _edit_done(k: int, old: bytes, new: bytes):
+    """The ``k``-th done record edited (it must hold ``old``)."""
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        i = [j for j, line in enumerate(lines) if line.startswith(b'{"kind": "done"')][k]
+        assert old in lines[i]
+        lines[i] = lines[i].replace(old, new, 1)
+        return b"\n".join(lines)
+    return change
+
+
+@pytest.mark.parametrize("name,change", [
+    ("junk-line", _insert(300, b"\xff\xfe junk")),
+    ("issued-not-numbers", _edit_done(10, b'"issued": [[', b'"issued": [["x", ')),
+    ("done-with-pending-from", _edit_done(11, b'"pending": [', b'"pending_from": 9, "pending": [')),
+    ("times-not-json", _edit_done(12, b', "issued": [[', b', "issued": [[1.2.3, ')),
+    ("time-a-string", _edit_done(13, b'"issued": [[', b'"issued": [[1, ["x"]], [')),
+    ("done-reordered", _edit_done(14, b'{"kind": "done", ', b'{"kind": "done", "x": 1, ')),
+    ("state-failed", _insert(700, b'{"kind": "state", "id": 30, "state": "failed", "t": 5.0}')),
+    ("lost-collective-line", _drop(800)),
+    ("foreign-stack", _insert(900, b'{"kind": "stack", "id": 99, "frames": []}')),
+])
+def test_damaged_members_read_the_same(synthetic: tuple[Path, dict], tmp_path: Path,
+                                       name: str, change) -> None:  # type: ignore[no-untyped-def]
+    folder, _ = synthetic
+    _assert_same(_mutate(folder, tmp_path / name, 3, change))
+
+
+def _as_format3(data: bytes) -> bytes:
+    """A format-4 trace rewritten as format 3 wrote it (rank and time on every line)."""
+    lines = data.split(b"\n")
+    head = json.loads(lines[0])
+    times = {}
+    for line in lines:
+        if line.startswith(b'{"kind": "done"'):
+            for first, ts in json.loads(line)["issued"]:
+                times.update({first + k: t for k, t in enumerate(ts)})
+    out = [json.dumps({**head, "version": 3}).encode()]
+    for line in lines[1:]:
+        if line.startswith(b'{"id": '):
+            cid = int(line[7:line.index(b",")])
+            _, rest = line.split(b', "kind": "collective", ', 1)
+            seq, rest = rest.split(b', "iteration": ', 1)
+            iteration, tail = rest.split(b', "state": ', 1)
+            line = (b'{"kind": "collective", "id": %d, "rank": %d, %s, "iteration": %s, '
+                    b'"t": %.6f, "state": %s' % (cid, head["rank"], seq, iteration,
+                                                  times[cid], tail))
+        elif line.startswith(b'{"kind": "done"'):
+            rec = json.loads(line)
+            del rec["issued"]
+            line = json.dumps(rec).encode()
+        out.append(line)
+    return b"\n".join(out)
+
+
+def test_format_3_traces_still_take_the_fast_path(synthetic: tuple[Path, dict],
+                                                  tmp_path: Path) -> None:
+    folder, info = synthetic
+    old = tmp_path / "v3"
+    old.mkdir()
+    for path in folder.glob("rank-*.jsonl"):
+        (old / path.name).write_bytes(_as_format3(path.read_bytes()))
+    run = _assert_same(old)
+    assert all(t.version == 3 and isinstance(t.collectives, CollectiveLog)
+               for t in run.ranks.values())
+    new = load_run([folder])
+    for r, trace in run.ranks.items():
+        assert [dataclasses.asdict(c) for c in trace.collectives[-50:]] == \
+            [dataclasses.asdict(c) for c in new.ranks[r].collectives[-50:]]
+    assert diagnose(run).findings[0].seq == info["diverge_seq"]
