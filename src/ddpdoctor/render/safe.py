@@ -35,28 +35,41 @@ def markdown_text(text: str) -> str:
             .replace("](", "]\\("))
 
 
-def _map(value: T, fn: Callable[[str], str]) -> T:
+def _map(value: T, fn: Callable[[str], str], memo: dict[int, Any]) -> T:
+    """``value`` with ``fn`` applied to every string in it; the same object where nothing
+    changed, and one result per object however often the report refers to it (1024 ranks'
+    details share their call stacks)."""
     if isinstance(value, str):
-        return fn(value)  # type: ignore[return-value]
-    if isinstance(value, list):
-        return [_map(v, fn) for v in value]  # type: ignore[return-value]
-    if isinstance(value, tuple):
-        return tuple(_map(v, fn) for v in value)  # type: ignore[return-value]
-    if isinstance(value, dict):
-        return {_map(k, fn): _map(v, fn) for k, v in value.items()}  # type: ignore
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        new_text = fn(value)
+        return value if new_text == value else new_text  # type: ignore[return-value]
+    key = id(value)
+    if key in memo:
+        return memo[key]
+    out: Any = value
+    if isinstance(value, (list, tuple)):
+        items = [_map(v, fn, memo) for v in value]
+        if any(a is not b for a, b in zip(items, value)):
+            out = items if isinstance(value, list) else tuple(items)
+    elif isinstance(value, dict):
+        pairs = [(_map(k, fn, memo), _map(v, fn, memo)) for k, v in value.items()]
+        if any(a is not k or b is not v for (a, b), (k, v) in zip(pairs, value.items())):
+            out = dict(pairs)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes: dict[str, Any] = {}
         for f in dataclasses.fields(value):
             if not f.init:
                 continue
             old = getattr(value, f.name)
-            new = _map(old, fn)
+            new = _map(old, fn, memo)
             if new is not old:
                 changes[f.name] = new
-        return dataclasses.replace(value, **changes) if changes else value
-    return value
+        if changes:
+            out = dataclasses.replace(value, **changes)
+    memo[key] = out
+    return out
 
 
 def clean_report(report: Report, fn: Callable[[str], str] = clean) -> Report:
-    """A copy of ``report`` whose every string went through ``fn`` (:func:`clean`)."""
-    return _map(report, fn)
+    """A copy of ``report`` whose every string went through ``fn`` (:func:`clean`); what no
+    string of changed is shared with ``report``."""
+    return _map(report, fn, {})

@@ -250,7 +250,10 @@ class CollectiveLog(Sequence[Collective]):
         self.completion = reader.trace.completion
         self._runs = runs or _Runs()
         self._index(tail_codes, reader)
-        self._check()
+        if twin is None:
+            self._check()
+        else:  # its lines are the twin's, checked there; its offsets by _member_log
+            self._load(self.p2p_ordinals)
 
     # -- Sequence ---------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -915,7 +918,7 @@ def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
             if mapped[-1:] == b"\n":  # else the file grew since it was looked at
                 found = pool.class_of(mapped, start)
                 if found is not None:
-                    trace.collectives = _member_log(trace, found[0], found[1], start)
+                    trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
                     return
             data = mapped[:]
         if data.endswith(b"\n"):
@@ -998,11 +1001,11 @@ def _new_class(split: _Split, reader: _Reader, log: CollectiveLog,
     return _Class(common, starts, stack_lines, reader, codes, tail_codes, log)
 
 
-def _member_log(trace: RankTrace, cls: _Class, own: list[tuple[int, bytes]],
-                start: int) -> CollectiveLog:
+def _member_log(trace: RankTrace, cls: _Class, own: list[tuple[int, bytes]], start: int,
+                data: bytes | mmap.mmap) -> CollectiveLog:
     """The log of a rank whose collective and stack lines are its class's: its ``own``
     records (each after so many class lines) folded at the line numbers they have in its
-    file, the rest shared."""
+    file (``data``), the rest shared."""
     first = cls.reader
     reader = _Reader(trace, False)
     reader.stacks, reader.fold = first.stacks, Fold(first.stacks)
@@ -1024,9 +1027,19 @@ def _member_log(trace: RankTrace, cls: _Class, own: list[tuple[int, bytes]],
     reader.settle_done()
     sizes = list(accumulate((len(line) + 1 for line in lines), initial=0))
     total = len(starts) - 1 + len(own)
+    common = cls.common
     for line_no in range(_BLOCK, total + 1, _BLOCK):
         p = bisect_left(own_lines, line_no)  # own records before it
-        reader.sparse.append(start + starts[line_no - 1 - p] + sizes[p])
+        offset = start + starts[line_no - 1 - p] + sizes[p]
+        # The offset begins the line it should: an own record's or a class line's.
+        if p < len(own_lines) and own_lines[p] == line_no:
+            head = lines[p][:32]
+        else:
+            j = line_no - 1 - p
+            head = common[starts[j]:min(starts[j] + 32, starts[j + 1] - 1)]
+        if data[offset - 1:offset + len(head)] != b"\n" + head:
+            raise NotCompact("line offsets out of step")
+        reader.sparse.append(offset)
     return CollectiveLog(trace.path, trace.rank, cls.codes, cls.tail_codes, reader, None,
                          cls.log)
 
