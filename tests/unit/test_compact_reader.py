@@ -33,11 +33,12 @@ def _legacy(folder: Path) -> Run:
     def refuse(*args: object, **kwargs: object) -> None:
         raise NotCompact("forced")
 
-    reader.read_compact = refuse
+    real_shared = reader.read_shared
+    reader.read_compact = reader.read_shared = refuse
     try:
         return load_run([folder])
     finally:
-        reader.read_compact = real
+        reader.read_compact, reader.read_shared = real, real_shared
 
 
 def _trace_fields(run: Run) -> dict:
@@ -323,17 +324,17 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 
 def _members(folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Run, list[int]]:
     """The compact run of ``folder`` and the ranks read as members of a class."""
-    from ddpdoctor.trace import compact
+    from ddpdoctor.trace import identical
 
     read: list[int] = []
-    real = compact._member_log
+    real = identical._member_log
 
     def spy(trace, *args):  # type: ignore[no-untyped-def]
         read.append(trace.rank)
         return real(trace, *args)
 
     with monkeypatch.context() as m:
-        m.setattr(compact, "_member_log", spy)
+        m.setattr(identical, "_member_log", spy)
         return _assert_same(folder), read
 
 

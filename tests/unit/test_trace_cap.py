@@ -26,6 +26,7 @@ def _legacy(monkeypatch: pytest.MonkeyPatch, folder: Path):
 
     with monkeypatch.context() as m:
         m.setattr(reader, "read_compact", refuse)
+        m.setattr(reader, "read_shared", refuse)
         return load_run([folder])
 
 

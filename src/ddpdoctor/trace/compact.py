@@ -1,7 +1,7 @@
 """The fast path of the trace reader: a rank's collectives kept compact, materialised on demand.
 
 A long job writes tens of thousands of collective lines per rank that differ only in their
-ids, times and states: the part the writer caches (group, op, label, tensors, stack; see
+ids (format 3: and times): the part the writer caches (group, op, label, tensors, stack; see
 ``TraceWriter._encode_collective``) repeats. :func:`read_compact` therefore reads a trace file
 written in the writer's exact layout without decoding every line: each collective line is
 reduced to the bytes from its ``"state"`` field to its end, which are interned (one dict
@@ -24,6 +24,10 @@ equal to their position in the group. (Sequence numbers in between are not decod
 threads issuing on one group at once could write two of them in swapped order, and such a
 trace is read in file order.)
 
+Ranks whose collective lines are byte for byte the same (format 4) are read by comparing bytes
+(:mod:`ddpdoctor.trace.identical`); such a rank's log decodes through the first one's
+(``twin``).
+
 A size-capped trace (``repeat`` records, :mod:`ddpdoctor.runtime.trace_cap`) of a rank with one
 group and no point-to-point ops is expanded here at C speed (list slices: a run copies the
 codes ``back`` positions earlier); its members are built from their run when asked for. Other
@@ -32,21 +36,17 @@ capped traces are read record by record (:func:`~ddpdoctor.trace.records.expand_
 
 from __future__ import annotations
 
-import io
 import json
-import math
-import mmap
-import os
 import re
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate, compress, repeat
-from operator import add, ge, itemgetter, le, methodcaller, not_
+from itertools import accumulate
 from typing import Any, BinaryIO, overload
 
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.issue_times import IssueTimes
 from ddpdoctor.trace.model import Collective, Completion, GroupPositions, RankTrace, Site
 from ddpdoctor.trace.records import (
     Fold,
@@ -54,7 +54,6 @@ from ddpdoctor.trace.records import (
     collective_from,
     is_int,
     is_p2p,
-    issued_run,
     line_chunks,
     parse_line,
     repeat_fields,
@@ -71,105 +70,21 @@ _STATE_LINE = re.compile(
     rb'\{"kind": "state", "id": (\d+), "state": "([a-z_]+)", "t": (-?\d+(?:\.\d+)?)\}')
 _NUMBER = rb'-?(?:0|[1-9]\d*+)(?:\.\d++)?+(?:[eE][-+]?\d++)?+'
 _INT = rb'(?:0|[1-9]\d*+)'
-_DONE_PREFIX = b'{"kind": "done", "t": '
+DONE_PREFIX = b'{"kind": "done", "t": '
 # A done record as the writer writes it in format 4 (no ``pending_from``, one ``issued`` run):
 # what comes before the issue times, which are counted here and decoded only when needed. A
 # record of any other shape is decoded as JSON.
-_DONE_LINE = re.compile(rb'\{"kind": "done", "t": (' + _NUMBER + rb'), "upto": (' + _INT
+DONE_LINE = re.compile(rb'\{"kind": "done", "t": (' + _NUMBER + rb'), "upto": (' + _INT
                         + rb'), "pending": \[((?:' + _INT + rb'(?:, ' + _INT + rb')*+)?+)\], "'
                         + schema.ISSUED.encode() + rb'": \[\[(' + _INT + rb'), \[')
 _ITERATION = re.compile(rb', "iteration": (\d+), "')  # in the head, before the tail
 _VARIABLE_TAIL = schema.COLLECTIVE_VARIABLE
 _TAIL_FIELDS = frozenset(schema.COLLECTIVE_VARIABLE + schema.COLLECTIVE_STATIC)
-_BLOCK = 64  # lines per entry of the sparse offset index
+BLOCK = 64  # lines per entry of the sparse offset index
 
 
 class NotCompact(Exception):
     """The file is not in the writer's exact layout: read it record by record instead."""
-
-
-class _Clock:
-    """Format 4's times of one rank's collectives: where its ``done`` records' ``issued``
-    runs are (the times decoded from their line when a collective is), and the rank's clock
-    (:func:`~ddpdoctor.trace.records.clock_time`) at each point of the file it changed, for
-    a collective whose issue time never reached a ``done`` record."""
-
-    def __init__(self) -> None:
-        self.counts = array("q")  # collective lines before the clock changed
-        self.times = array("d")  # the clock from there on
-        self.first = array("q")  # per issued run: its first id,
-        self.n = array("q")  # its length,
-        self.lines = array("q")  # the line of its done record,
-        self.index = array("q")  # and its place in that record
-        self._runs: dict[tuple[int, int], tuple[int, list[float]] | None] = {}
-        self._issued: dict[int, object] = {}  # done line -> its decoded ``issued``
-        self.sorted = True  # the runs come in order of their ids, none overlapping
-
-    def add_run(self, first: int, n: int, line_no: int, index: int) -> None:
-        """An ``issued`` run of ``n`` ids from ``first``: entry ``index`` of the ``done``
-        record on line ``line_no``."""
-        if self.first and first < self.first[-1] + self.n[-1]:
-            self.sorted = False
-        self.first.append(first)
-        self.n.append(n)
-        self.lines.append(line_no)
-        self.index.append(index)
-
-    def note(self, count: int, clock: float, line_no: int,
-             runs: Iterable[tuple[int, int, int]] = ()) -> None:
-        """A record folded after ``count`` collective lines, at line ``line_no``: ``clock``,
-        the rank's clock after it; ``runs``, its ``issued`` runs as (first id, length,
-        place in the record)."""
-        if not self.times or self.times[-1] != clock:
-            self.counts.append(count)
-            self.times.append(clock)
-        for first, n, index in runs:
-            if n > 0:
-                self.add_run(first, n, line_no, index)
-
-    def line_of(self, cid: int) -> int | None:
-        """The line of the ``done`` record that most likely holds ``cid``'s issue time (to be
-        read together with the collective's own line)."""
-        if not self.sorted:
-            return None
-        i = bisect_right(self.first, cid) - 1
-        return self.lines[i] if i >= 0 and cid < self.first[i] + self.n[i] else None
-
-    def primed(self, line_no: int) -> bool:
-        return line_no in self._issued
-
-    def prime(self, line_no: int, raw: bytes) -> None:
-        """The ``done`` record on line ``line_no``, read along with collective lines."""
-        if line_no not in self._issued:
-            rec = parse_line(raw)
-            self._issued[line_no] = rec.get(schema.ISSUED) if isinstance(rec, dict) else None
-
-    def issue_time(self, cid: int, explicit: int, line_no: int,
-                   read_lines: Callable[[list[int]], dict[int, bytes]]) -> float:
-        """The issue time of collective ``cid``, the ``explicit``-th collective line (line
-        ``line_no``), as the record-by-record reader sets it: from the last ``done`` record
-        after its line that lists it, else the clock at its line."""
-        first, n, lines = self.first, self.n, self.lines
-        if self.sorted:
-            i = bisect_right(first, cid) - 1
-            found: Iterable[int] = (i,) if i >= 0 else ()
-        else:  # damaged or reordered records: the last one in the file wins
-            found = reversed(range(len(first)))
-        for i in found:
-            if not (first[i] <= cid < first[i] + n[i] and lines[i] > line_no):
-                continue
-            key = (lines[i], self.index[i])
-            if key not in self._runs:
-                if lines[i] not in self._issued:
-                    self.prime(lines[i], read_lines([lines[i]])[lines[i]])
-                raw = self._issued[lines[i]]
-                self._runs[key] = issued_run(raw[self.index[i]]) \
-                    if isinstance(raw, list) and self.index[i] < len(raw) else None
-            run = self._runs[key]
-            if run is not None and cid - run[0] < len(run[1]):
-                return run[1][cid - run[0]]
-        j = bisect_right(self.counts, explicit) - 1
-        return self.times[j] if j >= 0 else 0.0
 
 
 @dataclass
@@ -218,12 +133,12 @@ class CollectiveLog(Sequence[Collective]):
     defaults) and ``codes`` which prototype each collective is. Indexing decodes that
     collective's line from the file (cached), with its later ``state`` record applied, exactly
     as the record-by-record reader would have built it. Built by :func:`read_compact` from
-    what one pass over the file (:class:`_Reader`) found; raises :class:`NotCompact` when what
+    what one pass over the file (:class:`LineReader`) found; raises :class:`NotCompact` when what
     it found does not hold together.
     """
 
     def __init__(self, path: str, rank: int, codes: list[int], tail_codes: list[int],
-                 reader: _Reader, runs: _Runs | None, twin: CollectiveLog | None = None) -> None:
+                 reader: LineReader, runs: _Runs | None, twin: CollectiveLog | None = None) -> None:
         """``twin``: the log of a rank whose collective lines are this rank's, byte for byte
         (format 4): a collective is decoded once there and given this rank's own fields."""
         self.path = path
@@ -235,7 +150,7 @@ class CollectiveLog(Sequence[Collective]):
         self.p2p_ordinals: list[int] = []
         self.incomplete_ordinals: list[int] = []
         self._others = reader.others  # per non-collective line: collectives before it
-        self._sparse = reader.sparse  # byte offset of every _BLOCK-th line
+        self._sparse = reader.sparse  # byte offset of every BLOCK-th line
         self._clock = reader.clock  # format 4: issue times, and the clock where none came
         # Later state records, sorted by id (stable: the last record of an id comes last).
         order = sorted(range(len(reader.state_ids)), key=reader.state_ids.__getitem__)
@@ -249,6 +164,7 @@ class CollectiveLog(Sequence[Collective]):
         self.version = reader.trace.version
         self.completion = reader.trace.completion
         self._runs = runs or _Runs()
+        self.has_runs = runs is not None  # a capped trace's repeat runs were expanded
         self._index(tail_codes, reader)
         if twin is None:
             self._check()
@@ -436,7 +352,7 @@ class CollectiveLog(Sequence[Collective]):
                 clock.prime(line_no, raw[line_no])
         ids, ends = self._state_ids, self._state_t
         for k in ordinals:
-            c = _clone(twin._cache[k])
+            c = clone(twin._cache[k])
             c.rank, c.t_end = self.rank, None
             if k in twin._head_damaged:
                 self._head_damaged.add(k)
@@ -451,14 +367,14 @@ class CollectiveLog(Sequence[Collective]):
     def read_lines(self, line_numbers: list[int]) -> dict[int, bytes]:
         """The file's lines with these numbers (0 = header), in one read of the span."""
         first, last = min(line_numbers), max(line_numbers)
-        start = self._sparse[first // _BLOCK]
-        block_end = last // _BLOCK + 1
+        start = self._sparse[first // BLOCK]
+        block_end = last // BLOCK + 1
         end = self._sparse[block_end] if block_end < len(self._sparse) else None
         with open(self.path, "rb") as fh:
             fh.seek(start)
             data = fh.read() if end is None else fh.read(end - start)
         lines = data.split(b"\n")
-        base = (first // _BLOCK) * _BLOCK
+        base = (first // BLOCK) * BLOCK
         return {n: lines[n - base] if n - base < len(lines) else b"" for n in line_numbers}
 
     def _decode(self, raw: bytes, ordinal: int) -> Collective:
@@ -489,7 +405,7 @@ class CollectiveLog(Sequence[Collective]):
         return c
 
     # -- built once, from the reading pass ----------------------------------------------
-    def _index(self, tail_codes: list[int], reader: _Reader) -> None:
+    def _index(self, tail_codes: list[int], reader: LineReader) -> None:
         """Per-group positions, point-to-point ops and collectives that never completed."""
         protos, codes = self.protos, self.codes
         p2p = {i for i, p in enumerate(protos) if is_p2p(p)}
@@ -581,7 +497,7 @@ def _id_prefixes(version: int, first: int, count: int) -> tuple[list[bytes], int
     return cache, first
 
 
-class _Reader:
+class LineReader:
     """One pass over a rank's lines; see :func:`read_compact`."""
 
     def __init__(self, trace: RankTrace, truncated: bool) -> None:
@@ -594,7 +510,7 @@ class _Reader:
         self.last = False  # feeding the file's cut-off last line
         self.codes: list[int] = []
         self.nid = 1  # the id the next collective line must carry
-        self.sparse = array("q", [0])  # byte offset of every _BLOCK-th line
+        self.sparse = array("q", [0])  # byte offset of every BLOCK-th line
         self.line_no = 1  # number of the next line (0 = header)
         self.offset = 0  # byte offset of the next line
         self.stacks: dict[int, list[Site]] = {}
@@ -609,8 +525,9 @@ class _Reader:
         self.state_words: list[str] = []
         self.state_t: list[Any] = []  # as written (damage included): t_end of a collective
         self.runs: list[tuple[int, dict]] = []  # (collective lines before it, repeat record)
+        self.tail_codes: list[int] = []  # per collective line, its tail's code (after reading)
         self.members = 0  # collectives in those runs
-        self.clock = _Clock()
+        self.clock = IssueTimes()
         self.best_upto = 0  # the completion of the latest done record folded by _done
         self.best_pending: bytes | None = None
 
@@ -629,12 +546,12 @@ class _Reader:
         return self.codes
 
     def _index_lines(self, lines: list[bytes]) -> None:
-        """Note the byte offset of every :data:`_BLOCK`-th line among ``lines``."""
+        """Note the byte offset of every :data:`BLOCK`-th line among ``lines``."""
         if not lines:
             return
         ends = list(accumulate(map(len, lines)))  # bytes of lines[:j + 1], newlines aside
         first = self.line_no
-        for j in range((-first) % _BLOCK, len(lines), _BLOCK):
+        for j in range((-first) % BLOCK, len(lines), BLOCK):
             self.sparse.append(self.offset + (ends[j - 1] if j else 0) + j)
         self.line_no += len(lines)
         self.offset += ends[-1] + len(lines)
@@ -711,8 +628,8 @@ class _Reader:
     def _other(self, line: bytes, count: int, line_no: int) -> int:
         """Fold line ``line_no``, which is not the next collective; returns how many
         collectives it stands for (the members of a ``repeat`` run, else 0)."""
-        if line[:len(_DONE_PREFIX)] == _DONE_PREFIX:
-            m = _DONE_LINE.match(line)
+        if line[:len(DONE_PREFIX)] == DONE_PREFIX:
+            m = DONE_LINE.match(line)
             if m is not None and self._done(m, line, count, line_no):
                 return 0
         if line[:len(_STATE_PREFIX)] == _STATE_PREFIX:
@@ -762,7 +679,7 @@ class _Reader:
         return 0
 
     def _done(self, m: re.Match, line: bytes, count: int, line_no: int) -> bool:
-        """Fold a ``done`` line of the writer's usual shape (:data:`_DONE_LINE`) without
+        """Fold a ``done`` line of the writer's usual shape (:data:`DONE_LINE`) without
         decoding its issue times (decoded when a collective's time is asked for); False
         when it is not of that shape after all. The run's length is taken as at most
         ``upto - first + 1`` (every id it lists was written before the record), the exact
@@ -802,130 +719,15 @@ class _Reader:
         self.state_t.append(t)
 
 
-@dataclass
-class _Class:
-    """Ranks whose collective and ``stack`` lines are byte for byte the same (format 4):
-    what the first of them read, which the others share."""
-
-    common: bytes  # those lines, in order
-    starts: array  # the byte offset of each in ``common``, then len(common)
-    stack_lines: list[int]  # which of them are stack records
-    reader: _Reader  # the first rank's pass: tails, prototypes, stacks
-    codes: list[int]
-    tail_codes: list[int]
-    log: CollectiveLog  # the first rank's, which decodes for all
-
-    def own_records(self, data: bytes | mmap.mmap, start: int) -> list[tuple[int, bytes]] | None:
-        """The records of its own in the file ``data`` (from byte ``start``), each with the
-        number of this class's lines before it, when every other line of the file is this
-        class's line, in order; else None.
-
-        The file is compared with the class's lines block by block (memcmp): a block of
-        lines that matches is skipped whole; where a block does not, the first line that
-        differs is found by halving it and must be a record of the rank's own (a ``done``
-        record, mostly). The next block is as long as the last stretch between two own
-        records (the writer's records come at a steady pace), so a file is usually read
-        with two comparisons per own record, never a pass over each line."""
-        with memoryview(data) as view:
-            return self._own_records(data, view, start)
-
-    def _own_records(self, data: bytes | mmap.mmap, view: memoryview,
-                     start: int) -> list[tuple[int, bytes]] | None:
-        # The hot loop of reading a large run: the checks are written out, not called.
-        starts, same = self.starts, self.common.startswith
-        total = len(starts) - 1
-        size = len(data)
-        find = data.find
-        own: list[tuple[int, bytes]] = []
-        pos, li, gap = start, 0, 64
-        while True:
-            while find(_RANK_RECORD, pos, pos + _RANK_LEN) == pos:  # the rank's own records
-                end = find(b"\n", pos)
-                if end < 0:
-                    return None
-                line = data[pos:end]
-                if line.startswith(_STACK_LINE):  # a class line
-                    break
-                own.append((li, line))
-                pos = end + 1
-            if li == total:
-                return own if pos == size else None
-            lo, hi = li, min(li + gap, total)  # class lines before lo are the file's at pos
-            while True:
-                n = starts[hi] - starts[lo]
-                if pos + n <= size and same(view[pos:pos + n], starts[lo]):
-                    pos += n
-                    lo = hi
-                    if lo == total or find(_RANK_RECORD, pos, pos + _RANK_LEN) == pos:
-                        break
-                    hi = min(lo + lo - li, total)
-                    continue
-                while hi - lo > 1:  # lines lo..hi-1 hold the first that differs
-                    mid = (lo + hi) // 2
-                    n = starts[mid] - starts[lo]
-                    if pos + n <= size and same(view[pos:pos + n], starts[lo]):
-                        pos += n
-                        lo = mid
-                    else:
-                        hi = mid
-                break
-            if lo == li:
-                return None  # a line that is neither the class's nor the rank's own
-            gap, li = lo - li, lo
-
-
-@dataclass
-class Shared:
-    """What the ranks read by one process share: identical code lists, and (format 4) the
-    last few classes of byte-identical ranks, whose later members are read without a pass
-    over their lines."""
-
-    codes: dict[bytes, list[int]] = field(default_factory=dict)
-    classes: list[_Class] = field(default_factory=list)
-
-    def class_of(self, data: bytes | mmap.mmap, start: int) -> tuple[_Class, list] | None:
-        """The class whose lines the file ``data`` holds, with the file's own records."""
-        for cls in self.classes:
-            own = cls.own_records(data, start)
-            if own is not None:
-                return cls, own
-        return None
-
-    def add(self, cls: _Class) -> None:
-        if len(self.classes) >= MAX_CLASSES:
-            del self.classes[0]
-        self.classes.append(cls)
-
-
-MAX_CLASSES = 4  # classes kept at once (each holds its lines' bytes)
-BULK_MAX = 64 * 1024 * 1024  # a larger file is read in chunks, never whole
-
-
 def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
-                 pool: Shared | None = None) -> None:
+                 pool: dict[bytes, list[int]] | None = None) -> LineReader:
     """Fill ``trace`` from the open trace file ``fh``, from byte ``start`` (the header line
     already read), its collectives as a :class:`CollectiveLog`; the other records are folded
     as the record-by-record reader folds them. ``pool`` shares identical code lists between
-    ranks, and lets a format-4 rank whose collective lines equal an earlier rank's be read
-    from its own records alone. Raises :class:`NotCompact` when the file is not in the
-    writer's layout."""
-    split = None
-    if pool is not None and trace.version >= 4 and not truncated and \
-            start < os.fstat(fh.fileno()).st_size <= BULK_MAX:
-        # Mapped, not read: a member of a known class is compared with it in place (a copy
-        # of the file would cost more than the comparison). Trace files are only appended to.
-        with mmap.mmap(fh.fileno(), 0, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
-            if mapped[-1:] == b"\n":  # else the file grew since it was looked at
-                found = pool.class_of(mapped, start)
-                if found is not None:
-                    trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
-                    return
-            data = mapped[:]
-        if data.endswith(b"\n"):
-            split = _Split(data, start)
-        fh = io.BytesIO(data)
-        fh.seek(start)
-    reader = _Reader(trace, truncated)
+    ranks. Returns the pass over the file (what a class of identical ranks shares, see
+    :mod:`ddpdoctor.trace.identical`). Raises :class:`NotCompact` when the file is not in
+    the writer's layout."""
+    reader = LineReader(trace, truncated)
     tail_codes = reader.read(fh, start)
     tail_proto = reader.tail_proto
     codes = list(map(tail_proto.__getitem__, tail_codes))
@@ -934,117 +736,17 @@ def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
         codes, runs = _expand(codes, reader)
     if pool is not None and codes:
         key = array("i", codes).tobytes()
-        shared = pool.codes.get(key)
+        shared = pool.get(key)
         if shared is None:
-            pool.codes[key] = codes
+            pool[key] = codes
         else:
             codes = shared
-    log = trace.collectives = CollectiveLog(trace.path, trace.rank, codes, tail_codes, reader,
-                                            runs)
-    if split is not None and pool is not None and not runs and not trace.damaged_lines:
-        cls = _new_class(split, reader, log, tail_codes)
-        if cls is not None:
-            pool.add(cls)
+    reader.tail_codes = tail_codes
+    trace.collectives = CollectiveLog(trace.path, trace.rank, codes, tail_codes, reader, runs)
+    return reader
 
 
-_STACK_LINE = b'{"kind": "stack", '
-_RANK_RECORD = schema.RANK_RECORD
-_RANK_LEN, _STACK_LEN = len(_RANK_RECORD), len(_STACK_LINE)
-# The whole file is compared: mapping its pages at once costs less than faulting them in.
-_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-_OWN_MARK = b"\n" + _RANK_RECORD
-
-
-class _Split:
-    """A format-4 file's lines from byte ``start`` on, told apart without decoding them: the
-    rank's own records (``{"kind": `` begins every line but a collective line, and no JSON
-    value can hold that text: a quote inside a string is escaped) and the rest, collective
-    and ``stack`` lines, which identical ranks share (``pieces``, views of the file between
-    its own records, ``size`` bytes in all). ``own`` holds each own record with the offset
-    in the joined pieces where it stood."""
-
-    def __init__(self, data: bytes, start: int) -> None:
-        view = memoryview(data)
-        self.pieces: list[memoryview] = []
-        self.own: list[tuple[int, bytes]] = []
-        pos, size = start, 0
-        find = data.find
-        hit = find(_OWN_MARK, start - 1)
-        while hit >= 0:
-            begin = hit + 1
-            if data.startswith(_STACK_LINE, begin):
-                hit = find(_OWN_MARK, begin)
-                continue
-            end = find(b"\n", begin)  # the file ends with a line end (the caller checks)
-            self.pieces.append(view[pos:begin])
-            size += begin - pos
-            self.own.append((size, data[begin:end]))
-            pos = end + 1
-            hit = find(_OWN_MARK, end)
-        self.pieces.append(view[pos:])
-        self.size = size + len(data) - pos
-
-
-def _new_class(split: _Split, reader: _Reader, log: CollectiveLog,
-               tail_codes: list[int]) -> _Class | None:
-    """The class a rank just read in full founds, when its lines were read as ``split``
-    tells them apart (every line it did not call its own a collective or a stack record);
-    else None."""
-    common = b"".join(split.pieces)
-    lines = common.split(b"\n")[:-1]
-    stack_lines = [j for j, line in enumerate(lines) if line.startswith(_STACK_LINE)]
-    codes = log.codes
-    if len(lines) - len(stack_lines) != len(codes) or \
-            len(reader.others) != len(stack_lines) + len(split.own):
-        return None
-    starts = array("q", accumulate((len(line) + 1 for line in lines), initial=0))
-    return _Class(common, starts, stack_lines, reader, codes, tail_codes, log)
-
-
-def _member_log(trace: RankTrace, cls: _Class, own: list[tuple[int, bytes]], start: int,
-                data: bytes | mmap.mmap) -> CollectiveLog:
-    """The log of a rank whose collective and stack lines are its class's: its ``own``
-    records (each after so many class lines) folded at the line numbers they have in its
-    file (``data``), the rest shared."""
-    first = cls.reader
-    reader = _Reader(trace, False)
-    reader.stacks, reader.fold = first.stacks, Fold(first.stacks)
-    reader.tails, reader.tail_proto, reader.tail_state = \
-        first.tails, first.tail_proto, first.tail_state
-    reader.protos, reader.proto_ids = first.protos, first.proto_ids
-    starts, stacks = cls.starts, cls.stack_lines
-    lines = [line for _, line in own]
-    js = [j for j, _ in own]  # class lines before each
-    counts = [j - bisect_left(stacks, j) for j in js] if stacks else js  # collective lines
-    own_lines = array("q", map(add, js, range(1, len(own) + 1)))  # their line numbers
-    reader.others.extend(sorted(counts + [k - i for i, k in enumerate(stacks)]))
-    if not _fold_in_bulk(reader, lines, counts, own_lines):
-        other, done, match = reader._other, reader._done, _DONE_LINE.match
-        for line, count, line_no in zip(lines, counts, own_lines):
-            m = match(line)
-            if (m is None or not done(m, line, count, line_no)) and other(line, count, line_no):
-                raise NotCompact("a repeat record: read in full")
-    reader.settle_done()
-    sizes = list(accumulate((len(line) + 1 for line in lines), initial=0))
-    total = len(starts) - 1 + len(own)
-    common = cls.common
-    for line_no in range(_BLOCK, total + 1, _BLOCK):
-        p = bisect_left(own_lines, line_no)  # own records before it
-        offset = start + starts[line_no - 1 - p] + sizes[p]
-        # The offset begins the line it should: an own record's or a class line's.
-        if p < len(own_lines) and own_lines[p] == line_no:
-            head = lines[p][:32]
-        else:
-            j = line_no - 1 - p
-            head = common[starts[j]:min(starts[j] + 32, starts[j + 1] - 1)]
-        if data[offset - 1:offset + len(head)] != b"\n" + head:
-            raise NotCompact("line offsets out of step")
-        reader.sparse.append(offset)
-    return CollectiveLog(trace.path, trace.rank, cls.codes, cls.tail_codes, reader, None,
-                         cls.log)
-
-
-def _clone(c: Collective) -> Collective:
+def clone(c: Collective) -> Collective:
     """A shallow copy (its lists shared with ``c``: collectives are never changed in place
     once read), without :func:`copy.copy`'s generic protocol."""
     twin = object.__new__(Collective)
@@ -1052,59 +754,7 @@ def _clone(c: Collective) -> Collective:
     return twin
 
 
-def _fold_in_bulk(reader: _Reader, lines: list[bytes], counts: list[int],
-                  line_nos: array) -> bool:
-    """Fold a rank's own records as one pass of :meth:`_Reader._other` and
-    :meth:`_Reader._done` over them would, with the ``done`` records (most of them) taken
-    apart by C-level maps instead of one at a time; False, having changed nothing, when
-    some ``done`` record is not of the writer's usual shape (then they are folded one by
-    one)."""
-    is_done = list(map(bytes.startswith, lines, repeat(_DONE_PREFIX)))
-    done = list(compress(lines, is_done))
-    matches = list(map(_DONE_LINE.match, done))
-    if None in matches or not all(map(bytes.endswith, done, repeat(b"]]]}"))) or \
-            list(map(bytes.find, done, repeat(b"]"), map(methodcaller("end"), matches))) != \
-            [len(line) - 4 for line in done] or \
-            any(line.startswith(b'{"kind": "done"')
-                for line in compress(lines, map(not_, is_done))):
-        return False
-    groups = list(map(methodcaller("group", 1, 2, 3, 4), matches))
-    uptos = list(map(int, map(itemgetter(1), groups)))
-    firsts = list(map(int, map(itemgetter(3), groups)))
-    if not all(map(ge, uptos, firsts)):
-        return False
-    # The rest in order, each one's clock read off the fold (see records.clock_time).
-    fold, clock = reader.fold, reader.clock
-    times: list[float] = list(map(float, map(itemgetter(0), groups)))
-    stamps: list[float] = []
-    k = 0
-    for line, count, line_no, is_d in zip(lines, counts, line_nos, is_done):
-        if is_d:
-            stamps.append(times[k])
-            k += 1
-            continue
-        fold.last_t = -math.inf
-        if reader._other(line, count, line_no):
-            raise NotCompact("a repeat record: read in full")
-        stamps.append(fold.last_t)
-    clock.counts, clock.times = array("q", counts), array("d", accumulate(stamps, max,
-                                                                          initial=0.0))
-    del clock.times[0]
-    fold.last_t = clock.times[-1] if clock.times else 0.0
-    if uptos:
-        best = max(uptos)
-        if best >= reader.trace.completion.upto:
-            reader.best_upto = best
-            reader.best_pending = groups[len(uptos) - 1 - uptos[::-1].index(best)][2]
-        lengths = [upto - first + 1 for upto, first in zip(uptos, firsts)]
-        clock.first, clock.n = array("q", firsts), array("q", lengths)
-        clock.lines = array("q", compress(line_nos, is_done))
-        clock.index = array("q", bytes(8 * len(firsts)))
-        clock.sorted = all(map(le, map(add, firsts, lengths), firsts[1:]))
-    return True
-
-
-def _expand(explicit: list[int], reader: _Reader) -> tuple[list[int], _Runs]:
+def _expand(explicit: list[int], reader: LineReader) -> tuple[list[int], _Runs]:
     """The codes of a capped trace with its runs expanded (list slices, C speed), and the
     runs' bookkeeping. Only for one group and no point-to-point ops, where a collective's
     position in its group is its position in the log; anything else is read record by

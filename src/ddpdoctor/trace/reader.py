@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ddpdoctor.trace import flight_recorder, parallel, schema
-from ddpdoctor.trace.compact import NotCompact, Shared, read_compact
+from ddpdoctor.trace.compact import NotCompact, read_compact
+from ddpdoctor.trace.identical import Shared, read_shared
 from ddpdoctor.trace.model import RankTrace, Run
 from ddpdoctor.trace.rank_text import rank_list
 from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
@@ -211,7 +212,10 @@ def _read_compact(path: Path, fh: BinaryIO, pool: Shared | None) -> RankTrace | 
     trace = _new_trace(path, head, truncated)
     fh.seek(len(first))
     try:
-        read_compact(trace, fh, len(first), truncated, pool)
+        if pool is not None and trace.version >= 4:
+            read_shared(trace, fh, len(first), truncated, pool)
+        else:
+            read_compact(trace, fh, len(first), truncated)
     except NotCompact:
         return None
     return trace

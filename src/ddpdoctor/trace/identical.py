@@ -1,0 +1,322 @@
+"""Ranks whose collective lines are byte for byte the same, read by comparing bytes (format 4).
+
+A format-4 collective line carries neither the rank nor a time, so ranks that issued the same
+collectives from the same lines wrote the same collective and ``stack`` lines; only their own
+records (``done``, ``activity``, ``exit``, ..., every line that begins with ``{"kind": ``)
+differ. The first rank of such a class is read in full
+(:func:`~ddpdoctor.trace.compact.read_compact`) and kept (:class:`Shared`, a few per
+process); a later rank's file, mapped rather than read, is compared with the class's lines
+block by block (:meth:`RankClass.own_records`: memcmp, no pass over its lines), and when every
+other line is the class's, the rank is built from its own records alone (:func:`_member_log`;
+the ``done`` records taken apart by C-level maps, :func:`_fold_in_bulk`) and decodes its
+collectives through the first rank's log, with its own issue times, completion and ends.
+Anything that does not hold is read in full. The traces and reports are the same as the
+record-by-record reader's (``tests/unit/test_compact_reader.py``), with one difference known
+and accepted: a ``done`` record of the writer's shape whose issue times are not valid JSON
+numbers (only a hand-edited file has one) still counts here for its completion; that reader
+drops the whole line.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import mmap
+import os
+from array import array
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from itertools import accumulate, compress, repeat
+from operator import add, ge, itemgetter, le, methodcaller, not_
+from typing import BinaryIO
+
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.compact import (
+    BLOCK,
+    DONE_LINE,
+    DONE_PREFIX,
+    CollectiveLog,
+    LineReader,
+    NotCompact,
+    read_compact,
+)
+from ddpdoctor.trace.model import RankTrace
+from ddpdoctor.trace.records import Fold
+
+
+@dataclass
+class RankClass:
+    """Ranks whose collective and ``stack`` lines are byte for byte the same (format 4):
+    what the first of them read, which the others share."""
+
+    common: bytes  # those lines, in order
+    starts: array  # the byte offset of each in ``common``, then len(common)
+    stack_lines: list[int]  # which of them are stack records
+    reader: LineReader  # the first rank's pass: tails, prototypes, stacks
+    codes: list[int]
+    tail_codes: list[int]
+    log: CollectiveLog  # the first rank's, which decodes for all
+
+    def own_records(self, data: bytes | mmap.mmap, start: int) -> list[tuple[int, bytes]] | None:
+        """The records of its own in the file ``data`` (from byte ``start``), each with the
+        number of this class's lines before it, when every other line of the file is this
+        class's line, in order; else None.
+
+        The file is compared with the class's lines block by block (memcmp): a block of
+        lines that matches is skipped whole; where a block does not, the first line that
+        differs is found by halving it and must be a record of the rank's own (a ``done``
+        record, mostly). The next block is as long as the last stretch between two own
+        records (the writer's records come at a steady pace), so a file is usually read
+        with two comparisons per own record, never a pass over each line."""
+        with memoryview(data) as view:
+            return self._own_records(data, view, start)
+
+    def _own_records(self, data: bytes | mmap.mmap, view: memoryview,
+                     start: int) -> list[tuple[int, bytes]] | None:
+        # The hot loop of reading a large run: the checks are written out, not called.
+        starts, same = self.starts, self.common.startswith
+        total = len(starts) - 1
+        size = len(data)
+        find = data.find
+        own: list[tuple[int, bytes]] = []
+        pos, li, gap = start, 0, 64
+        while True:
+            while find(_RANK_RECORD, pos, pos + _RANK_LEN) == pos:  # the rank's own records
+                end = find(b"\n", pos)
+                if end < 0:
+                    return None
+                line = data[pos:end]
+                if line.startswith(_STACK_LINE):  # a class line
+                    break
+                own.append((li, line))
+                pos = end + 1
+            if li == total:
+                return own if pos == size else None
+            lo, hi = li, min(li + gap, total)  # class lines before lo are the file's at pos
+            while True:
+                n = starts[hi] - starts[lo]
+                if pos + n <= size and same(view[pos:pos + n], starts[lo]):
+                    pos += n
+                    lo = hi
+                    if lo == total or find(_RANK_RECORD, pos, pos + _RANK_LEN) == pos:
+                        break
+                    hi = min(lo + lo - li, total)
+                    continue
+                while hi - lo > 1:  # lines lo..hi-1 hold the first that differs
+                    mid = (lo + hi) // 2
+                    n = starts[mid] - starts[lo]
+                    if pos + n <= size and same(view[pos:pos + n], starts[lo]):
+                        pos += n
+                        lo = mid
+                    else:
+                        hi = mid
+                break
+            if lo == li:
+                return None  # a line that is neither the class's nor the rank's own
+            gap, li = lo - li, lo
+
+
+@dataclass
+class Shared:
+    """What the ranks read by one process share: identical code lists, and (format 4) the
+    last few classes of byte-identical ranks, whose later members are read without a pass
+    over their lines."""
+
+    codes: dict[bytes, list[int]] = field(default_factory=dict)
+    classes: list[RankClass] = field(default_factory=list)
+
+    def class_of(self, data: bytes | mmap.mmap, start: int) -> tuple[RankClass, list] | None:
+        """The class whose lines the file ``data`` holds, with the file's own records."""
+        for cls in self.classes:
+            own = cls.own_records(data, start)
+            if own is not None:
+                return cls, own
+        return None
+
+    def add(self, cls: RankClass) -> None:
+        if len(self.classes) >= MAX_CLASSES:
+            del self.classes[0]
+        self.classes.append(cls)
+
+
+MAX_CLASSES = 4  # classes kept at once (each holds its lines' bytes)
+BULK_MAX = 64 * 1024 * 1024  # a larger file is read in chunks, never whole
+
+
+def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
+                pool: Shared) -> None:
+    """Fill ``trace`` (format 4) from the open trace file ``fh``, from byte ``start``, as
+    :func:`~ddpdoctor.trace.compact.read_compact` does: from its own records alone when its
+    other lines are a known class's, else by reading it in full (and founding a class).
+    Raises :class:`~ddpdoctor.trace.compact.NotCompact` as that function does."""
+    split = None
+    if not truncated and start < os.fstat(fh.fileno()).st_size <= BULK_MAX:
+        # Mapped, not read: a member of a known class is compared with it in place (a copy
+        # of the file would cost more than the comparison). Trace files are only appended to.
+        with mmap.mmap(fh.fileno(), 0, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
+            if mapped[-1:] == b"\n":  # else the file grew since it was looked at
+                found = pool.class_of(mapped, start)
+                if found is not None:
+                    trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
+                    return
+            data = mapped[:]
+        if data.endswith(b"\n"):
+            split = _Split(data, start)
+        fh = io.BytesIO(data)
+        fh.seek(start)
+    reader = read_compact(trace, fh, start, truncated, pool.codes)
+    log = trace.collectives
+    assert isinstance(log, CollectiveLog)
+    if split is not None and not log.has_runs and not trace.damaged_lines:
+        cls = _new_class(split, reader, log, reader.tail_codes)
+        if cls is not None:
+            pool.add(cls)
+
+
+_STACK_LINE = b'{"kind": "stack", '
+_RANK_RECORD = schema.RANK_RECORD
+_RANK_LEN, _STACK_LEN = len(_RANK_RECORD), len(_STACK_LINE)
+# The whole file is compared: mapping its pages at once costs less than faulting them in.
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+_OWN_MARK = b"\n" + _RANK_RECORD
+
+
+class _Split:
+    """A format-4 file's lines from byte ``start`` on, told apart without decoding them: the
+    rank's own records (``{"kind": `` begins every line but a collective line, and no JSON
+    value can hold that text: a quote inside a string is escaped) and the rest, collective
+    and ``stack`` lines, which identical ranks share (``pieces``, views of the file between
+    its own records, ``size`` bytes in all). ``own`` holds each own record with the offset
+    in the joined pieces where it stood."""
+
+    def __init__(self, data: bytes, start: int) -> None:
+        view = memoryview(data)
+        self.pieces: list[memoryview] = []
+        self.own: list[tuple[int, bytes]] = []
+        pos, size = start, 0
+        find = data.find
+        hit = find(_OWN_MARK, start - 1)
+        while hit >= 0:
+            begin = hit + 1
+            if data.startswith(_STACK_LINE, begin):
+                hit = find(_OWN_MARK, begin)
+                continue
+            end = find(b"\n", begin)  # the file ends with a line end (the caller checks)
+            self.pieces.append(view[pos:begin])
+            size += begin - pos
+            self.own.append((size, data[begin:end]))
+            pos = end + 1
+            hit = find(_OWN_MARK, end)
+        self.pieces.append(view[pos:])
+        self.size = size + len(data) - pos
+
+
+def _new_class(split: _Split, reader: LineReader, log: CollectiveLog,
+               tail_codes: list[int]) -> RankClass | None:
+    """The class a rank just read in full founds, when its lines were read as ``split``
+    tells them apart (every line it did not call its own a collective or a stack record);
+    else None."""
+    common = b"".join(split.pieces)
+    lines = common.split(b"\n")[:-1]
+    stack_lines = [j for j, line in enumerate(lines) if line.startswith(_STACK_LINE)]
+    codes = log.codes
+    if len(lines) - len(stack_lines) != len(codes) or \
+            len(reader.others) != len(stack_lines) + len(split.own):
+        return None
+    starts = array("q", accumulate((len(line) + 1 for line in lines), initial=0))
+    return RankClass(common, starts, stack_lines, reader, codes, tail_codes, log)
+
+
+def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], start: int,
+                data: bytes | mmap.mmap) -> CollectiveLog:
+    """The log of a rank whose collective and stack lines are its class's: its ``own``
+    records (each after so many class lines) folded at the line numbers they have in its
+    file (``data``), the rest shared."""
+    first = cls.reader
+    reader = LineReader(trace, False)
+    reader.stacks, reader.fold = first.stacks, Fold(first.stacks)
+    reader.tails, reader.tail_proto, reader.tail_state = \
+        first.tails, first.tail_proto, first.tail_state
+    reader.protos, reader.proto_ids = first.protos, first.proto_ids
+    starts, stacks = cls.starts, cls.stack_lines
+    lines = [line for _, line in own]
+    js = [j for j, _ in own]  # class lines before each
+    counts = [j - bisect_left(stacks, j) for j in js] if stacks else js  # collective lines
+    own_lines = array("q", map(add, js, range(1, len(own) + 1)))  # their line numbers
+    reader.others.extend(sorted(counts + [k - i for i, k in enumerate(stacks)]))
+    if not _fold_in_bulk(reader, lines, counts, own_lines):
+        other, done, match = reader._other, reader._done, DONE_LINE.match
+        for line, count, line_no in zip(lines, counts, own_lines):
+            m = match(line)
+            if (m is None or not done(m, line, count, line_no)) and other(line, count, line_no):
+                raise NotCompact("a repeat record: read in full")
+    reader.settle_done()
+    sizes = list(accumulate((len(line) + 1 for line in lines), initial=0))
+    total = len(starts) - 1 + len(own)
+    common = cls.common
+    for line_no in range(BLOCK, total + 1, BLOCK):
+        p = bisect_left(own_lines, line_no)  # own records before it
+        offset = start + starts[line_no - 1 - p] + sizes[p]
+        # The offset begins the line it should: an own record's or a class line's.
+        if p < len(own_lines) and own_lines[p] == line_no:
+            head = lines[p][:32]
+        else:
+            j = line_no - 1 - p
+            head = common[starts[j]:min(starts[j] + 32, starts[j + 1] - 1)]
+        if data[offset - 1:offset + len(head)] != b"\n" + head:
+            raise NotCompact("line offsets out of step")
+        reader.sparse.append(offset)
+    return CollectiveLog(trace.path, trace.rank, cls.codes, cls.tail_codes, reader, None,
+                         cls.log)
+
+
+def _fold_in_bulk(reader: LineReader, lines: list[bytes], counts: list[int],
+                  line_nos: array) -> bool:
+    """Fold a rank's own records as one pass of :meth:`LineReader._other` and
+    :meth:`LineReader._done` over them would, with the ``done`` records (most of them) taken
+    apart by C-level maps instead of one at a time; False, having changed nothing, when
+    some ``done`` record is not of the writer's usual shape (then they are folded one by
+    one)."""
+    is_done = list(map(bytes.startswith, lines, repeat(DONE_PREFIX)))
+    done = list(compress(lines, is_done))
+    matches = list(map(DONE_LINE.match, done))
+    if None in matches or not all(map(bytes.endswith, done, repeat(b"]]]}"))) or \
+            list(map(bytes.find, done, repeat(b"]"), map(methodcaller("end"), matches))) != \
+            [len(line) - 4 for line in done] or \
+            any(line.startswith(b'{"kind": "done"')
+                for line in compress(lines, map(not_, is_done))):
+        return False
+    groups = list(map(methodcaller("group", 1, 2, 3, 4), matches))
+    uptos = list(map(int, map(itemgetter(1), groups)))
+    firsts = list(map(int, map(itemgetter(3), groups)))
+    if not all(map(ge, uptos, firsts)):
+        return False
+    # The rest in order, each one's clock read off the fold (see records.clock_time).
+    fold, clock = reader.fold, reader.clock
+    times: list[float] = list(map(float, map(itemgetter(0), groups)))
+    stamps: list[float] = []
+    k = 0
+    for line, count, line_no, is_d in zip(lines, counts, line_nos, is_done):
+        if is_d:
+            stamps.append(times[k])
+            k += 1
+            continue
+        fold.last_t = -math.inf
+        if reader._other(line, count, line_no):
+            raise NotCompact("a repeat record: read in full")
+        stamps.append(fold.last_t)
+    clock.counts, clock.times = array("q", counts), array("d", accumulate(stamps, max,
+                                                                          initial=0.0))
+    del clock.times[0]
+    fold.last_t = clock.times[-1] if clock.times else 0.0
+    if uptos:
+        best = max(uptos)
+        if best >= reader.trace.completion.upto:
+            reader.best_upto = best
+            reader.best_pending = groups[len(uptos) - 1 - uptos[::-1].index(best)][2]
+        lengths = [upto - first + 1 for upto, first in zip(uptos, firsts)]
+        clock.first, clock.n = array("q", firsts), array("q", lengths)
+        clock.lines = array("q", compress(line_nos, is_done))
+        clock.index = array("q", bytes(8 * len(firsts)))
+        clock.sorted = all(map(le, map(add, firsts, lengths), firsts[1:]))
+    return True
