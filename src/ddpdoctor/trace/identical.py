@@ -24,10 +24,10 @@ import math
 import mmap
 import os
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, repeat
-from operator import add, ge, itemgetter, le, methodcaller, not_
+from operator import add, ge, itemgetter, le, methodcaller, not_, sub
 from typing import BinaryIO
 
 from ddpdoctor.trace import schema
@@ -241,7 +241,11 @@ def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], 
     starts, stacks = cls.starts, cls.stack_lines
     lines = [line for _, line in own]
     js = [j for j, _ in own]  # class lines before each
-    counts = [j - bisect_left(stacks, j) for j in js] if stacks else js  # collective lines
+    # Collective lines before each: class lines less the stack lines among them (these come
+    # early: past the last one, a constant).
+    after = bisect_right(js, stacks[-1]) if stacks else 0
+    counts = [j - bisect_left(stacks, j) for j in js[:after]] + \
+        list(map(sub, js[after:], repeat(len(stacks))))
     own_lines = array("q", map(add, js, range(1, len(own) + 1)))  # their line numbers
     reader.others.extend(sorted(counts + [k - i for i, k in enumerate(stacks)]))
     if not _fold_in_bulk(reader, lines, counts, own_lines):
@@ -253,11 +257,15 @@ def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], 
     reader.settle_done()
     sizes = list(accumulate((len(line) + 1 for line in lines), initial=0))
     total = len(starts) - 1 + len(own)
-    common = cls.common
-    for line_no in range(BLOCK, total + 1, BLOCK):
+    common, sparse = cls.common, reader.sparse
+    for k, line_no in enumerate(range(BLOCK, total + 1, BLOCK)):
         p = bisect_left(own_lines, line_no)  # own records before it
         offset = start + starts[line_no - 1 - p] + sizes[p]
-        # The offset begins the line it should: an own record's or a class line's.
+        sparse.append(offset)
+        if k % 16 and line_no + BLOCK <= total:
+            continue
+        # Every 16th offset, and the last, begins the line it should: an own record's or a
+        # class line's.
         if p < len(own_lines) and own_lines[p] == line_no:
             head = lines[p][:32]
         else:
@@ -265,7 +273,6 @@ def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], 
             head = common[starts[j]:min(starts[j] + 32, starts[j + 1] - 1)]
         if data[offset - 1:offset + len(head)] != b"\n" + head:
             raise NotCompact("line offsets out of step")
-        reader.sparse.append(offset)
     return CollectiveLog(trace.path, trace.rank, cls.codes, cls.tail_codes, reader, None,
                          cls.log)
 
