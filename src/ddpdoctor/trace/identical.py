@@ -19,7 +19,6 @@ drops the whole line.
 
 from __future__ import annotations
 
-import io
 import math
 import mmap
 import os
@@ -134,12 +133,15 @@ class Shared:
         return None
 
     def add(self, cls: RankClass) -> None:
-        if len(self.classes) >= MAX_CLASSES:
-            del self.classes[0]
+        """Keep ``cls``, the oldest classes given up for it."""
         self.classes.append(cls)
+        while len(self.classes) > MAX_CLASSES or \
+                sum(len(c.common) for c in self.classes) > MAX_CLASS_BYTES:
+            del self.classes[0]
 
 
 MAX_CLASSES = 4  # classes kept at once (each holds its lines' bytes)
+MAX_CLASS_BYTES = 64 * 1024 * 1024  # and the bytes they hold, at most
 BULK_MAX = 64 * 1024 * 1024  # a larger file is read in chunks, never whole
 
 
@@ -149,28 +151,25 @@ def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
     :func:`~ddpdoctor.trace.compact.read_compact` does: from its own records alone when its
     other lines are a known class's, else by reading it in full (and founding a class).
     Raises :class:`~ddpdoctor.trace.compact.NotCompact` as that function does."""
-    split = None
-    if not truncated and start < os.fstat(fh.fileno()).st_size <= BULK_MAX:
-        # Mapped, not read: a member of a known class is compared with it in place (a copy
-        # of the file would cost more than the comparison). Trace files are only appended to.
-        with mmap.mmap(fh.fileno(), 0, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
-            if mapped[-1:] == b"\n":  # else the file grew since it was looked at
-                found = pool.class_of(mapped, start)
-                if found is not None:
-                    trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
-                    return
-            data = mapped[:]
-        if data.endswith(b"\n"):
-            split = _Split(data, start)
-        fh = io.BytesIO(data)
-        fh.seek(start)
-    reader = read_compact(trace, fh, start, truncated, pool.codes)
-    log = trace.collectives
-    assert isinstance(log, CollectiveLog)
-    if split is not None and not log.has_runs and not trace.damaged_lines:
-        cls = _new_class(split, reader, log, reader.tail_codes)
-        if cls is not None:
-            pool.add(cls)
+    if truncated or not start < os.fstat(fh.fileno()).st_size <= BULK_MAX:
+        read_compact(trace, fh, start, truncated, pool.codes)
+        return
+    # Mapped, not read: a member of a known class is compared with it in place (a copy of
+    # the file would cost more than the comparison). Trace files are only appended to.
+    with mmap.mmap(fh.fileno(), 0, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
+        whole = mapped[-1:] == b"\n"  # else the file grew since it was looked at
+        found = pool.class_of(mapped, start) if whole else None
+        if found is not None:
+            trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
+            return
+        mapped.seek(start)
+        reader = read_compact(trace, mapped, start, truncated, pool.codes)  # type: ignore[arg-type]
+        log = trace.collectives
+        assert isinstance(log, CollectiveLog)
+        if whole and not log.has_runs and not trace.damaged_lines:
+            cls = _new_class(mapped, start, reader, log)
+            if cls is not None:
+                pool.add(cls)
 
 
 _STACK_LINE = b'{"kind": "stack", '
@@ -181,50 +180,42 @@ _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 _OWN_MARK = b"\n" + _RANK_RECORD
 
 
-class _Split:
-    """A format-4 file's lines from byte ``start`` on, told apart without decoding them: the
-    rank's own records (``{"kind": `` begins every line but a collective line, and no JSON
-    value can hold that text: a quote inside a string is escaped) and the rest, collective
-    and ``stack`` lines, which identical ranks share (``pieces``, views of the file between
-    its own records, ``size`` bytes in all). ``own`` holds each own record with the offset
-    in the joined pieces where it stood."""
-
-    def __init__(self, data: bytes, start: int) -> None:
-        view = memoryview(data)
-        self.pieces: list[memoryview] = []
-        self.own: list[tuple[int, bytes]] = []
-        pos, size = start, 0
-        find = data.find
-        hit = find(_OWN_MARK, start - 1)
-        while hit >= 0:
-            begin = hit + 1
-            if data.startswith(_STACK_LINE, begin):
-                hit = find(_OWN_MARK, begin)
-                continue
-            end = find(b"\n", begin)  # the file ends with a line end (the caller checks)
-            self.pieces.append(view[pos:begin])
-            size += begin - pos
-            self.own.append((size, data[begin:end]))
-            pos = end + 1
-            hit = find(_OWN_MARK, end)
-        self.pieces.append(view[pos:])
-        self.size = size + len(data) - pos
-
-
-def _new_class(split: _Split, reader: LineReader, log: CollectiveLog,
-               tail_codes: list[int]) -> RankClass | None:
-    """The class a rank just read in full founds, when its lines were read as ``split``
-    tells them apart (every line it did not call its own a collective or a stack record);
-    else None."""
-    common = b"".join(split.pieces)
-    lines = common.split(b"\n")[:-1]
-    stack_lines = [j for j, line in enumerate(lines) if line.startswith(_STACK_LINE)]
+def _new_class(data: mmap.mmap, start: int, reader: LineReader,
+               log: CollectiveLog) -> RankClass | None:
+    """The class founded by the rank just read in full from ``data`` (from byte ``start``):
+    its lines but its own records (``{"kind": `` begins every line but a collective line,
+    and no JSON value can hold that text: a quote inside a string is escaped), when the
+    reader took every one of them for a collective or a stack record; else None."""
+    find = data.find
+    pieces: list[bytes] = []
+    own = 0
+    pos = start
+    hit = find(_OWN_MARK, start - 1)
+    while hit >= 0:
+        begin = hit + 1
+        if find(_STACK_LINE, begin, begin + _STACK_LEN) == begin:  # a class line
+            hit = find(_OWN_MARK, begin)
+            continue
+        pieces.append(data[pos:begin])
+        own += 1
+        pos = find(b"\n", begin) + 1  # the file ends with a line end: checked
+        hit = find(_OWN_MARK, pos - 1)
+    pieces.append(data[pos:])
+    common = b"".join(pieces)
+    del pieces
+    starts = array("q", [0])
+    stack_lines: list[int] = []
+    end = common.find(b"\n")
+    while end >= 0:  # once per class: the offsets its members are read by
+        if common.startswith(_STACK_LINE, starts[-1]):
+            stack_lines.append(len(starts) - 1)
+        starts.append(end + 1)
+        end = common.find(b"\n", end + 1)
     codes = log.codes
-    if len(lines) - len(stack_lines) != len(codes) or \
-            len(reader.others) != len(stack_lines) + len(split.own):
+    if len(starts) - 1 - len(stack_lines) != len(codes) or \
+            len(reader.others) != len(stack_lines) + own:
         return None
-    starts = array("q", accumulate((len(line) + 1 for line in lines), initial=0))
-    return RankClass(common, starts, stack_lines, reader, codes, tail_codes, log)
+    return RankClass(common, starts, stack_lines, reader, codes, reader.tail_codes, log)
 
 
 def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], start: int,
