@@ -132,17 +132,23 @@ class Shared:
                 return cls, own
         return None
 
-    def add(self, cls: RankClass) -> None:
-        """Keep ``cls``, the oldest classes given up for it."""
-        self.classes.append(cls)
-        while len(self.classes) > MAX_CLASSES or \
-                sum(len(c.common) for c in self.classes) > MAX_CLASS_BYTES:
+    def room(self, size: int) -> bool:
+        """Make room for a class of ``size`` bytes, the oldest classes given up for it;
+        False when it cannot be kept at all."""
+        if size > MAX_CLASS_BYTES:
+            return False
+        while self.classes and (len(self.classes) >= MAX_CLASSES or size + sum(
+                len(c.common) for c in self.classes) > MAX_CLASS_BYTES):
             del self.classes[0]
+        return True
 
 
 MAX_CLASSES = 4  # classes kept at once (each holds its lines' bytes)
 MAX_CLASS_BYTES = 64 * 1024 * 1024  # and the bytes they hold, at most
-BULK_MAX = 64 * 1024 * 1024  # a larger file is read in chunks, never whole
+# A larger file is read in chunks, never whole: a class holds its lines' bytes, and a file is
+# mapped while it is compared, so memory would grow with the file (8 ranks × 200,000
+# collectives, 54 MB a file: 90 MB read in chunks, 220 MB through classes).
+BULK_MAX = 32 * 1024 * 1024
 
 
 def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
@@ -166,10 +172,11 @@ def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
         reader = read_compact(trace, mapped, start, truncated, pool.codes)  # type: ignore[arg-type]
         log = trace.collectives
         assert isinstance(log, CollectiveLog)
-        if whole and not log.has_runs and not trace.damaged_lines:
+        if whole and not log.has_runs and not trace.damaged_lines and \
+                pool.room(len(mapped) - start):
             cls = _new_class(mapped, start, reader, log)
             if cls is not None:
-                pool.add(cls)
+                pool.classes.append(cls)
 
 
 _STACK_LINE = b'{"kind": "stack", '
@@ -187,22 +194,24 @@ def _new_class(data: mmap.mmap, start: int, reader: LineReader,
     and no JSON value can hold that text: a quote inside a string is escaped), when the
     reader took every one of them for a collective or a stack record; else None."""
     find = data.find
-    pieces: list[bytes] = []
     own = 0
-    pos = start
-    hit = find(_OWN_MARK, start - 1)
-    while hit >= 0:
-        begin = hit + 1
-        if find(_STACK_LINE, begin, begin + _STACK_LEN) == begin:  # a class line
-            hit = find(_OWN_MARK, begin)
-            continue
-        pieces.append(data[pos:begin])
-        own += 1
-        pos = find(b"\n", begin) + 1  # the file ends with a line end: checked
-        hit = find(_OWN_MARK, pos - 1)
-    pieces.append(data[pos:])
-    common = b"".join(pieces)
-    del pieces
+    with memoryview(data) as view:
+        pieces: list[memoryview] = []
+        pos = start
+        hit = find(_OWN_MARK, start - 1)
+        while hit >= 0:
+            begin = hit + 1
+            if find(_STACK_LINE, begin, begin + _STACK_LEN) == begin:  # a class line
+                hit = find(_OWN_MARK, begin)
+                continue
+            pieces.append(view[pos:begin])
+            own += 1
+            pos = find(b"\n", begin) + 1  # the file ends with a line end: checked
+            hit = find(_OWN_MARK, pos - 1)
+        pieces.append(view[pos:])
+        common = b"".join(pieces)
+        for piece in pieces:
+            piece.release()
     starts = array("q", [0])
     stack_lines: list[int] = []
     end = common.find(b"\n")
