@@ -508,7 +508,7 @@ class LineReader:
         self.head = _HEADS[trace.version]
         self.truncated = truncated
         self.last = False  # feeding the file's cut-off last line
-        self.codes: list[int] = []
+        self.codes: list[int] = []  # per collective line, the code of its tail
         self.nid = 1  # the id the next collective line must carry
         self.sparse = array("q", [0])  # byte offset of every BLOCK-th line
         self.line_no = 1  # number of the next line (0 = header)
@@ -525,7 +525,6 @@ class LineReader:
         self.state_words: list[str] = []
         self.state_t: list[Any] = []  # as written (damage included): t_end of a collective
         self.runs: list[tuple[int, dict]] = []  # (collective lines before it, repeat record)
-        self.tail_codes: list[int] = []  # per collective line, its tail's code (after reading)
         self.members = 0  # collectives in those runs
         self.clock = IssueTimes()
         self.best_upto = 0  # the completion of the latest done record folded by _done
@@ -741,7 +740,6 @@ def read_compact(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
             pool[key] = codes
         else:
             codes = shared
-    reader.tail_codes = tail_codes
     trace.collectives = CollectiveLog(trace.path, trace.rank, codes, tail_codes, reader, runs)
     return reader
 

@@ -51,9 +51,7 @@ class RankClass:
     common: bytes  # those lines, in order
     starts: array  # the byte offset of each in ``common``, then len(common)
     stack_lines: list[int]  # which of them are stack records
-    reader: LineReader  # the first rank's pass: tails, prototypes, stacks
-    codes: list[int]
-    tail_codes: list[int]
+    reader: LineReader  # the first rank's pass: tails, prototypes, stacks, tail codes
     log: CollectiveLog  # the first rank's, which decodes for all
 
     def own_records(self, data: bytes | mmap.mmap, start: int) -> list[tuple[int, bytes]] | None:
@@ -224,7 +222,7 @@ def _new_class(data: mmap.mmap, start: int, reader: LineReader,
     if len(starts) - 1 - len(stack_lines) != len(codes) or \
             len(reader.others) != len(stack_lines) + own:
         return None
-    return RankClass(common, starts, stack_lines, reader, codes, reader.tail_codes, log)
+    return RankClass(common, starts, stack_lines, reader, log)
 
 
 def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], start: int,
@@ -273,7 +271,7 @@ def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], 
             head = common[starts[j]:min(starts[j] + 32, starts[j + 1] - 1)]
         if data[offset - 1:offset + len(head)] != b"\n" + head:
             raise NotCompact("line offsets out of step")
-    return CollectiveLog(trace.path, trace.rank, cls.codes, cls.tail_codes, reader, None,
+    return CollectiveLog(trace.path, trace.rank, cls.log.codes, first.codes, reader, None,
                          cls.log)
 
 
