@@ -24,10 +24,9 @@ import torch.distributed as dist
 VARIANTS = [
     ("direct", "gloo called directly"),
     ("wrapper", "the recording group forwarding, recording off"),
-    ("record", "numbering, shapes, reduce op, caller frame, the record object"),
-    ("bookkeeping", "writer lock, pending list, ids"),
-    ("encode", "the trace line encoded (write stubbed)"),
+    ("record", "numbering, shapes, reduce op, caller frame"),
     ("describe", "the labels and call stack read off the frames"),
+    ("encode", "the site looked up, the record, its line formatted (write stubbed)"),
     ("full", "the line written (os.write): everything ddpdoctor does"),
 ]
 
@@ -41,17 +40,14 @@ def main() -> None:
     writer, labeler = recorder.writer, recorder.labeler
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
-    targets = {"write": (writer, "_write_lines"), "encode": (writer, "_encode_collective"),
-               "collective": (writer, "write_collective"), "describe": (labeler, "describe"),
-               "record": (recorder, "record")}
+    targets = {"write": (writer, "_write_lines"), "collective": (writer, "write_collective"),
+               "describe": (labeler, "describe")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
-    stubs = {"write": lambda lines: None, "encode": lambda rec, lines: None,
-             "collective": lambda rec: None, "describe": lambda frame: ("user", None, ()),
-             "record": lambda *args: None}
-    off = {"direct": set(), "wrapper": {"record"},
-           "record": {"collective", "describe"}, "bookkeeping": {"encode", "write", "describe"},
-           "encode": {"write", "describe"}, "describe": {"write"}, "full": set()}
+    stubs = {"write": lambda lines: None, "collective": lambda *args: None,
+             "describe": lambda frame: ("user", None, ())}
+    off = {"direct": set(), "wrapper": set(), "record": {"collective", "describe"},
+           "describe": {"collective"}, "encode": {"write"}, "full": set()}
 
     def use(variant: str) -> None:
         group._enabled = variant != "wrapper"

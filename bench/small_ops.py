@@ -5,35 +5,57 @@ median µs per op and its process CPU µs per op (every thread: ddpdoctor's writ
 ``--wrapper-ab`` (under ``ddpdoctor run``): blocks of all-reduces through ddpdoctor's recording
 group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks on the
 gloo backend it wraps, called the same way; the line then also holds the calling thread's CPU
-µs per op of each: the cost of recording on the caller's thread, measured while both ranks
-run (on this 2-core machine that is several times the single-process microbenchmark's).
+µs per op of each, and the CPU of ddpdoctor's own threads per recorded op: the cost of
+recording measured while both ranks run (on this 2-core machine several times the
+single-process microbenchmark's), free of the spread between whole jobs.
 """
 
 import argparse
 import json
 import statistics
+import threading
 import time
 
 import torch
 import torch.distributed as dist
 
 
-def wrapper_ab(t: torch.Tensor, ops: int, block: int = 100) -> dict:
-    """Caller-thread CPU µs per all-reduce through the recording group and on the backend it
-    wraps, in alternating blocks (medians over blocks)."""
+def _own_threads_cpu() -> float:
+    """CPU seconds of ddpdoctor's threads in this rank (writer, watchdog, peers)."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.name.startswith("ddpdoctor-") and thread.ident is not None:
+            try:
+                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+            except OSError:  # the thread ended
+                pass
+    return total
+
+
+def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
+    """What recording adds to one all-reduce, in blocks through the recording group and on
+    the gloo backend it wraps, alternating: the calling thread's CPU µs per op of each
+    (medians over blocks), and the CPU of ddpdoctor's own threads over the whole alternation
+    per recorded op (their completion work and their wake-ups). Process CPU per block is no
+    measure here: gloo's threads spread it by ±100 µs per op from block to block."""
     group = dist.distributed_c10d._get_default_group()
     inner = getattr(group, "_inner", None)
     if inner is None:
         return {}
     opts = dist.AllreduceOptions()
-    via, direct = [], []
+    thread: dict[bool, list[float]] = {True: [], False: []}
+    own0 = _own_threads_cpu()
     for b in range(2 * (ops // block)):
         wrapped = b % 2 == 0
+        call = (group if wrapped else inner).allreduce
         t0 = time.thread_time()
         for _ in range(block):
-            (group if wrapped else inner).allreduce([t], opts).wait()
-        (via if wrapped else direct).append((time.thread_time() - t0) / block * 1e6)
-    return {"wrapped_cpu_us": statistics.median(via), "direct_cpu_us": statistics.median(direct)}
+            call([t], opts).wait()
+        thread[wrapped].append((time.thread_time() - t0) / block * 1e6)
+    time.sleep(0.5)  # the writer's last completion batch
+    own = (_own_threads_cpu() - own0) / (ops // block * block) * 1e6
+    return {"wrapped_cpu_us": statistics.median(thread[True]),
+            "direct_cpu_us": statistics.median(thread[False]), "threads_cpu_us": own}
 
 
 def main() -> None:

@@ -256,31 +256,29 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
     synth = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = synth  # dataclasses look their module up
     spec.loader.exec_module(synth)
-    from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
+    from ddpdoctor.runtime.writer import TraceWriter
 
-    writer = TraceWriter(str(tmp_path / "w.jsonl"), {"kind": "header"}, 3, interval=3600,
-                         max_bytes=None)
+    path = tmp_path / "w.jsonl"
+    writer = TraceWriter(str(path), {"kind": "header"}, 3, interval=3600, max_bytes=None)
     stacks: dict[str, int] = {}
+    wanted: list[str] = []
     try:
         for cid, op in enumerate([synth.INIT[2], synth.BUF_F, synth.BUCKET_OPS[1], synth.LOG],
                                  start=1):
-            rec = CollectiveRecord()
-            rec.id, rec.group, rec.seq, rec.p2p_seq, rec.op, rec.api = cid, op.group, cid, \
-                None, op.op, op.api
-            rec.tensors = [(shape, f"torch.{dt}") for shape, dt in zip(op.shapes, op.dtypes)]
-            rec.reduce_op, rec.root, rec.peer, rec.label = op.reduce_op, op.root, None, \
-                op.label
-            rec.bucket, rec.iteration, rec.t = (1 if op.label == "ddp.bucket" else None), 7, \
-                1790000001.25 + cid
-            rec.stack, rec.work = synth.STACKS[op.stack], "completed"
-            lines: list[str] = []
-            writer._encode_collective(rec, lines)
+            bucket = 1 if op.label == "ddp.bucket" else None
+            tensors = tuple((shape, f"torch.{dt}") for shape, dt in zip(op.shapes, op.dtypes))
+            rec = writer.write_collective(op.group, op.op, op.label, op.api, tensors,
+                                          op.reduce_op, op.root, None, synth.STACKS[op.stack],
+                                          cid, None, bucket, 7, 1790000001.25 + cid)
+            rec.work = "completed"
+            assert rec.id == cid
             sid = stacks.setdefault(op.stack, len(stacks))
-            want = synth.collective_line(cid, cid, 7, "pending", rec.bucket,
-                                         synth.static_json(op, sid))
-            assert lines[-1] == want
+            wanted.append(synth.collective_line(cid, cid, 7, "pending", bucket,
+                                                synth.static_json(op, sid)))
     finally:
         writer.close()
+    written = [line for line in path.read_text().splitlines() if '"kind": "collective"' in line]
+    assert written == wanted
     folder = tmp_path / "synth"
     info = synth.generate(folder, 3, 3000, diverge_rank=1)
     run = _assert_same(folder)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
+from ddpdoctor.runtime.writer import TraceWriter
 from ddpdoctor.trace import schema
 
 SCRIPT = "/job/train.py"
@@ -62,7 +62,6 @@ class WriterRank:
              peer: int | None = None) -> None:
         """One collective (a send/recv when ``peer`` is given), numbered as the recording
         process group numbers it."""
-        rec = CollectiveRecord()
         self.id += 1
         self.t += 0.001
         if peer is None:
@@ -71,15 +70,13 @@ class WriterRank:
         else:
             self.p2p_seq += 1
             seq, p2p_seq = None, self.p2p_seq
-        rec.id, rec.group, rec.seq, rec.p2p_seq, rec.op, rec.api = \
-            self.id, group, seq, p2p_seq, op, api
-        rec.tensors = [((numel,), f"torch.{dtype}")]
-        rec.reduce_op, rec.root, rec.peer, rec.label = reduce_op, root, peer, label
-        rec.bucket, rec.iteration, rec.t, rec.stack = bucket, self.iteration, self.t, stack
+        rec = self.writer.write_collective(group, op, label, api, (((numel,), f"torch.{dtype}"),),
+                                           reduce_op, root, peer, stack, seq, p2p_seq, bucket,
+                                           self.iteration, self.t)
+        assert rec.id == self.id
         rec.work = _Work(done)
         if not done:
             self.late.append(rec.work)
-        self.writer.write_collective(rec)
 
     def forward(self, stack: tuple = FWD) -> None:
         self.iteration += 1

@@ -23,7 +23,7 @@ from ddpdoctor.launch import proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
-from ddpdoctor.trace import handshake, schema
+from ddpdoctor.trace import handshake, padding, schema
 
 MULTI_NODE_LINGER = 3.0  # seconds a node waits after its evidence before stopping its ranks
 
@@ -139,6 +139,7 @@ def run_job(opts: RunOptions, logdir: Path,
             result.killed += proctree.terminate(leftovers, 1.0)
         proctree.reap()
     progress.poll()
+    padding.trim(str(logdir))  # traces of ranks killed before they closed them
     result.exit_code = proc.returncode
     result.duration = time.time() - started
     write_job_record(logdir, result)

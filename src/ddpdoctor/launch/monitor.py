@@ -112,6 +112,9 @@ def frame_text(activity: dict | None) -> str:
     return f"{f.get('function', '?')}() at {name}:{f.get('line', '?')}"
 
 
+_READ_BLOCK = 64 * 1024
+
+
 class _Tail:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -121,12 +124,21 @@ class _Tail:
         self.stacks: dict[int, list[Site]] = {}
 
     def lines(self) -> list[bytes]:
+        # A running rank's trace ends in the NUL bytes its writer has reserved (see
+        # trace/padding.py): its data so far ends at the first of them.
+        blocks: list[bytes] = []
         try:
             with open(self.path, "rb") as fh:
                 fh.seek(self.offset)
-                data = fh.read()
+                while True:
+                    block = fh.read(_READ_BLOCK)
+                    pad = block.find(b"\0")
+                    blocks.append(block if pad < 0 else block[:pad])
+                    if pad >= 0 or len(block) < _READ_BLOCK:
+                        break
         except OSError:
             return []
+        data = b"".join(blocks)
         self.offset += len(data)
         data = self.rest + data
         parts = data.split(b"\n")

@@ -22,24 +22,37 @@ from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
 
-def _tensors(value: Any) -> list:
-    """(shape, dtype) of a tensor, a list of tensors or a list of lists of tensors."""
+def _tensors(value: Any) -> tuple:
+    """((shape, dtype), ...) of a tensor, a list of tensors or a list of lists of tensors."""
     if value is None:
-        return []
+        return ()
     if isinstance(value, (list, tuple)):
         try:  # the common case: a flat list of tensors
-            return [(t.shape, t.dtype) for t in value]
+            return tuple([(t.shape, t.dtype) for t in value])
         except AttributeError:
-            out = []
+            out: list = []
             for item in value:
                 out.extend(_tensors(item))
-            return out
-    return [(value.shape, value.dtype)]
+            return tuple(out)
+    return ((value.shape, value.dtype),)
+
+
+_REDUCE_OP_NAMES: dict[int, str] = {}
 
 
 def _reduce_op(opts: Any) -> Any:
-    op = getattr(opts, "reduceOp", opts)
-    return getattr(op, "op", op)
+    """The name of the reduce op in ``opts`` ("SUM"): a str, cheap to hash and compare where
+    pybind's enum is not (its hash and == are calls into C++)."""
+    try:
+        value = opts.reduceOp.op.value
+    except AttributeError:
+        op = getattr(opts, "reduceOp", opts)
+        op = getattr(op, "op", op)
+        return getattr(op, "name", op)
+    name = _REDUCE_OP_NAMES.get(value)
+    if name is None:
+        name = _REDUCE_OP_NAMES[value] = dist.ReduceOp.RedOpType(value).name
+    return name
 
 
 def _group_of(backend: Any, rank: int, size: int) -> Any:
@@ -81,7 +94,8 @@ class RecordingProcessGroup(dist.ProcessGroup):
         self._seq = 0
         self._p2p_seq = 0
         self._enabled = True
-        self._direct: Any = None  # see _unbound
+        self._direct: Any = None  # see _bound
+        self._calls: dict[str, Callable[..., Any]] = {}
 
     # -- recording --------------------------------------------------------------------------
     def _issue(self, op: str, method: str, args: tuple, tensors: Any = None,
@@ -114,10 +128,9 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 except Exception:  # the writer itself is broken: its cut marker says so
                     pass
         try:
-            try:
-                call = getattr(self._inner, method)
-            except AttributeError:
-                call = self._unbound(method)
+            call = self._calls.get(method)
+            if call is None:
+                call = self._calls[method] = self._bound(method)
             work = call(*args)
         except BaseException:
             if rec is not None:
@@ -127,14 +140,18 @@ class RecordingProcessGroup(dist.ProcessGroup):
             rec.work = work
         return work
 
-    def _unbound(self, method: str) -> Callable[..., Any]:
-        """A ``method`` the wrapped backend has no Python binding for. Gloo and NCCL implement
-        the coalesced all-gather and reduce-scatter (FSDP2's, DTensor's) in C++ only: they are
-        reached through a process group that holds the wrapped backend alone, whose binding
-        dispatches to it (never through this group, which would re-enter here)."""
-        if self._direct is None:
-            self._direct = _group_of(self._inner, self.rank(), self.size())
-        return getattr(self._direct, method)
+    def _bound(self, method: str) -> Callable[..., Any]:
+        """The wrapped backend's ``method``, bound (looked up once per method). Gloo and NCCL
+        implement the coalesced all-gather and reduce-scatter (FSDP2's, DTensor's) in C++ only,
+        with no Python binding: they are reached through a process group that holds the
+        wrapped backend alone, whose binding dispatches to it (never through this group, which
+        would re-enter here)."""
+        try:
+            return getattr(self._inner, method)
+        except AttributeError:
+            if self._direct is None:
+                self._direct = _group_of(self._inner, self.rank(), self.size())
+            return getattr(self._direct, method)
 
     # -- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - the C++ virtual's name

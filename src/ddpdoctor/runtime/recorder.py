@@ -27,9 +27,7 @@ ENV_ALLOW_LIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
                   "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS")
 
 
-def _now() -> float:
-    return time.time()
-
+_now = time.time
 
 class Recorder:
     """Collects one rank's records and hands them to its :class:`TraceWriter`."""
@@ -115,27 +113,25 @@ class Recorder:
 
     # -- hot path ---------------------------------------------------------------------------
     def record(self, group: str, seq: int | None, p2p_seq: int | None, op: str,
-               tensors: list, reduce_op: str | None, root: int | None, peer: int | None,
-               frame: Any) -> CollectiveRecord:
-        """Build the record of one collective; the caller attaches ``work`` after issuing it."""
-        rec = CollectiveRecord()
-        rec.t = _now()
-        rec.group, rec.seq, rec.p2p_seq, rec.op = group, seq, p2p_seq, op
-        rec.tensors, rec.reduce_op, rec.root, rec.peer = tensors, reduce_op, root, peer
-        label, rec.api, rec.stack = self.labeler.describe(frame)
-        rec.bucket = None
+               tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
+               frame: Any) -> CollectiveRecord | None:
+        """Write the line of one collective about to be issued, and return its record (the
+        caller attaches ``work`` to it); None before the trace is open. ``tensors``:
+        ((shape, dtype), ...)."""
+        writer = self.writer
+        if writer is None:
+            return None
+        label, api, stack = self.labeler.describe(frame)
+        bucket = None
         if label == BUCKET or label == "join.shadow_bucket":
             if tensors and not tensors[0][1].is_floating_point:
                 label = UNUSED_PARAMS
             else:
-                rec.bucket = self.bucket_index
+                bucket = self.bucket_index
                 self.bucket_index += 1
-        rec.label = label
-        rec.iteration = self.iteration
-        self.last_issue = rec.t
-        if self.writer is not None:
-            self.writer.write_collective(rec)  # on disk before the collective runs
-        return rec
+        self.last_issue = t = _now()
+        return writer.write_collective(group, op, label, api, tensors, reduce_op, root, peer,
+                                       stack, seq, p2p_seq, bucket, self.iteration, t)
 
     # -- DDP --------------------------------------------------------------------------------
     def next_iteration(self) -> None:

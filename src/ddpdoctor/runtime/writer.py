@@ -1,10 +1,11 @@
 """Trace writer: each collective is on disk *before* it is issued; completions follow in bulk.
 
 The training thread encodes a collective's line (the part that repeats from iteration to
-iteration is encoded once and cached) and appends it with one ``os.write`` on an ``O_APPEND``
-descriptor before the backend runs the collective. Written data lives in the kernel's page
-cache, so whatever way the rank dies afterwards — an exception, ``os._exit``, SIGABRT from
-gloo, SIGSEGV, SIGKILL — the collective it was in, and every one before it, can be read.
+iteration is encoded once per call site and cached) and stores it into a shared mapping of
+the trace file (:mod:`ddpdoctor.runtime.trace_file`) before the backend runs the collective.
+Stored data lives in the kernel's page cache, so whatever way the rank dies afterwards — an
+exception, ``os._exit``, SIGABRT from gloo, SIGSEGV, SIGKILL — the collective it was in, and
+every one before it, can be read.
 
 Completion is the one thing known later. A daemon thread polls the ``Work`` of every collective
 still running every ``interval`` seconds and, when some completed or were issued, writes one
@@ -29,40 +30,58 @@ from typing import Any
 
 from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
+from ddpdoctor.runtime.trace_file import TraceFile
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import numel
 
 
+class Site:
+    """What repeats from call to call at one place: a collective's static fields (group, op,
+    label, tensors, call stack, ...) and their encoding in the trace line, made once."""
+
+    __slots__ = ("group", "op", "label", "api", "tensors", "reduce_op", "root", "peer", "stack",
+                 "text")
+
+    def __init__(self, group: str, op: str, label: str, api: str | None,
+                 tensors: Sequence[tuple[Any, Any]], reduce_op: Any, root: int | None,
+                 peer: int | None, stack: tuple) -> None:
+        self.group, self.op, self.label, self.api = group, op, label, api
+        self.tensors, self.reduce_op, self.root, self.peer = tensors, reduce_op, root, peer
+        self.stack = stack
+        self.text = ""  # the static part of the line (the writer fills it in)
+
+
 class CollectiveRecord:
-    """One collective as seen on the caller's thread."""
+    """One collective as seen on the caller's thread: its per-call fields, and its
+    :class:`Site` for the rest (read through as attributes)."""
 
-    __slots__ = ("id", "group", "seq", "p2p_seq", "op", "api", "tensors", "reduce_op",
-                 "root", "peer", "label", "bucket", "iteration", "t", "stack", "work")
-    id: int
-    group: str
-    seq: int | None
-    p2p_seq: int | None
-    op: str
-    api: str | None
-    tensors: Sequence[tuple[Any, Any]]
-    reduce_op: Any
-    root: int | None
-    peer: int | None
-    label: str
-    bucket: int | None
-    iteration: int
-    t: float
-    stack: tuple
-    work: Any
+    # A record lives until the writer thread sees it complete, long enough to reach the
+    # interpreter's oldest generation, and survivors are what trigger full garbage collections
+    # (~75 ms each in a process that imported torch): a record holds its site, shared with
+    # every call from the same place, instead of its own copies.
+    __slots__ = ("id", "seq", "p2p_seq", "iteration", "bucket", "t", "site", "work")
 
-    def __init__(self) -> None:
+    def __init__(self, cid: int, seq: int | None, p2p_seq: int | None, iteration: int,
+                 bucket: int | None, t: float, site: Site) -> None:
+        self.id, self.seq, self.p2p_seq, self.iteration = cid, seq, p2p_seq, iteration
+        self.bucket, self.t, self.site = bucket, t, site
         # ISSUING until the backend returned a Work; then the Work; a state string on error.
         self.work: Any = ISSUING
-        self.id = 0
+
+    group = property(lambda self: self.site.group)
+    op = property(lambda self: self.site.op)
+    label = property(lambda self: self.site.label)
+    api = property(lambda self: self.site.api)
+    tensors = property(lambda self: self.site.tensors)
+    reduce_op = property(lambda self: self.site.reduce_op)
+    root = property(lambda self: self.site.root)
+    peer = property(lambda self: self.site.peer)
+    stack = property(lambda self: self.site.stack)
 
 
 ISSUING = object()
 MAX_PENDING_LISTED = 1024  # ids a ``done`` record lists as still running, at most
+MAX_SITES = 65536  # sites kept for reuse, at most
 
 
 # How often the writer thread wakes to record completions. Each wake-up of a thread in a busy
@@ -112,31 +131,62 @@ class TraceWriter:
         self._unreported: list[CollectiveRecord] = []  # written; issue time not yet in a done
         self._last_write = time.monotonic()
         self._stacks: dict[tuple, int] = {}
-        self._static: dict[tuple, tuple[str, tuple]] = {}  # key -> (static part, key)
+        self._sites: dict[tuple, Site] = {}
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._closed = False
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._file = TraceFile(path)
         self._write_lines([json.dumps(header)])
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-writer", daemon=True)
         self._thread.start()
 
     # -- caller side -------------------------------------------------------------------------
-    def write_collective(self, rec: CollectiveRecord) -> None:
-        """Number ``rec`` and write its line now, before the collective is issued."""
-        lines: list[str] = []
+    def write_collective(self, group: str, op: str, label: str, api: str | None,
+                         tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
+                         stack: tuple, seq: int | None, p2p_seq: int | None,
+                         bucket: int | None, iteration: int, t: float) -> CollectiveRecord:
+        """Number a collective and write its line now, before it is issued; its record, to
+        which the caller attaches the ``Work``. ``tensors``: ((shape, dtype), ...);
+        ``stack``: the labeler's cached tuple for this call stack (same places, same object)."""
+        # The hot path: every collective of the job passes here, on the training thread. What
+        # repeats from call to call is looked up as one Site; only the per-call fields are
+        # formatted. Keyed by id(stack): the labeler hands out one tuple per call stack and
+        # the site keeps it alive, so the id cannot be reused while the key exists.
+        key = (group, op, label, api, reduce_op, root, peer, id(stack), tensors)
         with self._lock:
+            site = self._sites.get(key)
+            lines: list[str] = []
+            if site is None:
+                if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
+                    self._sites.clear()
+                site = self._sites[key] = Site(group, op, label, api, tensors, reduce_op, root,
+                                               peer, stack)
+                site.text = self._encode_static(site, lines)
             self._next_id += 1
-            rec.id = self._next_id
+            rec = CollectiveRecord(self._next_id, seq, p2p_seq, iteration, bucket, t, site)
             self._pending.append(rec)
-            if rec.seq is not None:
-                self.issued[rec.group] = rec.seq
-            if self._encode_collective(rec, lines):
-                self._unreported.append(rec)
-            if lines:
-                self._write_lines(lines)
+            if seq is not None:
+                self.issued[group] = seq
+                if self._cap is not None and self._cap.fold(rec, site.text, lines):
+                    if lines:  # a capped trace folded it into a run: the run has its time
+                        self._write_lines(lines)
+                    return rec
+            extra = ""
+            if p2p_seq is not None:
+                extra = f', "p2p_seq": {p2p_seq}'
+            if bucket is not None:
+                extra += f', "bucket": {bucket}'
+            # "state" is always pending here: the line is written before the collective runs.
+            # The layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the
+            # reader's fast path depends on it byte for byte.
+            lines.append(f'{{"id": {self._next_id}, "kind": "collective", '
+                         f'"seq": {"null" if seq is None else seq}, '
+                         f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}')
+            self._unreported.append(rec)
+            self._write_lines(lines)
+        return rec
 
     def put(self, record: dict) -> None:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
@@ -164,7 +214,7 @@ class TraceWriter:
                 self._write_lines([json.dumps(rec) for rec in final])
             self._closed = True
             if not self.failed:
-                os.close(self._fd)
+                self._file.close()
 
     # -- completions (writer thread) ---------------------------------------------------------
     def _run(self) -> None:
@@ -211,52 +261,21 @@ class TraceWriter:
             self._write_lines(lines)
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
-    def _encode_collective(self, rec: CollectiveRecord, lines: list[str]) -> bool:
-        """Append ``rec``'s line to ``lines``; False when a capped trace folded it into a run
-        instead (its time is the run's)."""
-        # What repeats from iteration to iteration (group, op, label, shapes, call stack, ...)
-        # is encoded once and cached; only the per-call fields are formatted each time.
-        key = (rec.group, rec.op, rec.label, rec.api, rec.reduce_op, rec.root, rec.peer,
-               rec.stack, tuple(rec.tensors))
-        entry = self._static.get(key)
-        if entry is None:
-            entry = self._static[key] = (self._encode_static(rec, lines), key)
-        static, cached = entry
-        # A record lives until the writer thread sees it complete, long enough to reach the
-        # interpreter's oldest generation. Holding the cached stack and tensors instead of its
-        # own copies, it keeps one new object alive instead of a dozen: survivors are what
-        # trigger full garbage collections (~75 ms each in a process that imported torch),
-        # which cost more than everything else here together.
-        rec.stack, rec.tensors = cached[7], cached[8]
-        if self._cap is not None and rec.seq is not None and self._cap.fold(rec, static, lines):
-            return False
-        extra = ""
-        if rec.p2p_seq is not None:
-            extra += f', "p2p_seq": {rec.p2p_seq}'
-        if rec.bucket is not None:
-            extra += f', "bucket": {rec.bucket}'
-        # "state" is always pending here: the line is written before the collective runs. The
-        # layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the reader's fast
-        # path depends on it byte for byte.
-        lines.append(f'{{"id": {rec.id}, "kind": "collective", '
-                     f'"seq": {"null" if rec.seq is None else rec.seq}, '
-                     f'"iteration": {rec.iteration}, "state": "pending"{extra}, {static}}}')
-        return True
-
-    def _encode_static(self, rec: CollectiveRecord, lines: list[str]) -> str:
-        stack_id = self._stacks.get(rec.stack)
+    def _encode_static(self, site: Site, lines: list[str]) -> str:
+        """The static part of ``site``'s lines; its call stack's record first, when new."""
+        stack_id = self._stacks.get(site.stack)
         if stack_id is None:
-            stack_id = self._stacks[rec.stack] = len(self._stacks)
-            frames = [source_capture.frame(f, n, fn) for f, n, fn in rec.stack]
+            stack_id = self._stacks[site.stack] = len(self._stacks)
+            frames = [source_capture.frame(f, n, fn) for f, n, fn in site.stack]
             lines.append(json.dumps({"kind": schema.STACK, "id": stack_id, "frames": frames}))
-        shapes = [list(shape) for shape, _ in rec.tensors]
-        dtypes = [str(dtype).replace("torch.", "") for _, dtype in rec.tensors]
-        out = {"group": rec.group, "op": rec.op, "label": rec.label, "shapes": shapes,
+        shapes = [list(shape) for shape, _ in site.tensors]
+        dtypes = [str(dtype).replace("torch.", "") for _, dtype in site.tensors]
+        out = {"group": site.group, "op": site.op, "label": site.label, "shapes": shapes,
                "dtypes": dtypes, "numel": numel(shapes), "stack": stack_id}
-        if rec.reduce_op is not None:
-            out["reduce_op"] = getattr(rec.reduce_op, "name", str(rec.reduce_op))
+        if site.reduce_op is not None:
+            out["reduce_op"] = getattr(site.reduce_op, "name", str(site.reduce_op))
         for name in ("api", "root", "peer"):
-            value = getattr(rec, name)
+            value = getattr(site, name)
             if value is not None:
                 out[name] = value
         return json.dumps(out)[1:-1]
@@ -266,12 +285,8 @@ class TraceWriter:
             return
         data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
         try:
-            written = os.write(self._fd, data)
-            self.bytes_written += written
-            while written < len(data):  # rare: a short write
-                data = data[written:]
-                written = os.write(self._fd, data)
-                self.bytes_written += written
+            self._file.append(data)
+            self.bytes_written += len(data)
         except OSError as exc:
             self._cut(exc)
         self._last_write = time.monotonic()
@@ -281,7 +296,7 @@ class TraceWriter:
         next to the trace, so that readers know the trace is cut, not the job short."""
         self.failed = True
         try:
-            os.close(self._fd)
+            self._file.close()
         except OSError:
             pass
         try:  # an empty file needs no data block: it usually fits on a full disk

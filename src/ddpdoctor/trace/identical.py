@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from ddpdoctor.trace.compact import (
     read_compact,
 )
 from ddpdoctor.trace.model import RankTrace
+from ddpdoctor.trace.padding import file_size
 from ddpdoctor.trace.records import Fold
 
 
@@ -155,12 +155,14 @@ def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
     :func:`~ddpdoctor.trace.compact.read_compact` does: from its own records alone when its
     other lines are a known class's, else by reading it in full (and founding a class).
     Raises :class:`~ddpdoctor.trace.compact.NotCompact` as that function does."""
-    if truncated or not start < os.fstat(fh.fileno()).st_size <= BULK_MAX:
+    size = file_size(fh)
+    if truncated or not start < size <= BULK_MAX:
         read_compact(trace, fh, start, truncated, pool.codes)
         return
     # Mapped, not read: a member of a known class is compared with it in place (a copy of
-    # the file would cost more than the comparison). Trace files are only appended to.
-    with mmap.mmap(fh.fileno(), 0, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
+    # the file would cost more than the comparison). Trace files are only appended to; the
+    # mapping ends where the data does (before a killed writer's padding).
+    with mmap.mmap(fh.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
         whole = mapped[-1:] == b"\n"  # else the file grew since it was looked at
         found = pool.class_of(mapped, start) if whole else None
         if found is not None:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ddpdoctor.trace import flight_recorder, parallel, schema
+from ddpdoctor.trace import flight_recorder, padding, parallel, schema
 from ddpdoctor.trace.compact import NotCompact, read_compact
 from ddpdoctor.trace.identical import Shared, read_shared
 from ddpdoctor.trace.model import RankTrace, Run
@@ -115,14 +115,14 @@ def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
     _regular(path)
     try:
         with open(path, "rb") as fh:
-            trace = _read_compact(path, fh, pool)
+            trace = _read_compact(path, padding.open_data(fh), pool)
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
     if trace is not None:
         return trace
     try:
         with open(path, "rb") as fh:
-            return _read_records(path, fh)
+            return _read_records(path, padding.open_data(fh))
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
 
@@ -202,7 +202,7 @@ def _read_compact(path: Path, fh: BinaryIO, pool: Shared | None) -> RankTrace | 
     first = fh.readline(MAX_LINE + 1)
     if not first.endswith(b"\n"):
         return None  # header only, cut off, or oversized: leave it to the other path
-    size = os.fstat(fh.fileno()).st_size
+    size = padding.file_size(fh)
     fh.seek(size - 1)
     truncated = fh.read(1) != b"\n"
     try:

@@ -18,7 +18,13 @@ FORMAT = "ddpdoctor-trace"
 #    ``id``: equal collectives give equal lines on every rank, so readers compare identical
 #    ranks' files by their bytes. Issue times come in the writer thread's ``done`` records
 #    (``issued``). Version 3 is read as before.
-VERSION = 4
+# 5: the writer appends through a shared mapping of the file and trims it when it closes: the
+#    trace of a rank killed before that ends in up to PAD_MAX NUL bytes, which readers skip.
+#    The lines are those of version 4. Versions 3 and 4 are read as before.
+VERSION = 5
+# The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
+# damaged, not padded.
+PAD_MAX = 256 * 1024
 
 # Record kinds.
 HEADER = "header"
