@@ -12,10 +12,12 @@ b. a realistic job (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, ``buck
    spent: the CPU of its threads in each job, and the recording cost per collective on the
    calling thread measured in a job (c) times the collectives of a step; the whole-job ratios
    are shown beside it with their spread;
-c. a small all_reduce loop: the caller-thread CPU that recording adds to one collective while
-   both ranks run (blocks through the recording group and on the gloo backend it wraps,
-   alternating in one job), every thread's CPU per op against plain torchrun, and time per op
-   under ``ddpdoctor run`` and under DETAIL against plain torchrun;
+c. a small all_reduce loop: the CPU that recording adds to one collective while both ranks
+   run, on the training thread (blocks through the recording group and on the gloo backend it
+   wraps, alternating in one job) and on ddpdoctor's own threads (their CPU clocks), which is
+   the figure the target is held to; every thread's CPU per op against plain torchrun (a
+   cross-check: whole jobs spread wider than the target), and time per op under ``ddpdoctor
+   run`` and under DETAIL against plain torchrun;
 d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic traces from
    ``bench/synth.py`` (DDP-like, one injected divergence): collectives per rank grow at 8
    ranks, then ranks grow at 50,000 collectives; the baseline is reading the same bytes and
