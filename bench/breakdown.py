@@ -20,14 +20,17 @@ import time
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.runtime.pg_wrapper import group_of
+
 # (variant, what it adds to the one before)
 VARIANTS = [
-    ("direct", "gloo called directly"),
+    ("plain", "torch's own path: a ProcessGroup dispatching to gloo"),
+    ("direct", "gloo's binding called directly"),
     ("wrapper", "the recording group forwarding, recording off"),
     ("record", "numbering, shapes, reduce op, caller frame"),
     ("describe", "the labels and call stack read off the frames"),
     ("encode", "the site looked up, the record, its line formatted (write stubbed)"),
-    ("full", "the line written (os.write): everything ddpdoctor does"),
+    ("full", "the line stored into the trace: everything ddpdoctor does"),
 ]
 
 
@@ -40,17 +43,17 @@ def main() -> None:
     writer, labeler = recorder.writer, recorder.labeler
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
-    targets = {"write": (writer, "_write_lines"), "collective": (writer, "write_collective"),
+    targets = {"write": (writer, "_write"), "collective": (writer, "write_collective"),
                "describe": (labeler, "describe")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
-    stubs = {"write": lambda lines: None, "collective": lambda *args: None,
+    stubs = {"write": lambda text: None, "collective": lambda *args: None,
              "describe": lambda frame: ("user", None, ())}
-    off = {"direct": set(), "wrapper": set(), "record": {"collective", "describe"},
+    off = {"plain": set(), "direct": set(), "wrapper": set(), "record": {"collective", "describe"},
            "describe": {"collective"}, "encode": {"write"}, "full": set()}
 
     def use(variant: str) -> None:
-        group._enabled = variant != "wrapper"
+        group._enabled = variant != "wrapper"  # plain and direct do not pass the group
         for name, (obj, attr) in targets.items():
             setattr(obj, attr, stubs[name] if name in off[variant] else originals[name])
 
@@ -62,14 +65,15 @@ def main() -> None:
             call([t], opts).wait()
         return (time.thread_time() - t0) / n * 1e6
 
+    calls = {"plain": group_of(inner, group.rank(), group.size()).allreduce,
+             "direct": inner.allreduce}
     for _ in range(300):
         group.allreduce([t], opts).wait()
     samples: dict[str, list[float]] = {v: [] for v, _ in VARIANTS}
     for _ in range(15):
         for variant, _ in VARIANTS:
             use(variant)
-            samples[variant].append(block(inner.allreduce if variant == "direct"
-                                          else group.allreduce))
+            samples[variant].append(block(calls.get(variant, group.allreduce)))
     use("full")
     time.sleep(0.3 * dist.get_rank())  # the ranks' lines one after the other
     print("BREAKDOWN " + json.dumps({"rank": dist.get_rank(), **{

@@ -3,11 +3,12 @@ case where a per-collective cost shows most. Each rank prints one line ``BENCH {
 median µs per op and its process CPU µs per op (every thread: ddpdoctor's writer included).
 
 ``--wrapper-ab`` (under ``ddpdoctor run``): blocks of all-reduces through ddpdoctor's recording
-group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks on the
-gloo backend it wraps, called the same way; the line then also holds the calling thread's CPU
-µs per op of each, and the CPU of ddpdoctor's own threads per recorded op: the cost of
-recording measured while both ranks run (on this 2-core machine several times the
-single-process microbenchmark's), free of the spread between whole jobs.
+group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks through
+a plain process group over the same gloo backend (torch's own path) and blocks on the
+backend's binding; the line then also holds the calling thread's CPU µs per op of each, and
+the CPU of ddpdoctor's own threads per recorded op: the cost of recording measured while both
+ranks run (on this 2-core machine several times the single-process microbenchmark's), free of
+the spread between whole jobs.
 """
 
 import argparse
@@ -33,29 +34,37 @@ def _own_threads_cpu() -> float:
 
 
 def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
-    """What recording adds to one all-reduce, in blocks through the recording group and on
-    the gloo backend it wraps, alternating: the calling thread's CPU µs per op of each
-    (medians over blocks), and the CPU of ddpdoctor's own threads over the whole alternation
-    per recorded op (their completion work and their wake-ups). Process CPU per block is no
-    measure here: gloo's threads spread it by ±100 µs per op from block to block."""
+    """What recording adds to one all-reduce, in blocks that alternate between three paths to
+    the same gloo backend: torch's own (a plain ``ProcessGroup`` over it, through the c10d
+    dispatcher: what ``dist.all_reduce`` runs without ddpdoctor), ddpdoctor's recording group
+    (its ``allreduce``: the record, the trace line, then the backend's binding) and that binding
+    called directly. The calling thread's CPU µs per op of each (medians over blocks), and the
+    CPU of ddpdoctor's own threads over the whole alternation per recorded op (their completion
+    work and their wake-ups). Process CPU per block is no measure here: gloo's threads spread it
+    by ±100 µs per op from block to block."""
+    from ddpdoctor.runtime.pg_wrapper import group_of
+
     group = dist.distributed_c10d._get_default_group()
     inner = getattr(group, "_inner", None)
     if inner is None:
         return {}
+    plain = group_of(inner, group.rank(), group.size())
     opts = dist.AllreduceOptions()
-    thread: dict[bool, list[float]] = {True: [], False: []}
+    arms = {"plain": plain.allreduce, "wrapped": group.allreduce, "direct": inner.allreduce}
+    thread: dict[str, list[float]] = {arm: [] for arm in arms}
+    blocks = ops // block
     own0 = _own_threads_cpu()
-    for b in range(2 * (ops // block)):
-        wrapped = b % 2 == 0
-        call = (group if wrapped else inner).allreduce
+    for b in range(len(arms) * blocks):
+        arm = list(arms)[b % len(arms)]
+        call = arms[arm]
         t0 = time.thread_time()
         for _ in range(block):
             call([t], opts).wait()
-        thread[wrapped].append((time.thread_time() - t0) / block * 1e6)
+        thread[arm].append((time.thread_time() - t0) / block * 1e6)
     time.sleep(0.5)  # the writer's last completion batch
-    own = (_own_threads_cpu() - own0) / (ops // block * block) * 1e6
-    return {"wrapped_cpu_us": statistics.median(thread[True]),
-            "direct_cpu_us": statistics.median(thread[False]), "threads_cpu_us": own}
+    own = (_own_threads_cpu() - own0) / (blocks * block) * 1e6
+    return {**{f"{arm}_cpu_us": statistics.median(v) for arm, v in thread.items()},
+            "threads_cpu_us": own}
 
 
 def main() -> None:

@@ -27,7 +27,11 @@ def _tensors(value: Any) -> tuple:
     if value is None:
         return ()
     if isinstance(value, (list, tuple)):
-        try:  # the common case: a flat list of tensors
+        if len(value) == 1:  # the common case: one tensor (DDP's buckets, dist.all_reduce)
+            t = value[0]
+            if isinstance(t, torch.Tensor):
+                return ((t.shape, t.dtype),)
+        try:  # a flat list of tensors
             return tuple([(t.shape, t.dtype) for t in value])
         except AttributeError:
             out: list = []
@@ -37,6 +41,10 @@ def _tensors(value: Any) -> tuple:
     return ((value.shape, value.dtype),)
 
 
+# Reduce op names by the hash of their ``ReduceOp``, which is its ``RedOpType`` value in the
+# torch versions checked (reading ``.op.value`` makes two pybind objects: 0.6 µs a call). An
+# entry is added only where hash and value agree, so a torch whose ReduceOp hashes otherwise
+# takes the slow path every time instead of mislabelling.
 _REDUCE_OP_NAMES: dict[int, str] = {}
 
 
@@ -44,18 +52,22 @@ def _reduce_op(opts: Any) -> Any:
     """The name of the reduce op in ``opts`` ("SUM"): a str, cheap to hash and compare where
     pybind's enum is not (its hash and == are calls into C++)."""
     try:
-        value = opts.reduceOp.op.value
+        op = opts.reduceOp
+        name = _REDUCE_OP_NAMES.get(hash(op))
+        if name is not None:
+            return name
+        kind = op.op
     except AttributeError:
         op = getattr(opts, "reduceOp", opts)
         op = getattr(op, "op", op)
         return getattr(op, "name", op)
-    name = _REDUCE_OP_NAMES.get(value)
-    if name is None:
-        name = _REDUCE_OP_NAMES[value] = dist.ReduceOp.RedOpType(value).name
+    name = kind.name
+    if hash(op) == kind.value:
+        _REDUCE_OP_NAMES[kind.value] = name
     return name
 
 
-def _group_of(backend: Any, rank: int, size: int) -> Any:
+def group_of(backend: Any, rank: int, size: int) -> Any:
     """A process group whose only backend is ``backend`` (for the devices it serves)."""
     kinds = dist.ProcessGroup.BackendType
     name = backend.name()
@@ -150,7 +162,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
             return getattr(self._inner, method)
         except AttributeError:
             if self._direct is None:
-                self._direct = _group_of(self._inner, self.rank(), self.size())
+                self._direct = group_of(self._inner, self.rank(), self.size())
             return getattr(self._direct, method)
 
     # -- identity ---------------------------------------------------------------------------

@@ -15,7 +15,8 @@ Collective ``seq`` of the group equals collective ``seq - back`` except for its 
 sequence of static parts is therefore kept exactly, and with it every position at which two
 ranks can differ: whatever differs between ranks breaks at least one rank's pattern, and that
 rank writes the collective in full. What is written in full after the cap: a collective whose
-static part is new or out of pattern, point-to-point ops, one collective per second (a keyframe
+static part is new or out of pattern (positions are remembered from the cap on, so the first
+round of each pattern after it is new), point-to-point ops, one collective per second (a keyframe
 for the launcher's progress monitor and for the times), and every other record kind. Run
 members complete like any collective (``done`` records). Runs are closed once a second, as
 soon as the rank issues nothing for the writer's interval (a rank blocked in a collective), and
@@ -122,7 +123,11 @@ class Compressor:
             self.close_all(lines)
 
     def fold(self, rec: Any, static: str, lines: list[str]) -> bool:
-        """True when ``rec`` joins a run and needs no line of its own."""
+        """True when ``rec`` joins a run and needs no line of its own. Below the cap nothing is
+        folded and nothing remembered (the caller need not call this): positions are noted
+        from the cap on, so the first round of a pattern after it is written in full."""
+        if not self.active:
+            return False
         seq, iteration, bucket = rec.seq, rec.iteration, rec.bucket
         g = self.groups.get(rec.group)
         if g is None:
@@ -130,9 +135,6 @@ class Compressor:
         if seq != g.top + 1 or not isinstance(iteration, int):
             self._close(rec.group, g, lines)  # out of order: write it in full, start afresh
             g.note(seq, static, iteration if isinstance(iteration, int) else 0, bucket)
-            return False
-        if not self.active:
-            g.note(seq, static, iteration, bucket)
             return False
         run = g.run
         if self._key_due:

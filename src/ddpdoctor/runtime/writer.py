@@ -129,7 +129,7 @@ class TraceWriter:
         self.completed = 0  # collectives known to have completed
         self._pending: list[CollectiveRecord] = []
         self._unreported: list[CollectiveRecord] = []  # written; issue time not yet in a done
-        self._last_write = time.monotonic()
+        self._settled_id = 0  # the last id written when the writer thread last looked
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, Site] = {}
         # Re-entrant: a Python signal handler may write a record while the main thread,
@@ -138,7 +138,7 @@ class TraceWriter:
         self._stop = threading.Event()
         self._closed = False
         self._file = TraceFile(path)
-        self._write_lines([json.dumps(header)])
+        self._write(json.dumps(header) + "\n")
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-writer", daemon=True)
         self._thread.start()
 
@@ -169,9 +169,10 @@ class TraceWriter:
             self._pending.append(rec)
             if seq is not None:
                 self.issued[group] = seq
-                if self._cap is not None and self._cap.fold(rec, site.text, lines):
+                cap = self._cap
+                if cap is not None and cap.active and cap.fold(rec, site.text, lines):
                     if lines:  # a capped trace folded it into a run: the run has its time
-                        self._write_lines(lines)
+                        self._write("\n".join(lines) + "\n")
                     return rec
             extra = ""
             if p2p_seq is not None:
@@ -181,17 +182,17 @@ class TraceWriter:
             # "state" is always pending here: the line is written before the collective runs.
             # The layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the
             # reader's fast path depends on it byte for byte.
-            lines.append(f'{{"id": {self._next_id}, "kind": "collective", '
-                         f'"seq": {"null" if seq is None else seq}, '
-                         f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}')
+            line = (f'{{"id": {self._next_id}, "kind": "collective", '
+                    f'"seq": {"null" if seq is None else seq}, '
+                    f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
             self._unreported.append(rec)
-            self._write_lines(lines)
+            self._write("\n".join(lines) + "\n" + line if lines else line)
         return rec
 
     def put(self, record: dict) -> None:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
         with self._lock:
-            self._write_lines([json.dumps(record)])
+            self._write(json.dumps(record) + "\n")
 
     def pending(self) -> list[CollectiveRecord]:
         """Collectives issued and not yet known to be complete."""
@@ -211,7 +212,7 @@ class TraceWriter:
                 return
             self._settle(final=True)
             if final:
-                self._write_lines([json.dumps(rec) for rec in final])
+                self._write("".join(json.dumps(rec) + "\n" for rec in final))
             self._closed = True
             if not self.failed:
                 self._file.close()
@@ -234,10 +235,18 @@ class TraceWriter:
         still: list[CollectiveRecord] = []
         changed = False
         for rec in self._pending:
-            state = _work_state(rec.work)
-            if state == schema.PENDING:
-                still.append(rec)
-                continue
+            work = rec.work
+            try:  # _work_state, inlined for the common case: a Work that completed
+                if not work.is_completed():
+                    still.append(rec)
+                    continue
+                work.get_future().value()  # re-raises the collective's error
+                state = schema.COMPLETED
+            except Exception:
+                state = _work_state(work)
+                if state == schema.PENDING:
+                    still.append(rec)
+                    continue
             changed = True
             self.completed += 1
             if state != schema.COMPLETED:
@@ -251,14 +260,18 @@ class TraceWriter:
                                     "pending": [r.id for r in still[:MAX_PENDING_LISTED]]}
             if len(still) > MAX_PENDING_LISTED:
                 done["pending_from"] = still[MAX_PENDING_LISTED].id  # all later ids run too
-            if self._unreported:
-                done[schema.ISSUED] = issued_runs(self._unreported)
+            text = json.dumps(done)
+            if self._unreported:  # json.dumps's layout, with the times formatted directly
+                text = f'{text[:-1]}, "{schema.ISSUED}": {issued_json(self._unreported)}}}'
                 self._unreported = []
-            lines.append(json.dumps(done))
-        if cap is not None and (final or time.monotonic() - self._last_write >= self.interval):
+            lines.append(text)
+        # The rank issued nothing since the writer last looked (an interval ago): it waits,
+        # maybe for good, and what its runs hold must be on disk.
+        if cap is not None and (final or self._next_id == self._settled_id):
             cap.close_all(lines)
+        self._settled_id = self._next_id
         if lines:
-            self._write_lines(lines)
+            self._write("\n".join(lines) + "\n")
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
     def _encode_static(self, site: Site, lines: list[str]) -> str:
@@ -280,16 +293,16 @@ class TraceWriter:
                 out[name] = value
         return json.dumps(out)[1:-1]
 
-    def _write_lines(self, lines: list[str]) -> None:
+    def _write(self, text: str) -> None:
+        """Append ``text``: whole lines, each ending in a newline."""
         if self.failed or self._closed:  # a late record (watchdog) after the exit record
             return
-        data = ("\n".join(lines) + "\n").encode("utf-8", "replace")
+        data = text.encode("utf-8", "replace")
         try:
             self._file.append(data)
             self.bytes_written += len(data)
         except OSError as exc:
             self._cut(exc)
-        self._last_write = time.monotonic()
 
     def _cut(self, exc: OSError) -> None:
         """A write failed (full disk, file size limit): stop writing and leave a marker file
@@ -307,16 +320,18 @@ class TraceWriter:
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
 
 
-def issued_runs(recs: Sequence[CollectiveRecord]) -> list[list]:
-    """The ``issued`` field of a ``done`` record: ``[first id, [issue time, ...]]`` for each
-    run of consecutive ids among ``recs`` (a capped trace leaves gaps where runs fold)."""
-    out: list[list] = []
-    times: list[float] = []
+def issued_json(recs: Sequence[CollectiveRecord]) -> str:
+    """The ``issued`` field of a ``done`` record as JSON: ``[first id, [issue time, ...]]``
+    for each run of consecutive ids among ``recs`` (a capped trace leaves gaps where runs
+    fold). Times to the microsecond, formatted directly: rounding each and encoding it with
+    json.dumps cost the writer thread 1 µs per collective, half its work."""
+    runs: list[tuple[int, list[str]]] = []
+    times: list[str] = []
     last = -2
     for rec in recs:
         if rec.id != last + 1:
             times = []
-            out.append([rec.id, times])
-        times.append(round(rec.t, 6))
+            runs.append((rec.id, times))
+        times.append(f"{rec.t:.6f}")
         last = rec.id
-    return out
+    return "[" + ", ".join(f"[{first}, [{', '.join(ts)}]]" for first, ts in runs) + "]"
