@@ -54,3 +54,20 @@ def test_stacks_are_cached_by_instruction_and_keep_their_own_lines() -> None:
     assert again[2][0][1] + 1 == labeler.describe(sys._getframe())[2][0][1]  # the next line
     loop = [labeler.describe(sys._getframe())[2] for _ in range(3)]
     assert loop[0] is loop[1] is loop[2]  # one place, one cached tuple
+
+
+def test_one_user_line_reached_through_different_torch_functions_keeps_each_label() -> None:
+    # Labels are cached by the places of the internal frames *and* of the user's frames: the
+    # same user instruction that calls all_reduce, then broadcast, is labelled for each.
+    torch_dir = "/site-packages/torch"
+    labeler = StackLabeler(internal_dirs=[torch_dir])
+    api_source = ("def all_reduce():\n    return describe(frame())\n"
+                  "def broadcast():\n    return describe(frame())\n")
+    scope = {"describe": labeler.describe, "frame": lambda: sys._getframe(1)}
+    exec(compile(api_source, f"{torch_dir}/distributed/distributed_c10d.py", "exec"), scope)
+    user_source = "seen = [fn() for fn in (all_reduce, broadcast, all_reduce)]\n"
+    exec(compile(user_source, "/job/train.py", "exec"), scope)
+    apis = [api for _, api, _ in scope["seen"]]
+    assert apis == ["all_reduce", "broadcast", "all_reduce"]
+    stacks = [stack for _, _, stack in scope["seen"]]
+    assert stacks[0][0][0] == "/job/train.py" and stacks[0] == stacks[1] == stacks[2]

@@ -44,6 +44,8 @@ class StackLabeler:
         # instruction: ~1 µs in a small function, 35 µs deep in a 3,000-line module. The
         # instruction offset identifies the line.
         self._stacks: dict[tuple[int, ...], tuple] = {}
+        # (label, api, stack) by the places of the internal frames and the user's above them.
+        self._described: dict[tuple[int, ...], tuple[str, str | None, tuple]] = {}
 
     def _classify(self, code: CodeType) -> tuple:
         """``()`` for user code, else (rules, api, backward) for an internal code object."""
@@ -89,18 +91,46 @@ class StackLabeler:
                 return BUCKET, None, ()
             main_label, main_api, main_stack = self.describe(main)
             return (BUCKET if main_label == USER else main_label), main_api, main_stack
+        # One walk: the internal frames (torch's, ddpdoctor's) from the caller outwards, then
+        # up to STACK_DEPTH user frames, each as (id(code), instruction); the same places give
+        # the same answer, cached.
         kinds = self._kinds
+        where: list[int] = []
+        f: FrameType | None = frame
+        while f is not None:
+            code = f.f_code
+            kind = kinds.get(id(code))
+            if kind is None:
+                kind = self._classify(code)
+            if not kind:
+                break
+            where.append(id(code))
+            where.append(f.f_lasti)
+            f = f.f_back
+        user, internal = f, len(where) // 2
+        while f is not None and len(where) < 2 * (internal + STACK_DEPTH):
+            where.append(id(f.f_code))
+            where.append(f.f_lasti)
+            f = f.f_back
+        key = tuple(where)
+        described = self._described.get(key)
+        if described is None:
+            if len(self._described) >= MAX_CACHED_STACKS:  # a program that never repeats
+                self._described.clear()
+            described = self._described[key] = self._label(frame, internal) + (
+                self._stack_from(user),)
+        return described
+
+    def _label(self, frame: FrameType, internal: int) -> tuple[str, str | None]:
+        """(label, api) from the ``internal`` frames of torch and ddpdoctor from ``frame``
+        outwards (classified already)."""
         label: str | None = None
         api: str | None = None
         prio, backward = -1, False
         f: FrameType | None = frame
-        while f is not None:
-            kind = kinds.get(id(f.f_code))
-            if kind is None:
-                kind = self._classify(f.f_code)
-            if not kind:
-                break
-            _, rules, fn_api, is_bwd = kind
+        while f is not None and internal:
+            internal -= 1
+            _, rules, fn_api, is_bwd = self._kinds[id(f.f_code)]
             if rules:
                 hit = self._rule_at(f, rules)
                 if hit and hit[1] > prio:
@@ -109,13 +139,9 @@ class StackLabeler:
                 api = fn_api  # the outermost API: all_gather_object, not its all_gather
             backward = backward or is_bwd
             f = f.f_back
-        stack = self._stack_from(f)
         if label is None:
-            if api is None and backward:
-                label = BUCKET
-            else:
-                label = USER
-        return label, api, stack
+            label = BUCKET if api is None and backward else USER
+        return label, api
 
     def _stack_from(self, frame: FrameType | None) -> tuple:
         """(file, line, function) of ``frame`` and the frames outwards, at most
