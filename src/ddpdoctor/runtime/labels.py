@@ -118,7 +118,7 @@ class StackLabeler:
             if len(self._described) >= MAX_CACHED_STACKS:  # a program that never repeats
                 self._described.clear()
             described = self._described[key] = self._label(frame, internal) + (
-                self._stack_from(user),)
+                self._stack_from(user, key[2 * internal:]),)
         return described
 
     def _label(self, frame: FrameType, internal: int) -> tuple[str, str | None]:
@@ -143,16 +143,10 @@ class StackLabeler:
             label = BUCKET if api is None and backward else USER
         return label, api
 
-    def _stack_from(self, frame: FrameType | None) -> tuple:
+    def _stack_from(self, frame: FrameType | None, key: tuple[int, ...]) -> tuple:
         """(file, line, function) of ``frame`` and the frames outwards, at most
-        :data:`STACK_DEPTH`; the same tuple object for the same places (cached)."""
-        where: list[int] = []
-        f = frame
-        while f is not None and len(where) < 2 * STACK_DEPTH:
-            where.append(id(f.f_code))
-            where.append(f.f_lasti)
-            f = f.f_back
-        key = tuple(where)
+        :data:`STACK_DEPTH`, whose places are ``key``; the same tuple object for the same
+        places, whatever torch function was called there (cached)."""
         stack = self._stacks.get(key)
         if stack is None:
             if len(self._stacks) >= MAX_CACHED_STACKS:  # a program that never repeats a stack
