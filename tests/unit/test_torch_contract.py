@@ -119,3 +119,38 @@ def test_coalesced_ops_gloo_binds_in_cpp_only_reach_gloo_through_the_wrapper(
     text = (tmp_path / "rank-0.jsonl").read_text()
     assert '"op": "all_gather_into_tensor_coalesced"' in text
     assert '"op": "reduce_scatter_tensor_coalesced"' in text
+
+
+def test_reduce_op_names_are_read_right_whether_or_not_the_hash_shortcut_applies() -> None:
+    # pg_wrapper reads the op by hash(opts.reduceOp), cached only where the hash is the
+    # RedOpType value (it is on 2.6 to 2.15): every op must come out under its own name.
+    from ddpdoctor.runtime import pg_wrapper
+
+    names = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    for _ in range(2):  # the first round fills the cache, the second reads it
+        for name in names:
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = getattr(dist.ReduceOp, name)
+            assert pg_wrapper._reduce_op(opts) == name
+    assert set(pg_wrapper._REDUCE_OP_NAMES.values()) <= set(names)
+    assert pg_wrapper._reduce_op(None) is None  # an op called without options
+
+
+def test_an_op_whose_hash_is_not_its_value_is_never_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.runtime import pg_wrapper
+
+    class Kind:
+        name, value = "MAX", 4
+
+    class Op:
+        op = Kind()
+
+        def __hash__(self) -> int:
+            return 0  # SUM's value: a cached entry under it would turn SUM into MAX
+
+    class Opts:
+        reduceOp = Op()
+
+    monkeypatch.setattr(pg_wrapper, "_REDUCE_OP_NAMES", {})
+    assert pg_wrapper._reduce_op(Opts()) == "MAX"
+    assert pg_wrapper._REDUCE_OP_NAMES == {}
