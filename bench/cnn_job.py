@@ -41,6 +41,40 @@ def tool_threads_cpu() -> dict[str, float]:
     return out
 
 
+class RecordingAB:
+    """Times every call into ddpdoctor's recording group (its ``_issue``: the record and the
+    trace line, then the backend) on the calling thread, with recording switched on or off
+    for whole steps. On minus off per collective is what recording costs inside this job,
+    where the training's own work leaves the caches cold between collectives; the C++ to
+    Python entry that DDP's calls take under ddpdoctor is outside it (on in both)."""
+
+    def __init__(self, group: object) -> None:
+        issue = getattr(group, "_issue", None)
+        if issue is None:
+            raise SystemExit("--ab needs ddpdoctor run: the recording group is not in place")
+        self.group, self.on = group, True
+        self.cpu = {True: 0.0, False: 0.0}
+        self.calls = {True: 0, False: 0}
+
+        def timed(*args: object, **kwargs: object) -> object:
+            t0 = time.thread_time()
+            try:
+                return issue(*args, **kwargs)
+            finally:
+                self.cpu[self.on] += time.thread_time() - t0
+                self.calls[self.on] += 1
+
+        group._issue = timed  # type: ignore[attr-defined]
+
+    def use(self, on: bool) -> None:
+        self.on = self.group._enabled = on  # type: ignore[attr-defined]
+
+    def result(self) -> dict:
+        self.use(True)
+        return {f"issue_{name}_us": self.cpu[on] / max(self.calls[on], 1) * 1e6
+                for name, on in (("on", True), ("off", False))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
@@ -49,6 +83,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16, help="image side")
     parser.add_argument("--pace", type=float, default=0.0,
                         help="seconds per step: sleep out the rest (a job of N steps/s)")
+    parser.add_argument("--ab", action="store_true",
+                        help="under ddpdoctor: recording on and off in alternate steps, the "
+                             "recording group's calls timed (thread CPU) in each")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -71,10 +108,15 @@ def main() -> None:
 
     for _ in range(args.warmup):  # buckets are built, then rebuilt after the first iteration
         step()
+    ab = RecordingAB(dist.distributed_c10d._get_default_group()) if args.ab else None
     dist.barrier()
     cpu0, wall0, tool0 = time.process_time(), time.perf_counter(), tool_threads_cpu()
     main0 = time.thread_time()
-    times = [step() for _ in range(args.steps)]
+    times = []
+    for i in range(args.steps):
+        if ab is not None:
+            ab.use(i % 2 == 0)
+        times.append(step())
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     main_cpu, tool1 = time.thread_time() - main0, tool_threads_cpu()
     tools = {name: cpu - tool0.get(name, 0.0) for name, cpu in tool1.items()}
@@ -85,7 +127,7 @@ def main() -> None:
         "step_ms": statistics.median(times) * 1e3, "params": params,
         "process_cpu_s": total_cpu, "main_cpu_s": main_cpu,
         "tool_threads_cpu_s": sum(tools.values()),
-        "tool_threads": tools}),
+        "tool_threads": tools, **(ab.result() if ab is not None else {})}),
         flush=True)
     dist.destroy_process_group()
 

@@ -1,14 +1,15 @@
 """Where a rank of the realistic job spends its time under ddpdoctor: a GIL-aware profile.
 
-    python bench/profile_job.py [--seconds 10] [--steps 300]
+    python bench/profile_job.py [--seconds 10] [--steps 300] [--rate 500]
 
 Runs the CNN job (``cnn_job.py``) under ``ddpdoctor run`` on 2 gloo ranks, attaches py-spy
 (``pip install py-spy``) to rank 0 once it trains, and samples it with ``--gil --native``
 (only the thread that holds the GIL, C++ frames included) and ``--threads``. Prints what share
-of the samples are ddpdoctor's: on the training thread (a recording frame on the stack) and on
-ddpdoctor's own threads, with the functions that take most, and the same as a share of the
-whole sampling time (the GIL is free while the rank waits in gloo or in a kernel that released
-it). The job's own diagnosis is not the point here; the job is stopped by process id at the end.
+of the samples are ddpdoctor's: on the training thread (its code the innermost Python frame,
+gloo's own work under the forwarded call excepted) and on ddpdoctor's own threads, with the
+functions that take most, and the same as a share of the whole sampling time (the GIL is free
+while the rank waits in gloo or in a kernel that released it). The job is stopped by process
+id at the end.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ sys.path.insert(0, str(HERE))
 
 import overhead  # noqa: E402  (bench/ is not a package)
 
-RATE = 500  # samples per second
 _OWN = re.compile(r"ddpdoctor/runtime/")
 _PY_FRAME = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
 
@@ -63,8 +63,9 @@ def _name(frame: str) -> str:
     return frame if m is None else f"{m[1]} ({m[2].rsplit('/', 1)[-1]})"
 
 
-def analyse(raw: Path, seconds: float) -> str:
-    """The report on py-spy's raw (collapsed) output ``raw``, sampled for ``seconds``."""
+def analyse(raw: Path, seconds: float, rate: int) -> str:
+    """The report on py-spy's raw (collapsed) output ``raw``, sampled ``rate`` times a second
+    for ``seconds``."""
     threads: Counter[str] = Counter()
     own_main: Counter[str] = Counter()
     own_total = main_own = 0
@@ -81,14 +82,20 @@ def analyse(raw: Path, seconds: float) -> str:
         if thread.startswith("ddpdoctor"):
             own_total += n
             continue
-        own = [f for f in frames if _OWN.search(f)]
-        if own:
-            main_own += n
-            own_total += n
-            own_main[_name(own[-1])] += n  # the innermost recording function on the stack
-    possible = seconds * RATE
+        # ddpdoctor's when its code is the innermost Python on the stack, unless what runs
+        # below it is the collective itself (gloo's C++ under the forwarded call: torch's
+        # work, which plain torch does too). ddpdoctor's wrappers of DDP's methods stay on
+        # the stack while DDP's own code runs: those samples are torch's.
+        python = [f for f in frames if _PY_FRAME.match(f) and ".py" in f]
+        if python and _OWN.search(python[-1]):
+            below = frames[frames.index(python[-1]) + 1:]
+            if not any("c10d::" in f for f in below):
+                main_own += n
+                own_total += n
+                own_main[_name(python[-1])] += n
+    possible = seconds * rate
     rows = [
-        f"rank 0, {seconds:.0f} s at {RATE} Hz: {total} samples with the GIL held "
+        f"rank 0, {seconds:.0f} s at {rate} Hz: {total} samples with the GIL held "
         f"({total / possible:.0%} of the time)",
         "",
         "| where | samples | share of GIL-held | share of all time |",
@@ -102,7 +109,7 @@ def analyse(raw: Path, seconds: float) -> str:
         if thread.startswith("ddpdoctor"):
             rows.append(f"| thread {thread} | {n} | {n / max(total, 1):.2%} | "
                         f"{n / possible:.2%} |")
-    rows += ["", "Innermost recording function on the training thread's stack:", ""]
+    rows += ["", "ddpdoctor's functions on the training thread (innermost Python frame):", ""]
     rows += [f"* {name}: {n} ({n / max(total, 1):.2%})" for name, n in own_main.most_common(8)]
     return "\n".join(rows)
 
@@ -111,6 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="sampling time")
     parser.add_argument("--steps", type=int, default=300, help="training steps of the job")
+    parser.add_argument("--rate", type=int, default=500, help="samples per second")
     args = parser.parse_args()
     spy = shutil.which("py-spy")
     if spy is None:
@@ -132,10 +140,10 @@ def main() -> None:
         else:
             raise SystemExit("the job ended or never trained before it could be sampled")
         raw = work / "profile.txt"
-        subprocess.run([spy, "record", "--gil", "--native", "--threads", "-r", str(RATE),
+        subprocess.run([spy, "record", "--gil", "--native", "--threads", "-r", str(args.rate),
                         "-d", str(int(args.seconds)), "-f", "raw", "-o", str(raw),
                         "-p", str(pid)], check=True, capture_output=True, timeout=args.seconds + 60)
-        print(analyse(raw, args.seconds))
+        print(analyse(raw, args.seconds, args.rate))
     finally:
         job.terminate()
         try:

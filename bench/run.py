@@ -10,11 +10,15 @@ b. a realistic job (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, ``buck
    alternating. Whole jobs on a shared 2-core machine differ by more than the 1 % target from
    round to round, so the targets are carried by what ddpdoctor adds, measured where it is
    spent: the CPU of its threads in each job, and the recording cost per collective on the
-   calling thread measured in a job (c) times the collectives of a step; the whole-job ratios
-   are shown beside it with their spread;
+   training thread measured in this job (recording on and off in alternate steps; in the CNN
+   job a collective's record costs ~3 times what it does in c's loop: the training leaves the
+   caches cold) plus the forwarding measured in c, times the collectives of a step; the
+   whole-job ratios, which also hold the C++-to-Python entry of DDP's calls, are shown beside
+   it with their spread;
 c. a small all_reduce loop: the CPU that recording adds to one collective while both ranks
-   run, on the training thread (blocks through the recording group and on the gloo backend it
-   wraps, alternating in one job) and on ddpdoctor's own threads (their CPU clocks), which is
+   run, on the training thread (blocks through the recording group, the same with recording
+   off, and through torch's own path to the same gloo backend, alternating in one job) and on
+   ddpdoctor's own threads (their CPU clocks), which is
    the figure the target is held to; every thread's CPU per op against plain torchrun (a
    cross-check: whole jobs spread wider than the target), and time per op under ``ddpdoctor
    run`` and under DETAIL against plain torchrun;
@@ -140,28 +144,36 @@ def hot_path(repeats: int) -> list[Row]:
     ]
 
 
-def realistic(rounds: int, steps: int, wrapper_us: float
+def realistic(rounds: int, steps: int, forwarding_us: float
               ) -> tuple[list[Row], list[overhead.JobResult]]:
     """Item b. The targets are carried by what ddpdoctor adds, measured where it is spent:
-    its threads' CPU in each ddpdoctor job, and the recording cost per collective on the
-    calling thread (item c's in-job measure) times the collectives of a step. Whole jobs
-    against plain torchrun are shown beside it with their spread."""
+    its threads' CPU in each ddpdoctor job, and the recording's cost per collective on the
+    training thread measured in this job (``cnn_job.py --ab``: recording on and off in
+    alternate steps, the recording group's calls timed) plus the forwarding that replaces
+    torch's dispatch (``forwarding_us``, item c's in-job measure), times the collectives of a
+    step. Whole jobs against plain torchrun are shown beside it with their spread: they also
+    hold the C++-to-Python entry of DDP's calls, which the A/B cannot see."""
     say(f"b: CNN job, {rounds} rounds of plain/ddpdoctor/DETAIL jobs")
     res, failed = overhead.alternate([overhead.PLAIN, overhead.DOCTOR, overhead.DETAIL],
                                      overhead.CNN, ["--steps", str(steps)], rounds)
     if overhead.DOCTOR in failed:
         raise SystemExit(failed[overhead.DOCTOR])
+    say("b: CNN job under ddpdoctor, recording on and off in alternate steps (2 jobs)")
+    ab = [r for _ in range(2) for r in overhead.job(
+        overhead.DOCTOR, overhead.CNN, ["--steps", str(steps), "--ab"]).ranks]
+    record_us = statistics.median(r["issue_on_us"] - r["issue_off_us"] for r in ab)
+    per_collective = record_us + forwarding_us
     doc, plain = res[overhead.DOCTOR], res[overhead.PLAIN]
     warmup = 5  # cnn_job.py's default
     per_step = statistics.median((j.collective_lines / 2 - 5) / (steps + warmup) for j in doc)
     plain_cpu = statistics.median(j.total("cpu_s") for j in plain)
     plain_step = statistics.median(j.median("step_ms") for j in plain) / 1e3
     # Added CPU per rank over the measured steps, job by job: threads (measured) + recording.
-    main_added = steps * per_step * wrapper_us / 1e6
+    main_added = steps * per_step * per_collective / 1e6
     added = [(j.total("tool_threads_cpu_s") / 2 + main_added) for j in doc]
     cpu_ratios = sorted(1 + a / (plain_cpu / 2) for a in added)
     threads = statistics.median(j.total("tool_threads_cpu_s") / 2 for j in doc)
-    step_ratio = 1 + per_step * wrapper_us / 1e6 / plain_step
+    step_ratio = 1 + per_step * per_collective / 1e6 / plain_step
     cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.total("cpu_s"))
     step = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median("step_ms"))
     job_cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.job_cpu_s)
@@ -173,12 +185,16 @@ def realistic(rounds: int, steps: int, wrapper_us: float
             plain_cpu / 2, plain_cpu / 2 * median_cpu, "s", "≤ ×1.01", max(cpu_ratios) <= 1.01,
             f"×{cpu_ratios[0]:.4f}–{cpu_ratios[-1]:.4f} over {len(doc)} jobs: its threads "
             f"{threads * 1e3:.0f} ms + {steps} steps × {per_step:.1f} collectives × "
-            f"{wrapper_us:.0f} µs (c) per rank, over {steps} steps", median_ratio=median_cpu),
+            f"{per_collective:.0f} µs per rank, over {steps} steps; per collective: recording "
+            f"{record_us:.0f} µs in this job (on − off, median of {len(ab)} ranks × jobs, "
+            f"{min(r['issue_on_us'] - r['issue_off_us'] for r in ab):.0f}–"
+            f"{max(r['issue_on_us'] - r['issue_off_us'] for r in ab):.0f}) + forwarding "
+            f"{forwarding_us:.1f} µs (c)", median_ratio=median_cpu),
         Row("b", "CNN job: step time added on the training thread", "plain torchrun",
             plain_step * 1e3, plain_step * step_ratio * 1e3, "ms", "≤ ×1.01",
             step_ratio <= 1.01,
-            f"{per_step:.1f} collectives × {wrapper_us:.0f} µs per {plain_step * 1e3:.0f} ms "
-            f"step", median_ratio=step_ratio),
+            f"{per_step:.1f} collectives × {per_collective:.0f} µs per "
+            f"{plain_step * 1e3:.0f} ms step", median_ratio=step_ratio),
         Row("b", "CNN job, whole jobs: rank CPU over the steps", "plain torchrun",
             statistics.median(cpu.base), statistics.median(cpu.other), "s", "", None,
             f"cross-check, median of per-round ratios, {cpu.spread()}", median_ratio=cpu.ratio),
@@ -205,8 +221,9 @@ def realistic(rounds: int, steps: int, wrapper_us: float
 
 
 def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
-    """Rows of item c, and the caller-thread CPU µs that recording adds to one collective
-    while both ranks run (for item b)."""
+    """Rows of item c, and the caller-thread CPU µs that the recording group's forwarding
+    (recording off) adds to one collective against torch's own path while both ranks run
+    (for item b)."""
     say(f"c: all_reduce loop, {rounds} rounds of plain/ddpdoctor/DETAIL jobs")
     res, failed = overhead.alternate([overhead.PLAIN, overhead.DOCTOR, overhead.DETAIL],
                                      overhead.SMALL_OPS, ["--ops", str(ops), "--wrapper-ab"],
@@ -227,6 +244,7 @@ def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
     plain = [r["plain_cpu_us"] for r in ranks]
     direct = [r["direct_cpu_us"] for r in ranks]
     wrapper_us = statistics.median(w - p for w, p in zip(wrapped, plain))
+    forwarding_us = statistics.median(r["off_cpu_us"] - r["plain_cpu_us"] for r in ranks)
     # What ddpdoctor adds to the process per collective: on the training thread (the A/B
     # blocks: its group against torch's own path to the same backend) and on its own
     # threads; gloo's threads are the same either way.
@@ -241,8 +259,8 @@ def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
             "", None,
             f"+{wrapper_us:.1f} µs: record + trace line (median over ranks and jobs; blocks of "
             f"200 alternating in one job with torch's path, which dispatches to the same gloo "
-            f"backend, and with the backend's binding called directly: "
-            f"{statistics.median(direct):.1f} µs)"),
+            f"backend; the forwarding alone, recording off: {forwarding_us:+.1f} µs; the "
+            f"backend's binding called directly: {statistics.median(direct):.1f} µs)"),
         Row("c", "all_reduce float32[1] loop: process CPU added per collective, in the job",
             "plain torchrun", base_process, base_process + added_process, "µs", "≤ +20 µs",
             added_process <= 20,
@@ -260,7 +278,7 @@ def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
         Row("c", "same loop, TORCH_DISTRIBUTED_DEBUG=DETAIL", "plain torchrun", base,
             statistics.median(det.other), "µs/op", "(anchor)", None, det.spread() + share,
             median_ratio=det.ratio),
-    ], wrapper_us
+    ], forwarding_us
 
 
 # -- d: diff at scale -----------------------------------------------------------------------
@@ -537,12 +555,12 @@ def main() -> None:
     try:
         if "a" not in skip:
             rows += hot_path(3)
-        wrapper_us = 0.0
+        forwarding_us = 0.0
         if "c" not in skip or "b" not in skip:
-            r, wrapper_us = small_ops(max(3, rounds * 3 // 4), 3000)
+            r, forwarding_us = small_ops(max(3, rounds * 3 // 4), 3000)
             rows += r if "c" not in skip else []
         if "b" not in skip:
-            r, jobs = realistic(rounds, 40, wrapper_us)
+            r, jobs = realistic(rounds, 40, forwarding_us)
             rows += r
             doctor_jobs += jobs
         if "d" not in skip:

@@ -34,14 +34,15 @@ def _own_threads_cpu() -> float:
 
 
 def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
-    """What recording adds to one all-reduce, in blocks that alternate between three paths to
-    the same gloo backend: torch's own (a plain ``ProcessGroup`` over it, through the c10d
+    """What recording adds to one all-reduce, in blocks that alternate between paths to the
+    same gloo backend: torch's own (a plain ``ProcessGroup`` over it, through the c10d
     dispatcher: what ``dist.all_reduce`` runs without ddpdoctor), ddpdoctor's recording group
-    (its ``allreduce``: the record, the trace line, then the backend's binding) and that binding
-    called directly. The calling thread's CPU µs per op of each (medians over blocks), and the
-    CPU of ddpdoctor's own threads over the whole alternation per recorded op (their completion
-    work and their wake-ups). Process CPU per block is no measure here: gloo's threads spread it
-    by ±100 µs per op from block to block."""
+    (its ``allreduce``: the record, the trace line, then the backend's binding), the same with
+    recording off (the forwarding alone) and that binding called directly. The calling
+    thread's CPU µs per op of each (medians over blocks), and the CPU of ddpdoctor's own
+    threads over the whole alternation per recorded op (their completion work and their
+    wake-ups). Process CPU per block is no measure here: gloo's threads spread it by ±100 µs
+    per op from block to block."""
     from ddpdoctor.runtime.pg_wrapper import group_of
 
     group = dist.distributed_c10d._get_default_group()
@@ -50,17 +51,20 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
         return {}
     plain = group_of(inner, group.rank(), group.size())
     opts = dist.AllreduceOptions()
-    arms = {"plain": plain.allreduce, "wrapped": group.allreduce, "direct": inner.allreduce}
+    # arm: (the call, recording on); "off" is the recording group forwarding alone
+    arms = {"plain": (plain.allreduce, True), "wrapped": (group.allreduce, True),
+            "off": (group.allreduce, False), "direct": (inner.allreduce, True)}
     thread: dict[str, list[float]] = {arm: [] for arm in arms}
     blocks = ops // block
     own0 = _own_threads_cpu()
     for b in range(len(arms) * blocks):
         arm = list(arms)[b % len(arms)]
-        call = arms[arm]
+        call, group._enabled = arms[arm]
         t0 = time.thread_time()
         for _ in range(block):
             call([t], opts).wait()
         thread[arm].append((time.thread_time() - t0) / block * 1e6)
+    group._enabled = True
     time.sleep(0.5)  # the writer's last completion batch
     own = (_own_threads_cpu() - own0) / (blocks * block) * 1e6
     return {**{f"{arm}_cpu_us": statistics.median(v) for arm, v in thread.items()},
