@@ -4,11 +4,11 @@ median µs per op and its process CPU µs per op (every thread: ddpdoctor's writ
 
 ``--wrapper-ab`` (under ``ddpdoctor run``): blocks of all-reduces through ddpdoctor's recording
 group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks through
-a plain process group over the same gloo backend (torch's own path) and blocks on the
-backend's binding; the line then also holds the calling thread's CPU µs per op of each, and
-the CPU of ddpdoctor's own threads per recorded op: the cost of recording measured while both
-ranks run (on this 2-core machine several times the single-process microbenchmark's), free of
-the spread between whole jobs.
+a plain process group over the same gloo backend (torch's own path), through the recording
+group with recording off, and on the backend's binding; the line then also holds the calling
+thread's CPU µs per op of each, and the CPU of ddpdoctor's own threads per recorded op: the
+cost of recording measured while both ranks run (on this 2-core machine several times the
+single-process microbenchmark's), free of the spread between whole jobs.
 """
 
 import argparse
