@@ -18,10 +18,10 @@ b. a realistic job (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, ``buck
 c. a small all_reduce loop: the CPU that recording adds to one collective while both ranks
    run, on the training thread (blocks through the recording group, the same with recording
    off, and through torch's own path to the same gloo backend, alternating in one job) and on
-   ddpdoctor's own threads (their CPU clocks), which is
-   the figure the target is held to; every thread's CPU per op against plain torchrun (a
-   cross-check: whole jobs spread wider than the target), and time per op under ``ddpdoctor
-   run`` and under DETAIL against plain torchrun;
+   ddpdoctor's own threads (their CPU clocks), which is the figure the target is held to;
+   every thread's CPU per op against plain torchrun (a cross-check: whole jobs spread wider
+   than the target), and time per op under ``ddpdoctor run`` and under DETAIL against plain
+   torchrun;
 d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic traces from
    ``bench/synth.py`` (DDP-like, one injected divergence): collectives per rank grow at 8
    ranks, then ranks grow at 50,000 collectives; the baseline is reading the same bytes and
