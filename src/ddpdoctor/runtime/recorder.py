@@ -29,6 +29,7 @@ ENV_ALLOW_LIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 
 _now = time.time
 
+
 class Recorder:
     """Collects one rank's records and hands them to its :class:`TraceWriter`."""
 

@@ -92,7 +92,20 @@ DONE_SECONDS = 0.2
 
 
 def _work_state(work: Any) -> str:
-    """State of a c10d ``Work``: pending until it completes, then completed or failed."""
+    """State of a c10d ``Work``: pending until it completes, then completed or failed. The
+    writer thread asks this of every collective: the common case (a Work that completed) is
+    tried first, without checks; anything else falls to :func:`_other_state`."""
+    try:
+        if not work.is_completed():
+            return schema.PENDING
+        work.get_future().value()  # re-raises the collective's error
+        return schema.COMPLETED
+    except Exception:
+        return _other_state(work)
+
+
+def _other_state(work: Any) -> str:
+    """:func:`_work_state` of anything but a Work that completed without error."""
     if work is ISSUING:
         return schema.PENDING
     if isinstance(work, str):
@@ -235,18 +248,10 @@ class TraceWriter:
         still: list[CollectiveRecord] = []
         changed = False
         for rec in self._pending:
-            work = rec.work
-            try:  # _work_state, inlined for the common case: a Work that completed
-                if not work.is_completed():
-                    still.append(rec)
-                    continue
-                work.get_future().value()  # re-raises the collective's error
-                state = schema.COMPLETED
-            except Exception:
-                state = _work_state(work)
-                if state == schema.PENDING:
-                    still.append(rec)
-                    continue
+            state = _work_state(rec.work)
+            if state == schema.PENDING:
+                still.append(rec)
+                continue
             changed = True
             self.completed += 1
             if state != schema.COMPLETED:

@@ -61,8 +61,8 @@ from ddpdoctor.trace.records import (
 )
 
 # How a collective line begins, before its id: formats 4 and 5 (the same lines), and format 3.
-_PREFIXES = {5: b'{"id": %d, "kind": "collective", ', 4: b'{"id": %d, "kind": "collective", ',
-             3: b'{"kind": "collective", "id": %d, '}
+_PREFIX_V4 = b'{"id": %d, "kind": "collective", '
+_PREFIXES = {5: _PREFIX_V4, 4: _PREFIX_V4, 3: b'{"kind": "collective", "id": %d, '}
 _HEADS = {5: list(schema.COLLECTIVE_HEAD), 4: list(schema.COLLECTIVE_HEAD),
           3: list(schema.COLLECTIVE_HEAD_V3)}
 _PREFIX_LEN = len(b'{"id": ')  # the ``"state"`` of a line's tail lies past this in both
