@@ -15,3 +15,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def _no_ci_step_summary(monkeypatch: pytest.MonkeyPatch) -> None:
     """Jobs started by a test must not append to the CI server's own step summary."""
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs are CPU gloo jobs of 2 ranks wherever the suite runs: on a host with one GPU,
+    ddpdoctor's default (one rank per visible GPU) would run them with one."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")

@@ -321,6 +321,19 @@ def test_a_job_that_ended_before_any_collective_is_untested_only_when_every_rank
     assert report.verdict == "incomplete" and report.ranks[0].status != "finished"
 
 
+def test_a_world_of_one_rank_is_untested_not_clean() -> None:
+    alone = ranks(1)
+    alone[0].user("all_reduce").user("barrier").finish()
+    report = diag(*alone)
+    assert report.verdict == "untested" and report.findings == []
+    assert any("one rank" in n and "--nproc-per-node 2" in n for n in report.notes)
+    pair = ranks(2)
+    for b in pair:
+        b.user("all_reduce").finish()
+    assert diag(*pair).verdict == "clean"
+    assert not any("one rank" in n for n in diag(*pair).notes)
+
+
 def test_missing_rank_makes_the_run_incomplete_with_a_note() -> None:
     bs = ranks(3)
     for b in bs[:2]:

@@ -10,7 +10,13 @@ import pytest
 
 from ddpdoctor.cli import split_run_args
 from ddpdoctor.launch import torchrun
-from ddpdoctor.launch.command import build_command, build_env, gpu_count_word
+from ddpdoctor.launch.command import (
+    build_command,
+    build_env,
+    default_nproc,
+    gpu_count_word,
+    lone_rank,
+)
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options
 from ddpdoctor.runtime import env as rank_env
 
@@ -51,6 +57,20 @@ def test_the_command_passes_torchrun_options_through_and_adds_only_defaults() ->
     plain = build_command(RunOptions(script="t.py", args=["--lr", "1"]))
     assert plain[3] == "--nproc-per-node" and "--master-port" in plain
     assert plain[-3:] == ["t.py", "--lr", "1"]
+
+
+@pytest.mark.parametrize("visible, count", [("0", 1), ("0,1,2", 3), ("", 2), ("-1", 2),
+                                            ("1,-1,0", 1), ("GPU-f250eded", 1)])
+def test_the_default_processes_per_node_are_the_visible_gpus(
+        monkeypatch: pytest.MonkeyPatch, visible: str, count: int) -> None:
+    # An empty CUDA_VISIBLE_DEVICES hides every GPU: it once fell through to the driver's count.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    monkeypatch.delenv("PET_NPROC_PER_NODE", raising=False)
+    assert default_nproc() == count
+    opts = RunOptions(script="t.py")
+    assert lone_rank(opts) == (count == 1)
+    assert not lone_rank(RunOptions(script="t.py", torchrun_args=["--nproc-per-node", "1"]))
+    assert not lone_rank(RunOptions(script="t.py", torchrun_args=["--nnodes", "2"]))
 
 
 @pytest.mark.parametrize("word, ranks", [("gpu", 2), ("auto", 2), ("xpu", 2), ("cpu", None),

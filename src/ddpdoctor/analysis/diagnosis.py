@@ -25,6 +25,10 @@ from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run
 
+ONE_RANK_NOTE = ("the job ran one rank, so no other rank's collectives could be compared with "
+                 "its own: run 2 or more (--nproc-per-node 2; with one GPU, --cpu runs the ranks "
+                 "on the CPU over gloo)")
+
 GENERIC_ADVICE = {
     fk.OP_MISMATCH: "Every rank of a group must issue the same collectives in the same order: "
                     "one of the lines shown runs on only some ranks, or in another order.",
@@ -109,6 +113,8 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
             notes.extend(f"rank {r}: {w}" for w in s.trace.warnings if w != s.trace.lost)
     if run.ranks and not any(t.collectives for t in run.ranks.values()):
         notes.append("no collective was recorded on any rank: nothing was tested")
+    elif max(run.world_size, len(states)) == 1:
+        notes.append(ONE_RANK_NOTE)
     for r, s in states.items():
         if s.cut:
             last = s.last
@@ -138,6 +144,7 @@ def diagnose(run: Run) -> Report:
              if not (cut and _beyond_cut(f, cut))]
     findings = order(found, states)
     explain(findings, RuleContext(run, alignment, states))
-    return Report(verdict=verdict_of(findings, states), world_size=run.world_size,
+    return Report(verdict=verdict_of(findings, states, run.world_size),
+                  world_size=run.world_size,
                   ranks=[RankSummary.of(s) for s in states.values()], findings=findings,
                   notes=_notes(run, states))

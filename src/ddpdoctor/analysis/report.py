@@ -25,7 +25,7 @@ VERDICT_TEXT = {
     DIVERGED: "the ranks stopped issuing the same collectives",
     CRASHED: "a rank failed and the others were left waiting",
     INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
-    UNTESTED: "no collective was recorded on any rank: nothing was tested",
+    UNTESTED: "no two ranks' collectives could be compared: nothing was tested",
 }
 
 
@@ -75,10 +75,11 @@ class Report:
         return bool(self.ranks) and all(r.status in (rs.FINISHED, rs.REMOTE) for r in self.ranks)
 
 
-def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> Verdict:
+def verdict_of(findings: list[Finding], states: dict[int, RankState],
+               world_size: int = 0) -> Verdict:
     """clean / diverged / crashed / incomplete / untested, from the ordered findings and rank
     endings. Clean needs every rank finished with its whole trace; untested means every rank
-    finished and none recorded a collective."""
+    finished and none recorded a collective, or the world was one rank."""
     if any(f.is_error for f in findings):
         return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK) else DIVERGED
     # A rank that did not finish (a hang, even one before any collective), a cut trace, or a
@@ -89,5 +90,9 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState]) -> Verdict
     # Every rank finished and none recorded a collective (a group set up and never used, or
     # used only on a backend ddpdoctor leaves to PyTorch's flight recorder): nothing compared.
     if not any(s.collectives for s in states.values()):
+        return UNTESTED
+    # A world of one rank cannot diverge: "every rank issued the same collectives" would be
+    # true of nothing.
+    if max(world_size, len(states)) == 1:
         return UNTESTED
     return CLEAN

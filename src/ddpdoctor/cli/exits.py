@@ -8,7 +8,7 @@
 3     ``run`` detected a hang (or a rank stuck in its own code), collected the evidence and
       stopped the job
 4     ``run`` in CI mode (``--cpu``, ``--max-steps``, ``--junit``, ``--markdown`` or ``$CI``
-      set): nothing was tested (no collective was recorded on any rank)
+      set): nothing was tested (no collective was recorded on any rank, or one rank ran)
 130   ``run`` was interrupted (SIGINT/SIGTERM); the job was stopped, the logs kept
 ====  =====================================================================================
 """

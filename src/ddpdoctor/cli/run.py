@@ -24,7 +24,7 @@ from ddpdoctor.cli.exits import (
     EXIT_PROBLEM,
     EXIT_UNTESTED,
 )
-from ddpdoctor.launch.command import CPU_MODE_NPROC, gpu_count_word, make_logdir
+from ddpdoctor.launch.command import CPU_MODE_NPROC, gpu_count_word, lone_rank, make_logdir
 from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
@@ -156,6 +156,10 @@ def run_command(
         say(f"--cpu: --nproc-per-node {word} counts accelerators, and CPU mode has none: "
             f"running {CPU_MODE_NPROC} ranks per node (give --nproc-per-node N for another "
             f"number)")
+    if lone_rank(opts):
+        say("one GPU is visible, so the job runs one rank, which no other rank can diverge "
+            "from: give --nproc-per-node 2 (with --cpu to run the ranks on the CPU over gloo) "
+            "to compare two")
     try:
         if err.is_terminal and sys.stdout.isatty():
             opts.status_every = LIVE_EVERY

@@ -28,9 +28,13 @@ def default_nproc() -> int:
     """Visible GPUs (without importing torch), else 2."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-        if count:
-            return count
+        # CUDA stops at the first invalid entry: "" or "-1" hides every GPU.
+        count = 0
+        for device in visible.split(","):
+            if not device.strip() or device.strip() == "-1":
+                break
+            count += 1
+        return count or 2
     try:
         count = len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
@@ -52,6 +56,16 @@ def nproc(opts: RunOptions) -> int:
         if opts.torchrun.nproc_word == "cpu":
             return os.cpu_count() or 1
     return CPU_MODE_NPROC if opts.cpu else default_nproc()
+
+
+def lone_rank(opts: RunOptions) -> bool:
+    """Whether ddpdoctor itself chose the processes per node and chose one, for a one-node job:
+    one visible GPU. Such a world has no two ranks to compare."""
+    if opts.launcher != "torchrun" or opts.torchrun.nnodes_max > 1:
+        return False
+    if opts.torchrun.given("nproc_per_node") or os.environ.get("PET_NPROC_PER_NODE"):
+        return False
+    return nproc(opts) == 1
 
 
 def gpu_count_word(opts: RunOptions) -> str | None:
