@@ -6,8 +6,9 @@ median µs per op and its process CPU µs per op (every thread: ddpdoctor's writ
 group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks through
 a plain process group over the same gloo backend (torch's own path), through the recording
 group with recording off, and on the backend's binding; the line then also holds the calling
-thread's CPU µs per op of each, and the CPU of ddpdoctor's own threads per recorded op: the
-cost of recording measured while both ranks run (on this 2-core machine several times the
+thread's CPU µs per op of each, and the CPU of ddpdoctor's own threads per recorded op
+(measured after the alternation, over a loop that records without pause): the cost of
+recording measured while both ranks run (on this 2-core machine several times the
 single-process microbenchmark's), free of the spread between whole jobs.
 """
 
@@ -68,7 +69,26 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
     time.sleep(0.5)  # the writer's last completion batch
     own = (_own_threads_cpu() - own0) / (blocks * block) * 1e6
     return {**{f"{arm}_cpu_us": statistics.median(v) for arm, v in thread.items()},
-            "threads_cpu_us": own}
+            "threads_alternating_cpu_us": own, "threads_cpu_us": threads_per_op(group, t, ops)}
+
+
+def threads_per_op(group: dist.ProcessGroup, t: torch.Tensor, ops: int) -> float:
+    """CPU µs of ddpdoctor's threads per collective of a loop that records without pause: the
+    threads' CPU from the loop's start until the writer has written its last completions,
+    less what the same threads spend in an idle period as long as that wait (their
+    wake-ups). In the alternation above the threads also wake during the three arms that
+    record nothing, which would be charged to the recorded operations."""
+    opts = dist.AllreduceOptions()
+    settle = 0.45  # over two completion intervals of the writer
+    time.sleep(settle)
+    idle0 = _own_threads_cpu()
+    time.sleep(settle)
+    start = _own_threads_cpu()
+    idle = start - idle0
+    for _ in range(ops):
+        group.allreduce([t], opts).wait()
+    time.sleep(settle)
+    return (_own_threads_cpu() - start - idle) / ops * 1e6
 
 
 def main() -> None:

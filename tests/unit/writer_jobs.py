@@ -70,13 +70,13 @@ class WriterRank:
         else:
             self.p2p_seq += 1
             seq, p2p_seq = None, self.p2p_seq
-        rec = self.writer.write_collective(group, op, label, api, (((numel,), f"torch.{dtype}"),),
+        cid = self.writer.write_collective(group, op, label, api, (((numel,), f"torch.{dtype}"),),
                                            reduce_op, root, peer, stack, seq, p2p_seq, bucket,
                                            self.iteration, self.t)
-        assert rec.id == self.id
-        rec.work = _Work(done)
+        assert cid == self.id
+        work = self.writer.works[cid] = _Work(done)
         if not done:
-            self.late.append(rec.work)
+            self.late.append(work)
 
     def forward(self, stack: tuple = FWD) -> None:
         self.iteration += 1

@@ -91,9 +91,20 @@ class StackLabeler:
                 return BUCKET, None, ()
             main_label, main_api, main_stack = self.describe(main)
             return (BUCKET if main_label == USER else main_label), main_api, main_stack
-        # One walk: the internal frames (torch's, ddpdoctor's) from the caller outwards, then
-        # up to STACK_DEPTH user frames, each as (id(code), instruction); the same places give
-        # the same answer, cached.
+        key, user, internal = self.places(frame)
+        described = self._described.get(key)
+        if described is None:
+            if len(self._described) >= MAX_CACHED_STACKS:  # a program that never repeats
+                self._described.clear()
+            described = self._described[key] = self._label(frame, internal) + (
+                self._stack_from(user, key[2 * internal:]),)
+        return described
+
+    def places(self, frame: FrameType) -> tuple[tuple[int, ...], FrameType | None, int]:
+        """(key, user frame, n): the places of the ``n`` internal frames (torch's,
+        ddpdoctor's) from ``frame`` outwards, then of up to :data:`STACK_DEPTH` user frames
+        from the first one, each as (id(code), instruction), flattened into ``key``. The same
+        key, the same (label, api, stack): what :meth:`describe` returns is cached by it."""
         kinds = self._kinds
         where: list[int] = []
         f: FrameType | None = frame
@@ -112,14 +123,7 @@ class StackLabeler:
             where.append(id(f.f_code))
             where.append(f.f_lasti)
             f = f.f_back
-        key = tuple(where)
-        described = self._described.get(key)
-        if described is None:
-            if len(self._described) >= MAX_CACHED_STACKS:  # a program that never repeats
-                self._described.clear()
-            described = self._described[key] = self._label(frame, internal) + (
-                self._stack_from(user, key[2 * internal:]),)
-        return described
+        return tuple(where), user, internal
 
     def _label(self, frame: FrameType, internal: int) -> tuple[str, str | None]:
         """(label, api) from the ``internal`` frames of torch and ddpdoctor from ``frame``

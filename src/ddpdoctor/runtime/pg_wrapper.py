@@ -114,7 +114,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
                reduce_op: Any = None, root: int | None = None, peer: int | None = None,
                p2p: bool = False) -> Any:
         """Record ``op``, then run ``method`` of the wrapped backend with ``args``."""
-        rec = None
+        cid = None
         if self._enabled and self._recorder.writer is not None:
             try:
                 # Collectives and point-to-point ops are numbered apart: p2p ops pair up
@@ -128,7 +128,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 # The caller of allreduce() etc.; None when C++ called it with no Python
                 # frame above (DDP's Reducer on the autograd engine's CUDA device thread).
                 caller = sys._getframe(1).f_back
-                rec = self._recorder.record(self._name, seq, p2p_seq, op, _tensors(tensors),
+                cid = self._recorder.record(self._name, seq, p2p_seq, op, _tensors(tensors),
                                             reduce_op, root, peer, caller)
             except Exception as exc:  # never let recording break the user's collective
                 self._enabled = False
@@ -145,11 +145,11 @@ class RecordingProcessGroup(dist.ProcessGroup):
                 call = self._calls[method] = self._bound(method)
             work = call(*args)
         except BaseException:
-            if rec is not None:
-                rec.work = schema.FAILED
+            if cid is not None:
+                self._recorder.writer.works[cid] = schema.FAILED  # type: ignore[union-attr]
             raise
-        if rec is not None:
-            rec.work = work
+        if cid is not None:  # the writer was there when the collective was recorded
+            self._recorder.writer.works[cid] = work  # type: ignore[union-attr]
         return work
 
     def _bound(self, method: str) -> Callable[..., Any]:

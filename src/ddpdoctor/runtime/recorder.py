@@ -17,7 +17,7 @@ from typing import Any
 from ddpdoctor.runtime import env
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
-from ddpdoctor.runtime.writer import CollectiveRecord, TraceWriter
+from ddpdoctor.runtime.writer import MAX_SITES, Site, TraceWriter
 from ddpdoctor.trace import redact, schema
 from ddpdoctor.trace.ddp_sites import BUCKET, UNUSED_PARAMS
 
@@ -45,6 +45,9 @@ class Recorder:
         self.started = _now()
         self.flight_recorder = False  # a group ddpdoctor does not record: dump PyTorch's on a hang
         self._early: list[dict] = []
+        # (site, bucketed) by the static fields of a collective and the places of its caller's
+        # frames (StackLabeler.places): one lookup per collective once a call site is known.
+        self._sites: dict[tuple, tuple[Site, bool]] = {}
         self._ddp_count = 0
         self._closed = False
         self.exit_code: int | None = None
@@ -65,6 +68,7 @@ class Recorder:
     def set_internal_dirs(self, dirs: list[str]) -> None:
         """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
         self.labeler = StackLabeler(dirs)
+        self._sites.clear()  # keyed by the places of the old labeler's code objects
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, rank: int, world_size: int, backend: str | None) -> None:
@@ -115,24 +119,44 @@ class Recorder:
     # -- hot path ---------------------------------------------------------------------------
     def record(self, group: str, seq: int | None, p2p_seq: int | None, op: str,
                tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
-               frame: Any) -> CollectiveRecord | None:
-        """Write the line of one collective about to be issued, and return its record (the
-        caller attaches ``work`` to it); None before the trace is open. ``tensors``:
-        ((shape, dtype), ...)."""
+               frame: Any) -> int | None:
+        """Write the line of one collective about to be issued, and return its id (the caller
+        stores the ``Work`` under it in the writer's ``works``); None before the trace is open.
+        ``tensors``: ((shape, dtype), ...)."""
         writer = self.writer
         if writer is None:
             return None
-        label, api, stack = self.labeler.describe(frame)
+        if frame is None:  # the site follows the main thread (describe): not cached
+            site, bucketed = self._site(writer, group, op, tensors, reduce_op, root, peer, None)
+        else:
+            key = (group, op, reduce_op, root, peer, tensors, self.labeler.places(frame)[0])
+            known = self._sites.get(key)
+            if known is None:
+                if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
+                    self._sites.clear()
+                known = self._sites[key] = self._site(writer, group, op, tensors, reduce_op,
+                                                      root, peer, frame)
+            site, bucketed = known
         bucket = None
+        if bucketed:
+            bucket = self.bucket_index
+            self.bucket_index += 1
+        self.last_issue = t = _now()
+        return writer.write_at(site, seq, p2p_seq, bucket, self.iteration, t)
+
+    def _site(self, writer: TraceWriter, group: str, op: str, tensors: tuple, reduce_op: Any,
+              root: int | None, peer: int | None, frame: Any) -> tuple[Site, bool]:
+        """The site of a collective called from ``frame``, labelled, and whether each of its
+        calls counts as the next gradient bucket of the iteration."""
+        label, api, stack = self.labeler.describe(frame)
+        bucketed = False
         if label == BUCKET or label == "join.shadow_bucket":
             if tensors and not tensors[0][1].is_floating_point:
                 label = UNUSED_PARAMS
             else:
-                bucket = self.bucket_index
-                self.bucket_index += 1
-        self.last_issue = t = _now()
-        return writer.write_collective(group, op, label, api, tensors, reduce_op, root, peer,
-                                       stack, seq, p2p_seq, bucket, self.iteration, t)
+                bucketed = True
+        return writer.site(group, op, label, api, tensors, reduce_op, root, peer, stack), \
+            bucketed
 
     # -- DDP --------------------------------------------------------------------------------
     def next_iteration(self) -> None:

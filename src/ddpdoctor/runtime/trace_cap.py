@@ -55,10 +55,10 @@ def cap_from_env() -> int | None:
 class _Run:
     __slots__ = ("seq", "n", "back", "delta", "id", "id_last", "t", "t_last")
 
-    def __init__(self, rec: Any, back: int, delta: int) -> None:
-        self.seq, self.n, self.back, self.delta = rec.seq, 1, back, delta
-        self.id = self.id_last = rec.id
-        self.t = self.t_last = rec.t
+    def __init__(self, seq: int, cid: int, t: float, back: int, delta: int) -> None:
+        self.seq, self.n, self.back, self.delta = seq, 1, back, delta
+        self.id = self.id_last = cid
+        self.t = self.t_last = t
 
     def record(self, group: str) -> str:
         return json.dumps({"kind": schema.REPEAT, "group": group, "seq": self.seq, "n": self.n,
@@ -122,36 +122,37 @@ class Compressor:
             self._key_due = True
             self.close_all(lines)
 
-    def fold(self, rec: Any, static: str, lines: list[str]) -> bool:
-        """True when ``rec`` joins a run and needs no line of its own. Below the cap nothing is
-        folded and nothing remembered (the caller need not call this): positions are noted
-        from the cap on, so the first round of a pattern after it is written in full."""
+    def fold(self, group: str, cid: int, seq: int, iteration: Any, bucket: int | None,
+             t: float, static: str, lines: list[str]) -> bool:
+        """True when collective ``cid`` (of ``group``, issued at ``t``) joins a run and needs
+        no line of its own. Below the cap nothing is folded and nothing remembered (the caller
+        need not call this): positions are noted from the cap on, so the first round of a
+        pattern after it is written in full."""
         if not self.active:
             return False
-        seq, iteration, bucket = rec.seq, rec.iteration, rec.bucket
-        g = self.groups.get(rec.group)
+        g = self.groups.get(group)
         if g is None:
-            g = self.groups[rec.group] = _Group()
+            g = self.groups[group] = _Group()
         if seq != g.top + 1 or not isinstance(iteration, int):
-            self._close(rec.group, g, lines)  # out of order: write it in full, start afresh
+            self._close(group, g, lines)  # out of order: write it in full, start afresh
             g.note(seq, static, iteration if isinstance(iteration, int) else 0, bucket)
             return False
         run = g.run
         if self._key_due:
             self._key_due = False
-            self._close(rec.group, g, lines)
+            self._close(group, g, lines)
             g.note(seq, static, iteration, bucket)
             return False
         if run is not None and run.seq + run.n == seq and \
                 g.same(seq - run.back, static, iteration, bucket, run.delta):
             run.n += 1
-            run.id_last, run.t_last = rec.id, rec.t
+            run.id_last, run.t_last = cid, t
             g.note(seq, static, iteration, bucket)
             return True
-        self._close(rec.group, g, lines)
+        self._close(group, g, lines)
         src = g.last.get(static)
         if src is not None and g.top - src < WINDOW and g.buckets[src % WINDOW] == bucket:
-            g.run = _Run(rec, seq - src, iteration - g.iterations[src % WINDOW])
+            g.run = _Run(seq, cid, t, seq - src, iteration - g.iterations[src % WINDOW])
             g.note(seq, static, iteration, bucket)
             return True
         g.note(seq, static, iteration, bucket)

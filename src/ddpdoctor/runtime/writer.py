@@ -20,6 +20,7 @@ runs inside every rank.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import sys
@@ -52,13 +53,9 @@ class Site:
 
 
 class CollectiveRecord:
-    """One collective as seen on the caller's thread: its per-call fields, and its
-    :class:`Site` for the rest (read through as attributes)."""
+    """A collective still running, as :meth:`TraceWriter.pending` shows it: its per-call
+    fields, and its :class:`Site` for the rest (read through as attributes)."""
 
-    # A record lives until the writer thread sees it complete, long enough to reach the
-    # interpreter's oldest generation, and survivors are what trigger full garbage collections
-    # (~75 ms each in a process that imported torch): a record holds its site, shared with
-    # every call from the same place, instead of its own copies.
     __slots__ = ("id", "seq", "p2p_seq", "iteration", "bucket", "t", "site", "work")
 
     def __init__(self, cid: int, seq: int | None, p2p_seq: int | None, iteration: int,
@@ -93,8 +90,8 @@ DONE_SECONDS = 0.2
 
 def _work_state(work: Any) -> str:
     """State of a c10d ``Work``: pending until it completes, then completed or failed. The
-    writer thread asks this of every collective: the common case (a Work that completed) is
-    tried first, without checks; anything else falls to :func:`_other_state`."""
+    common case (a Work that completed) is tried first, without checks; anything else falls
+    to :func:`_other_state`."""
     try:
         if not work.is_completed():
             return schema.PENDING
@@ -140,8 +137,19 @@ class TraceWriter:
         self._next_id = 0
         self.issued: dict[str, int] = {}  # group -> highest seq written
         self.completed = 0  # collectives known to have completed
-        self._pending: list[CollectiveRecord] = []
-        self._unreported: list[CollectiveRecord] = []  # written; issue time not yet in a done
+        # The collectives not yet known to be complete, by id, in issue order: their Work
+        # (ISSUING until the backend returned it; a state string on error), their per-call
+        # fields (seq, p2p_seq, iteration, bucket, t) and their site. An open collective lives
+        # until the writer thread sees it complete, long enough to reach the interpreter's
+        # oldest generation; objects the garbage collector tracks that survive so long are
+        # what makes its collections frequent and slow (a full one is ~75 ms in a process that
+        # imported torch). None is made per collective: a tuple of numbers is untracked at
+        # the first collection, dict entries are no objects, and a Work is untracked.
+        self.works: dict[int, Any] = {}
+        self._open: dict[int, tuple] = {}
+        self._open_sites: dict[int, Site] = {}
+        self._unreported: list[float] = []  # ids then issue times, of collectives written
+        # whose issue time is not yet in a done record
         self._settled_id = 0  # the last id written when the writer thread last looked
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, Site] = {}
@@ -156,37 +164,55 @@ class TraceWriter:
         self._thread.start()
 
     # -- caller side -------------------------------------------------------------------------
-    def write_collective(self, group: str, op: str, label: str, api: str | None,
-                         tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
-                         stack: tuple, seq: int | None, p2p_seq: int | None,
-                         bucket: int | None, iteration: int, t: float) -> CollectiveRecord:
-        """Number a collective and write its line now, before it is issued; its record, to
-        which the caller attaches the ``Work``. ``tensors``: ((shape, dtype), ...);
-        ``stack``: the labeler's cached tuple for this call stack (same places, same object)."""
-        # The hot path: every collective of the job passes here, on the training thread. What
-        # repeats from call to call is looked up as one Site; only the per-call fields are
-        # formatted. Keyed by id(stack): the labeler hands out one tuple per call stack and
-        # the site keeps it alive, so the id cannot be reused while the key exists.
+    def site(self, group: str, op: str, label: str, api: str | None, tensors: tuple,
+             reduce_op: Any, root: int | None, peer: int | None, stack: tuple) -> Site:
+        """The :class:`Site` of these static fields: the same object for the same fields (its
+        line encoded once). ``tensors``: ((shape, dtype), ...); ``stack``: the labeler's cached
+        tuple for a call stack (same places, same object)."""
+        # Keyed by id(stack): the labeler hands out one tuple per call stack and the site keeps
+        # it alive, so the id cannot be reused while the key exists.
         key = (group, op, label, api, reduce_op, root, peer, id(stack), tensors)
         with self._lock:
             site = self._sites.get(key)
-            lines: list[str] = []
             if site is None:
                 if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
                     self._sites.clear()
                 site = self._sites[key] = Site(group, op, label, api, tensors, reduce_op, root,
                                                peer, stack)
+            return site
+
+    def write_collective(self, group: str, op: str, label: str, api: str | None,
+                         tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
+                         stack: tuple, seq: int | None, p2p_seq: int | None,
+                         bucket: int | None, iteration: int, t: float) -> int:
+        """:meth:`write_at` the site of these fields (:meth:`site`)."""
+        return self.write_at(self.site(group, op, label, api, tensors, reduce_op, root, peer,
+                                       stack), seq, p2p_seq, bucket, iteration, t)
+
+    def write_at(self, site: Site, seq: int | None, p2p_seq: int | None, bucket: int | None,
+                 iteration: int, t: float) -> int:
+        """Number a collective of ``site`` and write its line now, before it is issued; its
+        id, under which the caller stores the ``Work`` in :attr:`works`."""
+        # The hot path: every collective of the job passes here, on the training thread. What
+        # repeats from call to call is the site's, encoded once; only the per-call fields are
+        # formatted.
+        with self._lock:
+            lines: list[str] = []
+            if not site.text:
                 site.text = self._encode_static(site, lines)
             self._next_id += 1
-            rec = CollectiveRecord(self._next_id, seq, p2p_seq, iteration, bucket, t, site)
-            self._pending.append(rec)
+            cid = self._next_id
+            self.works[cid] = ISSUING
+            self._open[cid] = (seq, p2p_seq, iteration, bucket, t)
+            self._open_sites[cid] = site
             if seq is not None:
-                self.issued[group] = seq
+                self.issued[site.group] = seq
                 cap = self._cap
-                if cap is not None and cap.active and cap.fold(rec, site.text, lines):
+                if cap is not None and cap.active and \
+                        cap.fold(site.group, cid, seq, iteration, bucket, t, site.text, lines):
                     if lines:  # a capped trace folded it into a run: the run has its time
                         self._write("\n".join(lines) + "\n")
-                    return rec
+                    return cid
             extra = ""
             if p2p_seq is not None:
                 extra = f', "p2p_seq": {p2p_seq}'
@@ -195,12 +221,13 @@ class TraceWriter:
             # "state" is always pending here: the line is written before the collective runs.
             # The layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the
             # reader's fast path depends on it byte for byte.
-            line = (f'{{"id": {self._next_id}, "kind": "collective", '
+            line = (f'{{"id": {cid}, "kind": "collective", '
                     f'"seq": {"null" if seq is None else seq}, '
                     f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
-            self._unreported.append(rec)
+            self._unreported.append(cid)
+            self._unreported.append(t)
             self._write("\n".join(lines) + "\n" + line if lines else line)
-        return rec
+        return cid
 
     def put(self, record: dict) -> None:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
@@ -210,7 +237,15 @@ class TraceWriter:
     def pending(self) -> list[CollectiveRecord]:
         """Collectives issued and not yet known to be complete."""
         with self._lock:
-            return [r for r in self._pending if _work_state(r.work) == schema.PENDING]
+            out = []
+            for cid, work in self.works.items():
+                if _work_state(work) == schema.PENDING:
+                    seq, p2p_seq, iteration, bucket, t = self._open[cid]
+                    rec = CollectiveRecord(cid, seq, p2p_seq, iteration, bucket, t,
+                                           self._open_sites[cid])
+                    rec.work = work
+                    out.append(rec)
+            return out
 
     def flush(self) -> None:
         """Write what is known of completions and the open runs of a capped trace, now."""
@@ -245,26 +280,34 @@ class TraceWriter:
         cap = self._cap
         if cap is not None:
             cap.begin(now, self.bytes_written, lines)
-        still: list[CollectiveRecord] = []
-        changed = False
-        for rec in self._pending:
-            state = _work_state(rec.work)
-            if state == schema.PENDING:
-                still.append(rec)
-                continue
-            changed = True
-            self.completed += 1
-            if state != schema.COMPLETED:
-                lines.append(json.dumps({"kind": schema.STATE, "id": rec.id, "state": state,
-                                         "t": round(now, 6)}))
-        self._pending = still
-        if changed or self._unreported:
+        works = self.works
+        settled: list[int] = []
+        for cid, work in works.items():
+            try:  # _work_state's common case, inlined: this runs for every collective
+                if not work.is_completed():
+                    continue
+                work.get_future().value()  # re-raises the collective's error
+            except Exception:
+                state = _other_state(work)
+                if state == schema.PENDING:
+                    continue
+                if state != schema.COMPLETED:
+                    lines.append(json.dumps({"kind": schema.STATE, "id": cid, "state": state,
+                                             "t": round(now, 6)}))
+            settled.append(cid)
+        if settled:
+            opened, sites = self._open, self._open_sites
+            for cid in settled:
+                del works[cid], opened[cid], sites[cid]
+            self.completed += len(settled)
+        if settled or self._unreported:
             # Every id up to the last one written has completed, failed, or is listed.
+            still = list(itertools.islice(works, MAX_PENDING_LISTED + 1))
             done: dict[str, Any] = {"kind": schema.DONE, "t": round(now, 6),
                                     "upto": self._next_id,
-                                    "pending": [r.id for r in still[:MAX_PENDING_LISTED]]}
+                                    "pending": still[:MAX_PENDING_LISTED]}
             if len(still) > MAX_PENDING_LISTED:
-                done["pending_from"] = still[MAX_PENDING_LISTED].id  # all later ids run too
+                done["pending_from"] = still[MAX_PENDING_LISTED]  # all later ids run too
             text = json.dumps(done)
             if self._unreported:  # json.dumps's layout, with the times formatted directly
                 text = f'{text[:-1]}, "{schema.ISSUED}": {issued_json(self._unreported)}}}'
@@ -325,18 +368,20 @@ class TraceWriter:
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
 
 
-def issued_json(recs: Sequence[CollectiveRecord]) -> str:
+def issued_json(unreported: Sequence[float]) -> str:
     """The ``issued`` field of a ``done`` record as JSON: ``[first id, [issue time, ...]]``
-    for each run of consecutive ids among ``recs`` (a capped trace leaves gaps where runs
-    fold). Times to the microsecond, formatted directly: rounding each and encoding it with
-    json.dumps cost the writer thread 1 µs per collective, half its work."""
+    for each run of consecutive ids in ``unreported`` (id, issue time, id, issue time, ...; a
+    capped trace leaves gaps where runs fold). Times to the microsecond, formatted directly:
+    rounding each and encoding it with json.dumps cost the writer thread 1 µs per collective,
+    half its work."""
     runs: list[tuple[int, list[str]]] = []
     times: list[str] = []
     last = -2
-    for rec in recs:
-        if rec.id != last + 1:
+    for i in range(0, len(unreported), 2):
+        cid = int(unreported[i])
+        if cid != last + 1:
             times = []
-            runs.append((rec.id, times))
-        times.append(f"{rec.t:.6f}")
-        last = rec.id
+            runs.append((cid, times))
+        times.append(f"{unreported[i + 1]:.6f}")
+        last = cid
     return "[" + ", ".join(f"[{first}, [{', '.join(ts)}]]" for first, ts in runs) + "]"
