@@ -3,13 +3,14 @@ its options itself; the job runs on gloo here (``--cpu``) and stops after one DD
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from ddpdoctor.launch.command import free_port
 
-from .jobs import EXAMPLES, run_job
+from .jobs import EXAMPLES, ddpdoctor, kill_job_processes, run_job
 
 SCRIPT = EXAMPLES / "ci" / "multigpu_torchrun_style.py"
 
@@ -96,3 +97,20 @@ def test_a_script_that_never_became_a_rank_is_told_apart(tmp_path: Path, body: s
     assert job.returncode == code, job.stderr[-3000:]
     assert job.report["verdict"] == "untested"
     assert job.report["notes"] == [note]
+
+
+@pytest.mark.timeout(120)
+def test_one_visible_gpu_runs_one_rank_and_says_nothing_was_compared(tmp_path: Path) -> None:
+    # On a machine with one GPU ddpdoctor's default, one rank per visible GPU, ran the examples
+    # as one rank: the report said CLEAN ("every rank issued the same collectives") of a job
+    # in which no rank could diverge from another.
+    report = tmp_path / "r.json"
+    proc = ddpdoctor("run", "--logdir", str(tmp_path / "logs"), "--json", str(report),
+                     "--hang-timeout", "5", str(EXAMPLES / "rank0_only_barrier.py"),
+                     env={"CUDA_VISIBLE_DEVICES": "0", "CI": "0"})
+    assert not kill_job_processes(tmp_path / "logs")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "one GPU is visible, so the job runs one rank" in proc.stderr
+    result = json.loads(report.read_text())
+    assert result["verdict"] == "untested" and result["world_size"] == 1
+    assert any("the job ran one rank" in note for note in result["notes"])
