@@ -111,6 +111,7 @@ def test_one_visible_gpu_runs_one_rank_and_says_nothing_was_compared(tmp_path: P
     assert not kill_job_processes(tmp_path / "logs")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "one GPU is visible, so the job runs one rank" in proc.stderr
+    assert "NOTHING WAS TESTED - no two ranks' collectives could be compared" in proc.stderr
     result = json.loads(report.read_text())
     assert result["verdict"] == "untested" and result["world_size"] == 1
     assert any("the job ran one rank" in note for note in result["notes"])

@@ -201,10 +201,10 @@ def run_command(
     elif expect_schedule and outcome.report is not None:
         say(f"the collective schedule matches {expect_schedule}")
     if outcome.report is not None and outcome.report.verdict == "untested":
-        say("warning: NOTHING WAS TESTED - no collective was recorded on any rank (see the "
-             "notes)" + (" (exit 4 in CI mode)" if outcome.exit_code == EXIT_UNTESTED
-                                else "; in CI mode (--cpu, --max-steps, --junit, $CI) this "
-                                     "fails with exit 4"))
+        ci = (" (exit 4 in CI mode)" if outcome.exit_code == EXIT_UNTESTED
+              else "; in CI mode (--cpu, --max-steps, --junit, $CI) this fails with exit 4")
+        say("warning: NOTHING WAS TESTED - no two ranks' collectives could be compared (the "
+            "notes say why)" + ci)
     if outcome.teardown_only:
         say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
