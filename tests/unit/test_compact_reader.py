@@ -267,10 +267,9 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
                                  start=1):
             bucket = 1 if op.label == "ddp.bucket" else None
             tensors = tuple((shape, f"torch.{dt}") for shape, dt in zip(op.shapes, op.dtypes))
-            written_id = writer.write_collective(op.group, op.op, op.label, op.api, tensors,
-                                                 op.reduce_op, op.root, None,
-                                                 synth.STACKS[op.stack], cid, None, bucket, 7,
-                                                 1790000001.25 + cid)
+            site = writer.site(op.group, op.op, op.label, op.api, tensors, op.reduce_op,
+                               op.root, None, synth.STACKS[op.stack])
+            written_id = writer.write_at(site, cid, None, bucket, 7, 1790000001.25 + cid)
             writer.works[cid] = "completed"
             assert written_id == cid
             sid = stacks.setdefault(op.stack, len(stacks))

@@ -87,8 +87,9 @@ _KILLED = textwrap.dedent("""
     w.put({"kind": "process_start", "t": 1.0, "rank": 0, "world_size": 1, "pid": os.getpid()})
     stack = (("/job/train.py", 3, "main"),)
     for seq in range(1, 2001):
-        w.write_collective("0", "all_reduce", "user", "all_reduce", (((4,), "torch.float32"),),
-                           "SUM", None, None, stack, seq, None, None, seq // 10, 5.0 + seq)
+        site = w.site("0", "all_reduce", "user", "all_reduce", (((4,), "torch.float32"),),
+                      "SUM", None, None, stack)
+        w.write_at(site, seq, None, None, seq // 10, 5.0 + seq)
     os.kill(os.getpid(), signal.SIGKILL)  # no close: the file keeps its reserved bytes
 """)
 

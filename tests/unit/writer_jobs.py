@@ -70,9 +70,9 @@ class WriterRank:
         else:
             self.p2p_seq += 1
             seq, p2p_seq = None, self.p2p_seq
-        cid = self.writer.write_collective(group, op, label, api, (((numel,), f"torch.{dtype}"),),
-                                           reduce_op, root, peer, stack, seq, p2p_seq, bucket,
-                                           self.iteration, self.t)
+        site = self.writer.site(group, op, label, api, (((numel,), f"torch.{dtype}"),),
+                                reduce_op, root, peer, stack)
+        cid = self.writer.write_at(site, seq, p2p_seq, bucket, self.iteration, self.t)
         assert cid == self.id
         work = self.writer.works[cid] = _Work(done)
         if not done:

@@ -181,14 +181,6 @@ class TraceWriter:
                                                peer, stack)
             return site
 
-    def write_collective(self, group: str, op: str, label: str, api: str | None,
-                         tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
-                         stack: tuple, seq: int | None, p2p_seq: int | None,
-                         bucket: int | None, iteration: int, t: float) -> int:
-        """:meth:`write_at` the site of these fields (:meth:`site`)."""
-        return self.write_at(self.site(group, op, label, api, tensors, reduce_op, root, peer,
-                                       stack), seq, p2p_seq, bucket, iteration, t)
-
     def write_at(self, site: Site, seq: int | None, p2p_seq: int | None, bucket: int | None,
                  iteration: int, t: float) -> int:
         """Number a collective of ``site`` and write its line now, before it is issued; its
@@ -283,17 +275,12 @@ class TraceWriter:
         works = self.works
         settled: list[int] = []
         for cid, work in works.items():
-            try:  # _work_state's common case, inlined: this runs for every collective
-                if not work.is_completed():
-                    continue
-                work.get_future().value()  # re-raises the collective's error
-            except Exception:
-                state = _other_state(work)
-                if state == schema.PENDING:
-                    continue
-                if state != schema.COMPLETED:
-                    lines.append(json.dumps({"kind": schema.STATE, "id": cid, "state": state,
-                                             "t": round(now, 6)}))
+            state = _work_state(work)
+            if state == schema.PENDING:
+                continue
+            if state != schema.COMPLETED:
+                lines.append(json.dumps({"kind": schema.STATE, "id": cid, "state": state,
+                                         "t": round(now, 6)}))
             settled.append(cid)
         if settled:
             opened, sites = self._open, self._open_sites
