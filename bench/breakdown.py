@@ -43,11 +43,11 @@ def main() -> None:
     writer, labeler = recorder.writer, recorder.labeler
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
-    targets = {"write": (writer, "_write"), "collective": (writer, "write_at"),
+    targets = {"write": (writer._file, "append"), "collective": (writer, "write_at"),
                "describe": (labeler, "places")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
-    stubs = {"write": lambda text: None, "collective": lambda *args: None,
+    stubs = {"write": lambda data: None, "collective": lambda *args: None,
              "describe": lambda frame: ((), None, 0)}
     off = {"plain": set(), "direct": set(), "wrapper": set(), "record": {"collective", "describe"},
            "describe": {"collective"}, "encode": {"write"}, "full": set()}

@@ -58,13 +58,19 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
     thread: dict[str, list[float]] = {arm: [] for arm in arms}
     blocks = ops // block
     own0 = _own_threads_cpu()
-    for b in range(len(arms) * blocks):
-        arm = list(arms)[b % len(arms)]
-        call, group._enabled = arms[arm]
-        t0 = time.thread_time()
-        for _ in range(block):
-            call([t], opts).wait()
-        thread[arm].append((time.thread_time() - t0) / block * 1e6)
+    names = list(arms)
+    for r in range(blocks):
+        # Each arm in each position in turn, both ways round: an arm's block runs faster
+        # after some arms than after others (by ~1.5 µs per op in a fixed order).
+        order = names[r % len(names):] + names[:r % len(names)]
+        if (r // len(names)) % 2:
+            order.reverse()
+        for arm in order:
+            call, group._enabled = arms[arm]
+            t0 = time.thread_time()
+            for _ in range(block):
+                call([t], opts).wait()
+            thread[arm].append((time.thread_time() - t0) / block * 1e6)
     group._enabled = True
     time.sleep(0.5)  # the writer's last completion batch
     own = (_own_threads_cpu() - own0) / (blocks * block) * 1e6

@@ -117,3 +117,35 @@ def test_no_module_unpickles_or_evaluates() -> None:
                                and n not in allowed.get(path, ()) for n in names), path
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 assert node.func.id not in ("eval", "exec"), path
+
+
+def test_a_collective_called_with_no_python_frame_above_is_recorded(tmp_path: Path) -> None:
+    # DDP's Reducer calls allreduce from the autograd engine's CUDA device thread, where no
+    # Python frame is above the recording group's method. A thread started from C with the
+    # method itself as its function is in the same place.
+    import _thread
+    import threading
+
+    recorder = Recorder(str(tmp_path), "run")
+    recorder.start(0, 1, "gloo")
+    backend = _Backend()
+    pg = RecordingProcessGroup(backend, None, 0, 1, "0", recorder)
+    done = threading.Event()
+
+    def on_thread() -> None:
+        try:
+            pg.allreduce([torch.ones(2)], dist.AllreduceOptions())
+        finally:
+            done.set()
+
+    _thread.start_new_thread(pg.allreduce, ([torch.ones(2)], dist.AllreduceOptions()))
+    _thread.start_new_thread(on_thread, ())
+    assert done.wait(10)
+    deadline = 100
+    while backend.calls < 2 and deadline:
+        deadline -= 1
+        threading.Event().wait(0.05)
+    assert backend.calls == 2 and pg._enabled  # recording was not switched off
+    recorder.close()
+    trace = read_rank(tmp_path / "rank-0.jsonl")
+    assert len(trace.collectives) == 2 and not trace.cut

@@ -11,15 +11,22 @@ collective: recording is switched off with one warning and the call goes through
 
 from __future__ import annotations
 
+import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.runtime import writer
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
+
+_getframe = sys._getframe
+_failure_check_chosen = False  # the first group chooses how the writer asks a Work
+_Tensor = torch.Tensor
 
 
 def _tensors(value: Any) -> tuple:
@@ -67,6 +74,46 @@ def _reduce_op(opts: Any) -> Any:
     return name
 
 
+def quiet_failure_check() -> bool:
+    """Whether ``Work.is_success()`` can tell the writer a failed collective from a completed
+    one without printing anything. Torch warns from C++, once per process, that the method is
+    deprecated: the first call is made here, on a Work of a finished future, with stderr on
+    /dev/null; a second call, with stderr caught, must print nothing (a torch that warns
+    every time, or through Python's warnings, is not used). Other threads' writes to stderr
+    in those microseconds would be lost: it runs once, when the first group is made."""
+    make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
+    if make is None or torch.is_warn_always_enabled():
+        return False
+    future: Any = torch.futures.Future()
+    future.set_result(None)
+    work = make(future)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, 2)
+                work.is_success()
+                os.dup2(write_end, 2)
+                answers = work.is_success() is True
+            finally:
+                os.dup2(saved, 2)
+                os.close(null)
+        os.close(write_end)
+        write_end = -1
+        printed = os.read(read_end, 65536)  # every write end is closed: no wait
+    except Exception:
+        return False
+    finally:
+        for fd in (saved, read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    return answers and not printed and not caught
+
+
 def group_of(backend: Any, rank: int, size: int) -> Any:
     """A process group whose only backend is ``backend`` (for the devices it serves)."""
     kinds = dist.ProcessGroup.BackendType
@@ -88,10 +135,82 @@ def _forwarded(op: str, method: str, tensors: int, opts: int | None = None,
         options = args[opts] if opts is not None and len(args) > opts else None
         return self._issue(op, method, args, args[tensors],
                            _reduce_op(options) if reduce else None,
-                           root=getattr(options, "rootRank", None) if root else None)
+                           getattr(options, "rootRank", None) if root else None, None, False)
 
     forward.__name__ = forward.__qualname__ = op
     return forward
+
+
+class _Issuer:
+    """One recording group's numbering and hot path, in a plain object: an attribute of an
+    instance of a pybind11 class's Python subclass costs about three times a plain object's
+    to read, and every collective reads a dozen."""
+
+    __slots__ = ("recorder", "name", "seq", "p2p_seq", "enabled", "calls", "bind")
+
+    def __init__(self, recorder: Recorder, name: str,
+                 bind: Callable[[str], Callable[..., Any]]) -> None:
+        self.recorder = recorder
+        self.name = name
+        self.seq = 0
+        self.p2p_seq = 0
+        self.enabled = True
+        self.calls: dict[str, Callable[..., Any]] = {}  # the backend's methods, bound
+        self.bind = bind
+
+    def issue(self, op: str, method: str, args: tuple, tensors: Any, reduce_op: Any,
+              root: int | None, peer: int | None, p2p: bool) -> Any:
+        """Record ``op``, then run ``method`` of the wrapped backend with ``args``. (Arguments
+        by position, and no call that can be avoided: this runs for every collective.)"""
+        cid = None
+        recorder = self.recorder
+        if self.enabled and recorder.writer is not None:
+            try:
+                # Collectives and point-to-point ops are numbered apart: p2p ops pair up
+                # between two ranks, not across the group.
+                if p2p:
+                    self.p2p_seq += 1
+                    seq, p2p_seq = None, self.p2p_seq
+                else:
+                    self.seq += 1
+                    seq, p2p_seq = self.seq, None
+                # One tensor is the common case (DDP's buckets, dist.all_reduce).
+                if type(tensors) is list and len(tensors) == 1 and \
+                        isinstance(t := tensors[0], _Tensor):
+                    shapes: tuple = ((t.shape, t.dtype),)
+                else:
+                    shapes = _tensors(tensors)
+                # The caller of allreduce() etc. (frame 1 is that method); None when C++
+                # called it with no Python frame above (DDP's Reducer on the autograd
+                # engine's CUDA device thread). _getframe(2) makes a frame object for that
+                # frame alone; _getframe(1).f_back made one for frame 1 as well.
+                try:
+                    caller = _getframe(2)
+                except ValueError:
+                    caller = None
+                cid = recorder.record(self.name, seq, p2p_seq, op, shapes, reduce_op, root, peer,
+                                      caller)
+            except Exception as exc:  # never let recording break the user's collective
+                self.enabled = False
+                message = (f"recording stopped for group {self.name}: "
+                           f"{type(exc).__name__}: {exc}")
+                sys.stderr.write(f"ddpdoctor: {message}\n")
+                try:
+                    recorder.warn(message, lost=True)
+                except Exception:  # the writer itself is broken: its cut marker says so
+                    pass
+        try:
+            call = self.calls.get(method)
+            if call is None:
+                call = self.calls[method] = self.bind(method)
+            work = call(*args)
+        except BaseException:
+            if cid is not None:
+                recorder.writer.works[cid] = schema.FAILED  # type: ignore[union-attr]
+            raise
+        if cid is not None:  # the writer was there when the collective was recorded
+            recorder.writer.works[cid] = work  # type: ignore[union-attr]
+        return work
 
 
 class RecordingProcessGroup(dist.ProcessGroup):
@@ -102,55 +221,19 @@ class RecordingProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
         self._inner = inner
         self._recorder = recorder
-        self._name = name
-        self._seq = 0
-        self._p2p_seq = 0
-        self._enabled = True
         self._direct: Any = None  # see _bound
-        self._calls: dict[str, Callable[..., Any]] = {}
+        self._issuer = _Issuer(recorder, name, self._bound)
+        self._issue = self._issuer.issue
+        global _failure_check_chosen
+        if not _failure_check_chosen:
+            _failure_check_chosen = True
+            writer.use_is_success(quiet_failure_check())
 
-    # -- recording --------------------------------------------------------------------------
-    def _issue(self, op: str, method: str, args: tuple, tensors: Any = None,
-               reduce_op: Any = None, root: int | None = None, peer: int | None = None,
-               p2p: bool = False) -> Any:
-        """Record ``op``, then run ``method`` of the wrapped backend with ``args``."""
-        cid = None
-        if self._enabled and self._recorder.writer is not None:
-            try:
-                # Collectives and point-to-point ops are numbered apart: p2p ops pair up
-                # between two ranks, not across the group.
-                if p2p:
-                    self._p2p_seq += 1
-                    seq, p2p_seq = None, self._p2p_seq
-                else:
-                    self._seq += 1
-                    seq, p2p_seq = self._seq, None
-                # The caller of allreduce() etc.; None when C++ called it with no Python
-                # frame above (DDP's Reducer on the autograd engine's CUDA device thread).
-                caller = sys._getframe(1).f_back
-                cid = self._recorder.record(self._name, seq, p2p_seq, op, _tensors(tensors),
-                                            reduce_op, root, peer, caller)
-            except Exception as exc:  # never let recording break the user's collective
-                self._enabled = False
-                message = (f"recording stopped for group {self._name}: "
-                           f"{type(exc).__name__}: {exc}")
-                sys.stderr.write(f"ddpdoctor: {message}\n")
-                try:
-                    self._recorder.warn(message, lost=True)
-                except Exception:  # the writer itself is broken: its cut marker says so
-                    pass
-        try:
-            call = self._calls.get(method)
-            if call is None:
-                call = self._calls[method] = self._bound(method)
-            work = call(*args)
-        except BaseException:
-            if cid is not None:
-                self._recorder.writer.works[cid] = schema.FAILED  # type: ignore[union-attr]
-            raise
-        if cid is not None:  # the writer was there when the collective was recorded
-            self._recorder.writer.works[cid] = work  # type: ignore[union-attr]
-        return work
+    # The group's name in the trace, and whether it records (a benchmark switches it off).
+    _name = property(lambda self: self._issuer.name,
+                     lambda self, name: setattr(self._issuer, "name", name))
+    _enabled = property(lambda self: self._issuer.enabled,
+                        lambda self, on: setattr(self._issuer, "enabled", on))
 
     def _bound(self, method: str) -> Callable[..., Any]:
         """The wrapped backend's ``method``, bound (looked up once per method). Gloo and NCCL
@@ -171,17 +254,22 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     # -- collectives (names as torch calls them; some have two) --------------------------
     def allreduce(self, *args: Any) -> Any:
-        opts = args[1] if len(args) > 1 else None
-        return self._issue("all_reduce", "allreduce", args, args[0], _reduce_op(opts))
+        try:  # the reduce op's name by its hash (see _REDUCE_OP_NAMES), without a call
+            reduce_op = _REDUCE_OP_NAMES[hash(args[1].reduceOp)]
+        except (IndexError, AttributeError, KeyError, TypeError):
+            reduce_op = _reduce_op(args[1] if len(args) > 1 else None)
+        return self._issue("all_reduce", "allreduce", args, args[0], reduce_op, None, None,
+                           False)
 
     def broadcast(self, *args: Any) -> Any:
         root = getattr(args[1], "rootRank", None) if len(args) > 1 else None
         if len(args) > 1 and isinstance(args[1], int):
             root = args[1]
-        return self._issue("broadcast", "broadcast", args, args[0], root=root)
+        return self._issue("broadcast", "broadcast", args, args[0], None, root, None, False)
 
     def barrier(self, opts: Any = None) -> Any:
-        return self._issue("barrier", "barrier", () if opts is None else (opts,))
+        return self._issue("barrier", "barrier", () if opts is None else (opts,), None, None,
+                           None, None, False)
 
     # The rest follow one pattern (_forwarded); the stubs type each backend method precisely,
     # and every method here forwards *args as is.
@@ -207,13 +295,14 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, *args: Any) -> Any:
-        return self._issue("send", "send", args, args[0], peer=args[1], p2p=True)
+        return self._issue("send", "send", args, args[0], None, None, args[1], True)
 
     def recv(self, *args: Any) -> Any:
-        return self._issue("recv", "recv", args, args[0], peer=args[1], p2p=True)
+        return self._issue("recv", "recv", args, args[0], None, None, args[1], True)
 
     def recv_anysource(self, *args: Any) -> Any:
-        return self._issue("recv_anysource", "recv_anysource", args, args[0], p2p=True)
+        return self._issue("recv_anysource", "recv_anysource", args, args[0], None, None, None,
+                           True)
 
     # -- coalescing brackets: forwarded, not recorded ----------------------------------------
     def _start_coalescing(self, *args: Any) -> Any:

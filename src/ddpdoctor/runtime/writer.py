@@ -88,13 +88,42 @@ MAX_SITES = 65536  # sites kept for reuse, at most
 DONE_SECONDS = 0.2
 
 
-def _work_state(work: Any) -> str:
-    """State of a c10d ``Work``: pending until it completes, then completed or failed. The
-    common case (a Work that completed) is tried first, without checks; anything else falls
-    to :func:`_other_state`."""
+# How a completed Work says whether it failed. ``Work.is_success()`` is torch's cheapest answer
+# (0.2 µs) but prints a deprecation warning the first time a process calls it; the recording
+# group makes that first call with stderr elsewhere and, when a second call prints nothing,
+# switches it on here (pg_wrapper.quiet_failure_check). Otherwise, and while torch is set to
+# repeat every warning, the future is asked: ``get_future().value()`` re-raises the error, but
+# turns the collective's result into Python objects (1 µs, half the writer's work).
+_is_success_quiet = False
+
+
+def use_is_success(quiet: bool) -> None:
+    """Whether ``Work.is_success()`` may be asked from now on (see above)."""
+    global _is_success_quiet
+    _is_success_quiet = quiet
+
+
+def _quiet_check() -> bool:
+    """Whether ``Work.is_success()`` can be asked now without printing anything."""
+    if not _is_success_quiet:
+        return False
+    torch = sys.modules.get("torch")
+    try:
+        return not torch.is_warn_always_enabled()  # type: ignore[union-attr]
+    except Exception:
+        return False
+
+
+def _work_state(work: Any, quiet: bool) -> str:
+    """State of a c10d ``Work``: pending until it completes, then completed or failed
+    (``quiet``: asked with ``is_success()``, see :func:`_quiet_check`). The common case (a
+    Work that completed) is tried first, without checks; anything else falls to
+    :func:`_other_state`."""
     try:
         if not work.is_completed():
             return schema.PENDING
+        if quiet:
+            return schema.COMPLETED if work.is_success() else schema.FAILED
         work.get_future().value()  # re-raises the collective's error
         return schema.COMPLETED
     except Exception:
@@ -110,11 +139,16 @@ def _other_state(work: Any) -> str:
     try:
         if not work.is_completed():
             return schema.PENDING
+        if _is_success_quiet:
+            try:
+                work.is_success()
+            except Exception:  # a Work that does not say (NCCL's raises): futures from now on
+                use_is_success(False)
         future = work.get_future()
     except Exception:  # a Work without a future: completed is all we can know
         return schema.COMPLETED
     try:
-        future.value()  # re-raises the collective's error; Work.exception() is deprecated
+        future.value()  # re-raises the collective's error
     except Exception:
         return schema.FAILED
     return schema.COMPLETED
@@ -218,7 +252,15 @@ class TraceWriter:
                     f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
             self._unreported.append(cid)
             self._unreported.append(t)
-            self._write("\n".join(lines) + "\n" + line if lines else line)
+            if lines:
+                line = "\n".join(lines) + "\n" + line
+            if not (self.failed or self._closed):  # _write, inline: one call less per collective
+                data = line.encode("utf-8", "replace")
+                try:
+                    self._file.append(data)
+                    self.bytes_written += len(data)
+                except OSError as exc:
+                    self._cut(exc)
         return cid
 
     def put(self, record: dict) -> None:
@@ -230,8 +272,9 @@ class TraceWriter:
         """Collectives issued and not yet known to be complete."""
         with self._lock:
             out = []
+            quiet = _quiet_check()
             for cid, work in self.works.items():
-                if _work_state(work) == schema.PENDING:
+                if _work_state(work, quiet) == schema.PENDING:
                     seq, p2p_seq, iteration, bucket, t = self._open[cid]
                     rec = CollectiveRecord(cid, seq, p2p_seq, iteration, bucket, t,
                                            self._open_sites[cid])
@@ -274,8 +317,9 @@ class TraceWriter:
             cap.begin(now, self.bytes_written, lines)
         works = self.works
         settled: list[int] = []
+        quiet = _quiet_check()
         for cid, work in works.items():
-            state = _work_state(work)
+            state = _work_state(work, quiet)
             if state == schema.PENDING:
                 continue
             if state != schema.COMPLETED:
@@ -355,12 +399,19 @@ class TraceWriter:
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
 
 
+_MICROSECONDS = "{:.6f}".format
+
+
 def issued_json(unreported: Sequence[float]) -> str:
     """The ``issued`` field of a ``done`` record as JSON: ``[first id, [issue time, ...]]``
     for each run of consecutive ids in ``unreported`` (id, issue time, id, issue time, ...; a
     capped trace leaves gaps where runs fold). Times to the microsecond, formatted directly:
     rounding each and encoding it with json.dumps cost the writer thread 1 µs per collective,
     half its work."""
+    ids = unreported[0::2]
+    first = int(ids[0])
+    if int(ids[-1]) - first == len(ids) - 1:  # one run (ids only grow): the common case
+        return f"[[{first}, [{', '.join(map(_MICROSECONDS, unreported[1::2]))}]]]"
     runs: list[tuple[int, list[str]]] = []
     times: list[str] = []
     last = -2
