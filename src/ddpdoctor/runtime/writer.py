@@ -252,15 +252,7 @@ class TraceWriter:
                     f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
             self._unreported.append(cid)
             self._unreported.append(t)
-            if lines:
-                line = "\n".join(lines) + "\n" + line
-            if not (self.failed or self._closed):  # _write, inline: one call less per collective
-                data = line.encode("utf-8", "replace")
-                try:
-                    self._file.append(data)
-                    self.bytes_written += len(data)
-                except OSError as exc:
-                    self._cut(exc)
+            self._write("\n".join(lines) + "\n" + line if lines else line)
         return cid
 
     def put(self, record: dict) -> None:
