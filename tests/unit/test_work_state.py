@@ -89,10 +89,17 @@ def test_a_work_that_cannot_say_turns_is_success_off(success_api: None) -> None:
 
 
 def test_torch_set_to_repeat_warnings_turns_is_success_off(success_api: None) -> None:
+    class Loud(_Work):  # is_success() would print the warning again: it must not be asked
+        def is_success(self) -> bool:
+            raise AssertionError("is_success() asked while torch repeats every warning")
+
     torch.set_warn_always(True)
     try:
         assert not writer._quiet_check()
         assert not quiet_failure_check()
+        failed = Loud(error=RuntimeError("peer closed"))
+        assert _work_state(failed, writer._quiet_check()) == schema.FAILED
+        assert _work_state(Loud(), writer._quiet_check()) == schema.COMPLETED
     finally:
         torch.set_warn_always(False)
     assert writer._quiet_check()

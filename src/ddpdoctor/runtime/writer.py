@@ -139,7 +139,7 @@ def _other_state(work: Any) -> str:
     try:
         if not work.is_completed():
             return schema.PENDING
-        if _is_success_quiet:
+        if _quiet_check():
             try:
                 work.is_success()
             except Exception:  # a Work that does not say (NCCL's raises): futures from now on
