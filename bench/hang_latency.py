@@ -16,6 +16,8 @@ exited.
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -46,13 +48,17 @@ TIMEOUT = {"timeout": None, "mismatch": 30.0}
 def one(hang_timeout: float, kind: str = "timeout") -> float:
     """Latency of one hang, in seconds."""
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-hang-"))
-    script = work / "hang_job.py"
-    script.write_text(f"KIND = {kind!r}\n" + JOB)
-    proc = subprocess.run(
-        [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),
-         "--hang-timeout", str(hang_timeout), "--grace", "2", str(script)],
-        capture_output=True, text=True, timeout=hang_timeout + 120)
-    done = time.time()
+    try:
+        script = work / "hang_job.py"
+        script.write_text(f"KIND = {kind!r}\n" + JOB)
+        proc = subprocess.run(
+            [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),
+             "--hang-timeout", str(hang_timeout), "--grace", "2", str(script)],
+            capture_output=True, text=True, timeout=hang_timeout + 120,
+            env={**os.environ, "TMPDIR": str(work)})  # torchrun's leftovers go with it
+        done = time.time()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     begun = next((float(line.split()[1]) for line in proc.stdout.splitlines()
                   if line.startswith("HANG_BEGINS")), None)
     if begun is None or proc.returncode != 3:

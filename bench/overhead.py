@@ -219,7 +219,8 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
     ``options``), or plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
     tag = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-"))
-    environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag})
+    # TMPDIR: what torchrun and the ranks leave in the temporary folder goes with ``work``.
+    environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag, "TMPDIR": str(work)})
     environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
     if kind == DOCTOR:
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),

@@ -125,7 +125,7 @@ def main() -> None:
         raise SystemExit("py-spy is not installed: pip install py-spy")
     tag = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-profile-"))
-    env = dict(os.environ, **{overhead.TAG_ENV: tag})
+    env = dict(os.environ, **{overhead.TAG_ENV: tag, "TMPDIR": str(work)})  # leftovers with work
     cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),
            "--nproc-per-node", "2", str(overhead.CNN), "--steps", str(args.steps)]
     job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

@@ -220,10 +220,12 @@ def realistic(rounds: int, steps: int, forwarding_us: float
     return rows, doc
 
 
-def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
+def small_ops(rounds: int, ops: int, single_us: float | None = None
+              ) -> tuple[list[Row], float]:
     """Rows of item c, and the caller-thread CPU µs that the recording group's forwarding
     (recording off) adds to one collective against torch's own path while both ranks run
-    (for item b)."""
+    (for item b). ``single_us``: what recording adds to the caller's thread in a single
+    process (item a), to compare the two."""
     say(f"c: all_reduce loop, {rounds} rounds of plain/ddpdoctor/DETAIL jobs")
     res, failed = overhead.alternate([overhead.PLAIN, overhead.DOCTOR, overhead.DETAIL],
                                      overhead.SMALL_OPS, ["--ops", str(ops), "--wrapper-ab"],
@@ -253,6 +255,15 @@ def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
     threads_us = statistics.median(r["threads_cpu_us"] for r in ranks)
     threads_alt = statistics.median(r["threads_alternating_cpu_us"] for r in ranks)
     q = statistics.quantiles(added, n=4) if len(added) > 1 else [added[0]] * 3
+    spin_alone = statistics.median(r["spin_alone_us"] for r in ranks)
+    spin_job = statistics.median(r["busy_cpu_us"] - r["plain_cpu_us"] for r in ranks)
+    spin_ratio = spin_job / spin_alone
+    recording_ratio = ""
+    if single_us:
+        recording_ratio = (
+            f"; recording costs ×{wrapper_us / single_us:.1f} (+{wrapper_us:.1f} µs here, "
+            f"+{single_us:.2f} single-process: item a): the rest is its code and data, "
+            f"cold again after each wait")
     base_process = statistics.median(cpu.base)
     return [
         Row("c", "caller-thread CPU per collective, both ranks running",
@@ -269,6 +280,10 @@ def small_ops(rounds: int, ops: int) -> tuple[list[Row], float]:
             f"ddpdoctor's threads +{threads_us:.1f} (in a loop recording without pause; "
             f"charged over the whole A/B alternation, {threads_alt:.1f}); quartiles "
             f"{q[0]:+.1f} to {q[2]:+.1f} over {len(ranks)} ranks × jobs"),
+        Row("c", "a pure-Python loop before each collective: its caller-thread CPU, in the job",
+            "the loop alone", spin_alone, spin_job, "µs", "", None,
+            f"a loop's CPU costs ×{spin_ratio:.1f} its single-process price here while both "
+            f"ranks run (same A/B blocks){recording_ratio}"),
         Row("c", "same loop, whole jobs: process CPU per op", "plain torchrun",
             statistics.median(cpu.base), statistics.median(cpu.other), "µs", "", None,
             f"cross-check, {extra:+.1f} µs (median of per-round differences, "
@@ -555,11 +570,13 @@ def main() -> None:
     doctor_jobs: list[overhead.JobResult] = []
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-", dir=args.workdir))
     try:
+        single_us = None
         if "a" not in skip:
             rows += hot_path(3)
+            single_us = rows[0].value - rows[0].base
         forwarding_us = 0.0
         if "c" not in skip or "b" not in skip:
-            r, forwarding_us = small_ops(max(3, rounds * 3 // 4), 3000)
+            r, forwarding_us = small_ops(max(3, rounds * 3 // 4), 3000, single_us)
             rows += r if "c" not in skip else []
         if "b" not in skip:
             r, jobs = realistic(rounds, 40, forwarding_us)

@@ -5,7 +5,8 @@ median µs per op and its process CPU µs per op (every thread: ddpdoctor's writ
 ``--wrapper-ab`` (under ``ddpdoctor run``): blocks of all-reduces through ddpdoctor's recording
 group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks through
 a plain process group over the same gloo backend (torch's own path), through the recording
-group with recording off, and on the backend's binding; the line then also holds the calling
+group with recording off, on the backend's binding, and through torch's path after a
+pure-Python loop of known single-process cost; the line then also holds the calling
 thread's CPU µs per op of each, and the CPU of ddpdoctor's own threads per recorded op
 (measured after the alternation, over a loop that records without pause): the cost of
 recording measured while both ranks run (on this 2-core machine several times the
@@ -39,8 +40,10 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
     same gloo backend: torch's own (a plain ``ProcessGroup`` over it, through the c10d
     dispatcher: what ``dist.all_reduce`` runs without ddpdoctor), ddpdoctor's recording group
     (its ``allreduce``: the record, the trace line, then the backend's binding), the same with
-    recording off (the forwarding alone) and that binding called directly. The calling
-    thread's CPU µs per op of each (medians over blocks), and the CPU of ddpdoctor's own
+    recording off (the forwarding alone), that binding called directly, and torch's path after
+    a pure-Python loop of known single-process cost (what that much CPU work costs in this
+    job, see calibrate_spin). The calling thread's CPU µs per op of each (medians over
+    blocks), and the CPU of ddpdoctor's own
     threads over the whole alternation per recorded op (their completion work and their
     wake-ups). Process CPU per block is no measure here: gloo's threads spread it by ±100 µs
     per op from block to block."""
@@ -52,9 +55,18 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
         return {}
     plain = group_of(inner, group.rank(), group.size())
     opts = dist.AllreduceOptions()
-    # arm: (the call, recording on); "off" is the recording group forwarding alone
+    spins, spin_us = calibrate_spin(plain, group.rank(), group.size())
+
+    def busy(tensors: list, options: object) -> object:
+        for _ in range(spins):
+            pass
+        return plain.allreduce(tensors, options)
+
+    # arm: (the call, recording on); "off" is the recording group forwarding alone; "busy" is
+    # torch's path after a pure-Python loop of known cost (calibrate_spin)
     arms = {"plain": (plain.allreduce, True), "wrapped": (group.allreduce, True),
-            "off": (group.allreduce, False), "direct": (inner.allreduce, True)}
+            "off": (group.allreduce, False), "direct": (inner.allreduce, True),
+            "busy": (busy, True)}
     thread: dict[str, list[float]] = {arm: [] for arm in arms}
     blocks = ops // block
     own0 = _own_threads_cpu()
@@ -75,7 +87,31 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
     time.sleep(0.5)  # the writer's last completion batch
     own = (_own_threads_cpu() - own0) / (blocks * block) * 1e6
     return {**{f"{arm}_cpu_us": statistics.median(v) for arm, v in thread.items()},
+            "spin_alone_us": spin_us,
             "threads_alternating_cpu_us": own, "threads_cpu_us": threads_per_op(group, t, ops)}
+
+
+def calibrate_spin(plain: dist.ProcessGroup, rank: int, size: int,
+                   target_us: float = 5.0) -> tuple[int, float]:
+    """(n, µs): an empty loop of n turns costs this thread µs of CPU when nothing else runs
+    (each rank measures in turn while the others wait in a barrier). The same loop before a
+    collective in the A/B blocks shows what that much CPU work costs in the job."""
+    n, spin_us = 0, 0.0
+    for turn in range(size):
+        plain.barrier().wait()
+        if turn == rank:
+            per_turn = min(_spin_cost(20_000) for _ in range(5)) / 20_000
+            n = max(1, round(target_us * 1e-6 / per_turn))
+            spin_us = min(_spin_cost(n) for _ in range(2000)) * 1e6
+    plain.barrier().wait()
+    return n, spin_us
+
+
+def _spin_cost(n: int) -> float:
+    t0 = time.thread_time()
+    for _ in range(n):
+        pass
+    return time.thread_time() - t0
 
 
 def threads_per_op(group: dist.ProcessGroup, t: torch.Tensor, ops: int) -> float:

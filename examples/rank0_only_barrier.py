@@ -27,9 +27,7 @@ Expected diagnosis:
   ranks: 0,1
   lines: rank0_barrier
 """
-import os
-import shutil
-import tempfile
+import io
 
 import torch
 import torch.distributed as dist
@@ -48,24 +46,20 @@ def main():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.randn(EPOCHS, STEPS, 4, 8) + rank
     target = torch.randn(EPOCHS, STEPS, 4, 1)
-    ckpt_dir = tempfile.mkdtemp(prefix="ddpdoctor_barrier_") if rank == 0 else None
+    for epoch in range(EPOCHS):
+        for step in range(STEPS):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(data[epoch, step]), target[epoch, step])
+            loss.backward()  # ddpdoctor: train_backward
+            optimizer.step()
 
-    try:
-        for epoch in range(EPOCHS):
-            for step in range(STEPS):
-                optimizer.zero_grad()
-                loss = torch.nn.functional.mse_loss(model(data[epoch, step]), target[epoch, step])
-                loss.backward()  # ddpdoctor: train_backward
-                optimizer.step()
-
-            if rank == 0:
-                torch.save(model.module.state_dict(), os.path.join(ckpt_dir, f"epoch{epoch}.pt"))
-                # BUG: the barrier is inside the rank-0 branch, so only rank 0 waits.
-                dist.barrier()  # ddpdoctor: rank0_barrier
-                print(f"epoch {epoch}: checkpoint saved", flush=True)
-    finally:
-        if ckpt_dir is not None:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        if rank == 0:
+            # A real script saves to a file; here to memory, so that the hung job, stopped
+            # without running any cleanup, leaves nothing behind.
+            torch.save(model.module.state_dict(), io.BytesIO())
+            # BUG: the barrier is inside the rank-0 branch, so only rank 0 waits.
+            dist.barrier()  # ddpdoctor: rank0_barrier
+            print(f"epoch {epoch}: checkpoint saved", flush=True)
 
     print(f"rank {rank} done", flush=True)
     dist.destroy_process_group()
