@@ -43,10 +43,9 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
     recording off (the forwarding alone), that binding called directly, and torch's path after
     a pure-Python loop of known single-process cost (what that much CPU work costs in this
     job, see calibrate_spin). The calling thread's CPU µs per op of each (medians over
-    blocks), and the CPU of ddpdoctor's own
-    threads over the whole alternation per recorded op (their completion work and their
-    wake-ups). Process CPU per block is no measure here: gloo's threads spread it by ±100 µs
-    per op from block to block."""
+    blocks), and the CPU of ddpdoctor's own threads over the whole alternation per recorded
+    op (their completion work and their wake-ups). Process CPU per block is no measure here:
+    gloo's threads spread it by ±100 µs per op from block to block."""
     from ddpdoctor.runtime.pg_wrapper import group_of
 
     group = dist.distributed_c10d._get_default_group()
@@ -91,27 +90,30 @@ def wrapper_ab(t: torch.Tensor, ops: int, block: int = 200) -> dict:
             "threads_alternating_cpu_us": own, "threads_cpu_us": threads_per_op(group, t, ops)}
 
 
-def calibrate_spin(plain: dist.ProcessGroup, rank: int, size: int,
-                   target_us: float = 5.0) -> tuple[int, float]:
+def calibrate_spin(plain: dist.ProcessGroup, rank: int, size: int, target_us: float = 5.0,
+                   block: int = 200) -> tuple[int, float]:
     """(n, µs): an empty loop of n turns costs this thread µs of CPU when nothing else runs
-    (each rank measures in turn while the others wait in a barrier). The same loop before a
-    collective in the A/B blocks shows what that much CPU work costs in the job."""
+    (each rank measures in turn while the others wait in a barrier), measured as the A/B
+    blocks are: the mean over ``block`` loops, the median over blocks. The same loop before a
+    collective in those blocks shows what that much CPU work costs in the job."""
     n, spin_us = 0, 0.0
     for turn in range(size):
         plain.barrier().wait()
         if turn == rank:
-            per_turn = min(_spin_cost(20_000) for _ in range(5)) / 20_000
-            n = max(1, round(target_us * 1e-6 / per_turn))
-            spin_us = min(_spin_cost(n) for _ in range(2000)) * 1e6
+            per_thousand = statistics.median(_spin_us(1000, block) for _ in range(5))
+            n = max(1, round(target_us * 1000 / per_thousand))
+            spin_us = statistics.median(_spin_us(n, block) for _ in range(25))
     plain.barrier().wait()
     return n, spin_us
 
 
-def _spin_cost(n: int) -> float:
+def _spin_us(n: int, block: int) -> float:
+    """Thread CPU µs of one empty loop of ``n`` turns: the mean over ``block`` of them."""
     t0 = time.thread_time()
-    for _ in range(n):
-        pass
-    return time.thread_time() - t0
+    for _ in range(block):
+        for _ in range(n):
+            pass
+    return (time.thread_time() - t0) / block * 1e6
 
 
 def threads_per_op(group: dist.ProcessGroup, t: torch.Tensor, ops: int) -> float:
