@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable
 
 from ddpdoctor.runtime import env
 from ddpdoctor.trace import schema
@@ -27,32 +28,47 @@ WINDOW = schema.PAD_MAX  # bytes reserved and mapped at a time
 _GRAIN = mmap.ALLOCATIONGRANULARITY
 
 
+def _no_window(data: bytes) -> int:
+    raise ValueError("no mapped window")
+
+
 class TraceFile:
-    """Appends bytes at the end of one file; the mapping is this class's alone."""
+    """Appends bytes at the end of one file; the mapping is this class's alone.
+
+    :attr:`fast_write` is the hot path: the ``write`` of the mapped window itself (one call,
+    no Python frame), which raises ValueError, writing nothing, when the data does not fit in
+    the window or there is none (closed, or written with ``pwrite``); :meth:`append` then
+    does what is needed."""
 
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        self.pos = os.fstat(self.fd).st_size  # an existing file is appended to
+        self._pos = os.fstat(self.fd).st_size  # the data's end while unmapped (appended to)
         self._map: mmap.mmap | None = None
-        self._start = self._end = self.pos  # the file span the mapping covers
+        self._start = self._end = self._pos  # the file span the mapping covers
         self._mapped = os.environ.get(env.TRACE_WRITE) != "1"
+        self.fast_write: Callable[[bytes], int] = _no_window
+
+    @property
+    def pos(self) -> int:
+        """Where the data ends."""
+        m = self._map
+        return self._start + m.tell() if m is not None else self._pos
 
     def append(self, data: bytes) -> None:
         """Write ``data`` after what is there; raises OSError when it cannot."""
-        end = self.pos + len(data)
-        if end <= self._end and self._map is not None:
-            self._map[self.pos - self._start:end - self._start] = data
-            self.pos = end
-        elif self._mapped and self._remap(len(data)):
-            self.append(data)
-        else:
-            self._pwrite(data)
+        try:
+            self.fast_write(data)
+        except ValueError:  # past the window's end, or no window
+            if self._mapped and self._remap(len(data)):
+                self.fast_write(data)  # the new window holds it
+            else:
+                self._pwrite(data)
 
     def close(self) -> None:
         """Unmap, trim the file to its data and close it."""
         self._unmap()
         try:
-            os.ftruncate(self.fd, self.pos)
+            os.ftruncate(self.fd, self._pos)
         except OSError:
             pass
         os.close(self.fd)
@@ -61,30 +77,35 @@ class TraceFile:
         """Map a window from the page that holds the end of the data, large enough for
         ``need`` more bytes; False (and writes from now on) when it cannot be had."""
         self._unmap()
-        start = self.pos - self.pos % _GRAIN
-        length = max(WINDOW, self.pos + need - start)
+        pos = self._pos
+        start = pos - pos % _GRAIN
+        length = max(WINDOW, pos + need - start)
         try:
             os.posix_fallocate(self.fd, start, length)
             self._map = mmap.mmap(self.fd, length, offset=start)
         except (OSError, ValueError):
             self._mapped = False
             try:  # no reserved bytes past the data: what follows is written, not mapped
-                os.ftruncate(self.fd, self.pos)
+                os.ftruncate(self.fd, pos)
             except OSError:
                 pass
             return False
+        self._map.seek(pos - start)
         self._start, self._end = start, start + length
+        self.fast_write = self._map.write
         return True
 
     def _unmap(self) -> None:
         if self._map is not None:
+            self._pos = self.pos
+            self.fast_write = _no_window
             self._map.close()
             self._map = None
-            self._start = self._end = self.pos
+            self._start = self._end = self._pos
 
     def _pwrite(self, data: bytes) -> None:
         view = memoryview(data)
         while view:  # a short write is rare, but possible
-            written = os.pwrite(self.fd, view, self.pos)
-            self.pos += written
+            written = os.pwrite(self.fd, view, self._pos)
+            self._pos += written
             view = view[written:]

@@ -30,10 +30,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddpdoctor.runtime import source_capture
+from ddpdoctor.runtime.hot_lock import HotLock
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.runtime.trace_file import TraceFile
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import numel
+
+_get_ident = threading.get_ident
 
 
 class Site:
@@ -163,7 +166,6 @@ class TraceWriter:
         if max_bytes is None:
             max_bytes = cap_from_env()
         self._cap = Compressor(max_bytes) if max_bytes is not None else None
-        self.bytes_written = 0
         self.path = path
         self.rank = rank
         self.interval = interval
@@ -189,10 +191,11 @@ class TraceWriter:
         self._sites: dict[tuple, Site] = {}
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
-        self._lock = threading.RLock()
+        self._lock = HotLock()
         self._stop = threading.Event()
         self._closed = False
         self._file = TraceFile(path)
+        self._first_pos = self._file.pos
         self._write(json.dumps(header) + "\n")
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-writer", daemon=True)
         self._thread.start()
@@ -221,8 +224,18 @@ class TraceWriter:
         id, under which the caller stores the ``Work`` in :attr:`works`."""
         # The hot path: every collective of the job passes here, on the training thread. What
         # repeats from call to call is the site's, encoded once; only the per-call fields are
-        # formatted.
-        with self._lock:
+        # formatted. The lock's fast path (HotLock.fast_enter, inlined) for the thread that
+        # issues the collectives; its slow path for any other, and to make the first one hot.
+        lock = self._lock
+        fast = _get_ident() == lock.hot and not lock.busy
+        if fast:
+            lock.busy = True
+            if lock.others:
+                lock.busy = fast = False
+        if not fast:
+            lock.__enter__()
+            lock.make_hot()
+        try:
             lines: list[str] = []
             if not site.text:
                 site.text = self._encode_static(site, lines)
@@ -252,8 +265,17 @@ class TraceWriter:
                     f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
             self._unreported.append(cid)
             self._unreported.append(t)
-            self._write("\n".join(lines) + "\n" + line if lines else line)
-        return cid
+            data = ("\n".join(lines) + "\n" + line if lines else line).encode()  # ASCII JSON
+            try:
+                self._file.fast_write(data)
+            except ValueError:  # a new window, or no mapping, or the trace closed or cut
+                self._write_bytes(data)
+            return cid
+        finally:
+            if fast:
+                lock.busy = False
+            else:
+                lock.__exit__()
 
     def put(self, record: dict) -> None:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
@@ -366,14 +388,20 @@ class TraceWriter:
 
     def _write(self, text: str) -> None:
         """Append ``text``: whole lines, each ending in a newline."""
+        self._write_bytes(text.encode("utf-8", "replace"))
+
+    def _write_bytes(self, data: bytes) -> None:
         if self.failed or self._closed:  # a late record (watchdog) after the exit record
             return
-        data = text.encode("utf-8", "replace")
         try:
             self._file.append(data)
-            self.bytes_written += len(data)
         except OSError as exc:
             self._cut(exc)
+
+    @property
+    def bytes_written(self) -> int:
+        """Bytes this writer added to its trace."""
+        return self._file.pos - self._first_pos
 
     def _cut(self, exc: OSError) -> None:
         """A write failed (full disk, file size limit): stop writing and leave a marker file
