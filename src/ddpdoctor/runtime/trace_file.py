@@ -44,7 +44,7 @@ class TraceFile:
         self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         self._pos = os.fstat(self.fd).st_size  # the data's end while unmapped (appended to)
         self._map: mmap.mmap | None = None
-        self._start = self._end = self._pos  # the file span the mapping covers
+        self._start = self._pos  # the file offset the mapping begins at
         self._mapped = os.environ.get(env.TRACE_WRITE) != "1"
         self.fast_write: Callable[[bytes], int] = _no_window
 
@@ -91,7 +91,7 @@ class TraceFile:
                 pass
             return False
         self._map.seek(pos - start)
-        self._start, self._end = start, start + length
+        self._start = start
         self.fast_write = self._map.write
         return True
 
@@ -101,7 +101,6 @@ class TraceFile:
             self.fast_write = _no_window
             self._map.close()
             self._map = None
-            self._start = self._end = self._pos
 
     def _pwrite(self, data: bytes) -> None:
         view = memoryview(data)
