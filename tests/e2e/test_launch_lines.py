@@ -10,7 +10,7 @@ import pytest
 
 from ddpdoctor.launch.command import free_port
 
-from .jobs import EXAMPLES, ddpdoctor, kill_job_processes, run_job
+from .jobs import EXAMPLES, SCRIPTS, ddpdoctor, kill_job_processes, run_job
 
 SCRIPT = EXAMPLES / "ci" / "multigpu_torchrun_style.py"
 
@@ -62,6 +62,75 @@ def test_a_script_that_spawns_its_own_workers_under_torchrun_is_refused_with_the
     assert f"(seed001_uneven.py:{spawn_line})" in job.stderr
     assert f"ddpdoctor run --launcher python {script}" in job.stderr
     assert job.report is None  # nothing was diagnosed
+
+
+@pytest.mark.timeout(120)
+def test_workers_started_with_multiprocessing_process_under_torchrun_are_refused_with_the_fix(
+        tmp_path: Path) -> None:
+    # The same mistake with multiprocessing.Process workers (PyTorch's "Writing Distributed
+    # Applications" tutorial): the torchrun ranks wait in join() while their workers try to
+    # form jobs of their own. ddpdoctor waited for ever (the ranks were busy in user code) and
+    # a finished forked worker's trace was written over its parent's.
+    script = SCRIPTS / "process_workers.py"
+    job = run_job(tmp_path, script, "--port", str(free_port()))
+    assert job.returncode == 2, job.stderr[-3000:]
+    init_line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
+                     if "init_process_group(" in text)
+    assert f"(process_workers.py:{init_line})" in job.stderr
+    assert f"ddpdoctor run --launcher python {script}" in job.stderr
+    assert job.report is None  # nothing was diagnosed
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+@pytest.mark.parametrize("bug", [False, True], ids=["healthy", "rank0-barrier"])
+def test_workers_started_with_multiprocessing_process_are_recorded_to_the_end(
+        tmp_path: Path, start_method: str, bug: bool) -> None:
+    # Run as its own launcher, each worker is a rank with its own trace. A forked worker used
+    # to inherit a closed recorder: its trace had neither completions nor an exit record, and
+    # a healthy job was reported with both ranks hung in their first all-reduce.
+    script = SCRIPTS / "process_workers.py"
+    job = run_job(tmp_path, script, "--start-method", start_method, "--port", str(free_port()),
+                  *(["--rank0-barrier"] if bug else []), options=("--launcher", "python"))
+    assert job.report is not None, job.stderr[-3000:]
+    statuses = {rank: info["status"] for rank, info in job.report["ranks"].items()}
+    for trace in sorted(job.logdir.glob("rank-*.jsonl")):
+        kinds = [json.loads(line)["kind"] for line in trace.read_text().splitlines()]
+        assert kinds.count("collective") == 5 + (bug and trace.name == "rank-0.jsonl")
+        assert "done" in kinds and kinds[-1] == "exit", (trace.name, kinds)
+    if not bug:
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert job.report["verdict"] == "clean" and not job.report["findings"]
+        assert statuses == {"0": "finished", "1": "finished"}
+        return
+    assert job.returncode == 1, job.stderr[-3000:]
+    assert job.report["verdict"] == "diverged"
+    assert statuses["1"] == "finished"
+    root = job.report["findings"][0]
+    assert (root["kind"], root["cause"]) == ("missing_collective",
+                                             "rank_conditional_collective"), root
+    assert "rank 0 waits in user barrier()" in root["summary"]
+    assert "rank 1 finished its script after 5 collectives" in root["summary"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("child_ends", ["exit", "raise"])
+def test_a_child_a_rank_forks_writes_nothing_into_the_rank_s_trace(tmp_path: Path,
+                                                                    child_ends: str) -> None:
+    # The child of os.fork() has the rank's environment; at its exit it opened "its" trace,
+    # which is the rank's file, and wrote its own records after the rank's reserved bytes
+    # (the script checks the file once the child has ended: the rank trims it at its close).
+    job = run_job(tmp_path, SCRIPTS / "fork_child.py", *([child_ends] if child_ends == "raise"
+                                                          else []))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean" and not job.report["notes"], job.report
+    for trace in sorted(job.logdir.glob("rank-*.jsonl")):
+        records = [json.loads(line) for line in trace.read_text().splitlines()]
+        kinds = [r["kind"] for r in records]
+        assert kinds.count("collective") == 6 and kinds.count("header") == 1, kinds
+        assert kinds[-1] == "exit" and "exception" not in kinds, kinds
+        assert {r["pid"] for r in records if r["kind"] == "process_start"} == \
+            {records[1]["pid"]}
 
 
 @pytest.mark.timeout(120)

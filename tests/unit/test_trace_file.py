@@ -21,6 +21,7 @@ from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.render.json_report import to_dict
 from ddpdoctor.runtime import env, trace_file
 from ddpdoctor.runtime.trace_file import TraceFile
+from ddpdoctor.runtime.writer import TraceWriter
 from ddpdoctor.trace import padding, schema
 from ddpdoctor.trace.reader import load_run
 
@@ -77,6 +78,38 @@ def test_without_a_mapping_the_file_is_written(tmp_path: Path, monkeypatch: pyte
         assert path.stat().st_size == f.pos  # nothing reserved: no padding, ever
     f.close()
     assert path.read_bytes() == b"".join(data)
+
+
+def test_collective_lines_across_window_edges_are_whole_and_in_the_declared_layout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With small windows many lines are split between two: each must still be whole, in the
+    # layout the readers' fast path depends on byte for byte (schema.COLLECTIVE_HEAD ...).
+    monkeypatch.setattr(trace_file, "WINDOW", 8192)
+    path = tmp_path / "rank-0.jsonl"
+    w = TraceWriter(str(path), schema.header(0, "r", 0), 0, interval=3600, max_bytes=None)
+    rng = random.Random(3)
+    expected = []
+    numbers = {True: 0, False: 0}  # point-to-point ops are numbered apart
+    for n in range(1, 1501):
+        stack = (("/job/train.py", rng.randrange(1, 6), "f" * rng.randrange(1, 300)),)
+        p2p = rng.random() < 0.2
+        numbers[p2p] += 1
+        seq, p2p_seq = (None, numbers[p2p]) if p2p else (numbers[p2p], None)
+        bucket = rng.randrange(4) if rng.random() < 0.5 else None
+        site = w.site("0", "send" if p2p else "all_reduce", "user", None,
+                      (((rng.randrange(1, 9),), "torch.float32"),), None, None,
+                      1 if p2p else None, stack)
+        cid = w.write_at(site, seq, p2p_seq, bucket, n // 10, 5.0 + n)
+        extra = (f', "p2p_seq": {p2p_seq}' if p2p_seq is not None else "") + \
+            (f', "bucket": {bucket}' if bucket is not None else "")
+        expected.append(f'{{"id": {cid}, "kind": "collective", '
+                        f'"seq": {"null" if seq is None else seq}, "iteration": {n // 10}, '
+                        f'"state": "pending"{extra}, {site.text}}}')
+    w.close()
+    lines = [line for line in path.read_text().splitlines() if '"collective"' in line]
+    assert lines == expected
+    trace = load_run([tmp_path]).ranks[0]
+    assert len(trace.collectives) == 1500 and not trace.damaged_lines and not trace.truncated
 
 
 _KILLED = textwrap.dedent("""

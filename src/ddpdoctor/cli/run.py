@@ -68,8 +68,9 @@ def run_command(
                                                help="Arguments for the script."),
     launcher: Launcher = typer.Option(
         Launcher.torchrun, "--launcher", metavar="torchrun|python",
-        help="torchrun, or python for scripts that start their own workers (mp.spawn); such "
-             "a script run under torchrun is stopped at its mp.spawn line with this advice."),
+        help="torchrun, or python for scripts that start their own workers (mp.spawn, "
+             "multiprocessing.Process); such a script run under torchrun is stopped where it "
+             "starts them (its workers where they call init_process_group) with this advice."),
     logdir: Optional[Path] = typer.Option(
         None, "--logdir", metavar="DIR",
         help="Where the per-rank traces go (default: ./ddpdoctor-logs/<date>-<time>-<pid> in "

@@ -23,6 +23,7 @@ from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
 _recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
+_boot_pid: int | None = None  # the process boot() ran in (a forked child has another pid)
 
 
 class _TorchImportHook(importlib.abc.MetaPathFinder):
@@ -66,7 +67,10 @@ def _on_torch_imported() -> None:
 
 
 def _is_torchrun_worker() -> bool:
-    if "RANK" not in os.environ or "TORCHELASTIC_RUN_ID" not in os.environ:
+    """The process torchrun started as a rank: not a process that rank forked (its
+    environment is the rank's) or started with multiprocessing (which boots again)."""
+    if "RANK" not in os.environ or "TORCHELASTIC_RUN_ID" not in os.environ or \
+            os.getpid() != _boot_pid:
         return False
     import multiprocessing  # only here: every process of the job pays for boot's imports
 
@@ -131,9 +135,9 @@ def _flushing_os_exit(status: int) -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A forked child (DataLoader worker) must not write into its parent's trace.
-    _recorder.writer = None
-    _recorder._closed = True
+    # A forked child (a DataLoader worker, or a worker the script starts with
+    # multiprocessing.Process) must not write into its parent's trace.
+    _recorder.after_fork()
 
 
 _PR_SET_PDEATHSIG = 1
@@ -170,10 +174,11 @@ def die_with_parent() -> None:
 
 def boot() -> None:
     """Install the runtime if the launcher asked for it (``DDPDOCTOR_LOGDIR`` is set)."""
-    global _recorder
+    global _recorder, _boot_pid
     logdir = os.environ.get(env.LOGDIR)
     if not logdir or _recorder is not None:
         return
+    _boot_pid = os.getpid()
     _die_with_parent()
     _recorder = Recorder(logdir, os.environ.get(env.RUN_ID, ""))
     # torch warns once per process when numpy is missing (which a job that uses no numpy

@@ -53,6 +53,26 @@ class Recorder:
         self.exit_code: int | None = None
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
+    def after_fork(self) -> None:
+        """Start afresh in a forked child. The parent's trace is not this process's to write
+        (a DataLoader worker writes none); a child that becomes a rank itself (a script that
+        starts its workers with ``multiprocessing.Process``) opens its own trace when it calls
+        ``init_process_group``, and must not reuse the parent's sites (encoded for the
+        parent's trace) or counters, nor find itself already closed when it exits."""
+        self.writer = None
+        self.rank = None
+        self.iteration = 0
+        self.bucket_index = 0
+        self.last_issue = 0.0
+        self.started = _now()
+        self.flight_recorder = False
+        self._early = []
+        self._sites = {}
+        self._ddp_count = 0
+        self._closed = False
+        self.exit_code = None
+        vars(self).pop("_exit_status", None)
+
     @property
     def world_size(self) -> int | None:
         value = os.environ.get("WORLD_SIZE", "")

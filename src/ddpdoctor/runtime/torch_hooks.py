@@ -223,6 +223,8 @@ def _wrap_init(real: Callable) -> Callable:
     def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
+        if _torchrun_worker_child():  # workers started with multiprocessing.Process
+            raise _nested_launch(sys._getframe(1))
         if "backend" in kwargs:
             backend = kwargs.pop("backend")
         if _backend_override:
@@ -373,16 +375,30 @@ def _torchrun_worker() -> bool:
         "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def _torchrun_worker_child() -> bool:
+    """A process started by a torchrun rank with ``multiprocessing`` (it inherits the rank's
+    environment): a worker of a script that starts its own, when it joins a process group."""
+    import multiprocessing
+
+    return os.environ.get(env.LAUNCHER) == "torchrun" and "TORCHELASTIC_RUN_ID" in os.environ \
+        and multiprocessing.parent_process() is not None
+
+
+def _nested_launch(frame: Any) -> RuntimeError:
+    """Report a script that starts its own workers, run under torchrun, found at ``frame``:
+    every torchrun rank would start a whole job of its own, on the same ports (the job hangs
+    or fails to bind). The error to raise there."""
+    site = user_code.first_user_frame(frame)
+    nested_launch.report(os.environ[env.LOGDIR], int(os.environ.get("RANK", "0") or 0),
+                         site.f_code.co_filename if site else None,
+                         site.f_lineno if site else None)
+    return RuntimeError("ddpdoctor: this script starts its own workers; run it with "
+                        "ddpdoctor run --launcher python")
+
+
 def _refuse_nested_launch(real: Callable) -> Callable:
     def start_processes(*args: Any, **kwargs: Any) -> Any:
-        # A script that starts its own workers, run under torchrun: every torchrun rank would
-        # start a whole job of its own, on the same ports (the job hangs or fails to bind).
-        site = user_code.first_user_frame(sys._getframe(1))
-        nested_launch.report(os.environ[env.LOGDIR], int(os.environ["RANK"]),
-                             site.f_code.co_filename if site else None,
-                             site.f_lineno if site else None)
-        raise RuntimeError("ddpdoctor: this script starts its own workers; run it with "
-                           "ddpdoctor run --launcher python")
+        raise _nested_launch(sys._getframe(1))
 
     start_processes.__wrapped__ = real  # type: ignore[attr-defined]
     return start_processes

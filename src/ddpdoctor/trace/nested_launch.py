@@ -1,9 +1,11 @@
 """A script that starts its own workers, run under torchrun: the rank tells the launcher.
 
-``ddpdoctor run train.py`` starts torchrun by default. When ``train.py`` calls
-``torch.multiprocessing.spawn`` itself (the pattern of many tutorials), every torchrun rank
-would start a whole job of its own, on the same ports, and the job hangs or fails to bind: a
-launch mistake, not the user's bug. The rank refuses the spawn and leaves
+``ddpdoctor run train.py`` starts torchrun by default. When ``train.py`` starts its own
+workers (``torch.multiprocessing.spawn``, or ``multiprocessing.Process`` workers that call
+``init_process_group``: the patterns of many tutorials), every torchrun rank would start a
+whole job of its own, on the same ports, and the job hangs or fails to bind: a launch
+mistake, not the user's bug. The rank refuses the spawn (the worker its ``init_process_group``)
+and leaves
 ``nested-launch.json`` in the log folder (:func:`report`); the launcher reads it
 (:func:`message`) and tells the user how to run the script instead of diagnosing a crash.
 Standard library only: imported inside every rank.
@@ -41,6 +43,6 @@ def message(logdir: str | os.PathLike[str], script: str) -> str | None:
         return None
     file, line = data.get("file"), data.get("line")
     site = f" ({os.path.basename(str(file))}:{line})" if file and isinstance(line, int) else ""
-    return (f"{script} starts its own workers with torch.multiprocessing{site}, so under "
+    return (f"{script} starts its own worker processes{site}, so under "
             f"torchrun every rank started a whole job of its own; nothing was diagnosed. "
             f"Run it as its own launcher: ddpdoctor run --launcher python {script} ...")
