@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ddpdoctor.launch.command import free_port
 from ddpdoctor.trace.reader import load_run
 
 from .jobs import EXAMPLES, SCRIPTS, BackgroundJob, job_processes, marker_line, run_job
@@ -97,11 +98,14 @@ def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Pat
 @pytest.mark.parametrize("script, options", [
     ("long_loop.py", ()), ("rank0_only_barrier.py", ()),
     ("seed001_uneven.py", ("--launcher", "python")),
-], ids=["torchrun-running", "torchrun-hung", "mp.spawn"])
+    ("process_workers.py", ("--launcher", "python")),
+], ids=["torchrun-running", "torchrun-hung", "mp.spawn", "multiprocessing-fork"])
 def test_sigkill_of_ddpdoctor_leaves_no_process_of_the_job(tmp_path: Path, script: str,
                                                           options: tuple) -> None:
     path = SCRIPTS / script if (SCRIPTS / script).exists() else EXAMPLES / script
-    extra = ("--case", "4") if script.startswith("seed001") else ()
+    extra: tuple = ("--case", "4") if script.startswith("seed001") else ()
+    if script == "process_workers.py":  # forked workers: no death signal of their own
+        extra = ("--start-method", "fork", "--steps", "1000000", "--port", str(free_port()))
     with BackgroundJob(tmp_path, path, options=("--hang-timeout", "60", *options),
                        script_args=extra) as job:
         job.wait_for_collectives(1, 5)

@@ -136,8 +136,10 @@ def _flushing_os_exit(status: int) -> None:
 
 def _after_fork_in_child() -> None:
     # A forked child (a DataLoader worker, or a worker the script starts with
-    # multiprocessing.Process) must not write into its parent's trace.
+    # multiprocessing.Process) must not write into its parent's trace. The parent's death
+    # signal is not inherited: a worker forked by the script ddpdoctor started dies with it.
     _recorder.after_fork()
+    _die_with_parent()
 
 
 _PR_SET_PDEATHSIG = 1
@@ -145,8 +147,9 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     """The job must not outlive ddpdoctor, however ddpdoctor ends (``kill -9`` included): the
-    top process dies with ddpdoctor, torchrun's workers with the agent, ``mp.spawn``'s workers
-    with the script that spawned them (Linux ``PR_SET_PDEATHSIG``). Other processes of the
+    top process dies with ddpdoctor, torchrun's workers with the agent, the workers of a script
+    that starts its own (``mp.spawn``, ``multiprocessing``, spawned or forked) with the script
+    (Linux ``PR_SET_PDEATHSIG``). Other processes of the
     job (a subprocess started from some thread) are left to their parents."""
     top = _is_top_process()
     if top:
