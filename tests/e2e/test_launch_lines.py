@@ -65,14 +65,15 @@ def test_a_script_that_spawns_its_own_workers_under_torchrun_is_refused_with_the
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_workers_started_with_multiprocessing_process_under_torchrun_are_refused_with_the_fix(
-        tmp_path: Path) -> None:
+        tmp_path: Path, start_method: str) -> None:
     # The same mistake with multiprocessing.Process workers (PyTorch's "Writing Distributed
     # Applications" tutorial): the torchrun ranks wait in join() while their workers try to
     # form jobs of their own. ddpdoctor waited for ever (the ranks were busy in user code) and
     # a finished forked worker's trace was written over its parent's.
     script = SCRIPTS / "process_workers.py"
-    job = run_job(tmp_path, script, "--port", str(free_port()))
+    job = run_job(tmp_path, script, "--start-method", start_method, "--port", str(free_port()))
     assert job.returncode == 2, job.stderr[-3000:]
     init_line = next(i for i, text in enumerate(script.read_text().splitlines(), 1)
                      if "init_process_group(" in text)
@@ -131,6 +132,22 @@ def test_a_child_a_rank_forks_writes_nothing_into_the_rank_s_trace(tmp_path: Pat
         assert kinds[-1] == "exit" and "exception" not in kinds, kinds
         assert {r["pid"] for r in records if r["kind"] == "process_start"} == \
             {records[1]["pid"]}
+
+
+@pytest.mark.timeout(120)
+def test_dataloader_workers_forked_by_the_ranks_write_no_trace(tmp_path: Path) -> None:
+    # A forked child starts afresh (Recorder.after_fork): a DataLoader worker must still
+    # write nothing, into its rank's trace or a trace of its own.
+    job = run_job(tmp_path, SCRIPTS / "dataloader_workers.py")
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean" and not job.report["notes"], job.report
+    traces = sorted(job.logdir.glob("rank-*.jsonl"))
+    assert [t.name for t in traces] == ["rank-0.jsonl", "rank-1.jsonl"]
+    for trace in traces:
+        records = [json.loads(line) for line in trace.read_text().splitlines()]
+        assert len({r["pid"] for r in records if r["kind"] == "process_start"}) == 1
+        assert [r["kind"] for r in records].count("header") == 1
+        assert sum(r.get("label") == "ddp.bucket" for r in records) == 4  # 4 steps
 
 
 @pytest.mark.timeout(120)
