@@ -377,11 +377,14 @@ def _torchrun_worker() -> bool:
 
 def _torchrun_worker_child() -> bool:
     """A process started by a torchrun rank with ``multiprocessing`` (it inherits the rank's
-    environment): a worker of a script that starts its own, when it joins a process group."""
+    environment): a worker of a script that starts its own, when it joins a process group.
+    Not a rank torchrun itself started with multiprocessing (``--run-path``): its parent is
+    torchrun's agent, the job's top process."""
     import multiprocessing
 
     return os.environ.get(env.LAUNCHER) == "torchrun" and "TORCHELASTIC_RUN_ID" in os.environ \
-        and multiprocessing.parent_process() is not None
+        and multiprocessing.parent_process() is not None \
+        and os.environ.get(env.TOP_PID) != str(os.getppid())
 
 
 def _nested_launch(frame: Any) -> RuntimeError:
