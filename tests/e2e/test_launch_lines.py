@@ -104,7 +104,9 @@ def test_workers_started_with_multiprocessing_process_are_recorded_to_the_end(
         assert job.report["verdict"] == "clean" and not job.report["findings"]
         assert statuses == {"0": "finished", "1": "finished"}
         return
-    assert job.returncode == 1, job.stderr[-3000:]
+    # Rank 1's exit usually fails rank 0's barrier at once (exit 1); if gloo does not notice,
+    # the hang is caught (exit 3). The diagnosis is the same.
+    assert job.returncode in (1, 3), job.stderr[-3000:]
     assert job.report["verdict"] == "diverged"
     assert statuses["1"] == "finished"
     root = job.report["findings"][0]
