@@ -37,6 +37,11 @@ class Recorder:
         self.logdir = logdir
         self.run_id = run_id
         self.labeler = StackLabeler([os.path.dirname(os.path.dirname(__file__))])
+        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self._start_afresh()
+
+    def _start_afresh(self) -> None:
+        """This process's own state: no trace yet, nothing counted, not closed."""
         self.writer: TraceWriter | None = None
         self.rank: int | None = None
         self.iteration = 0
@@ -51,7 +56,7 @@ class Recorder:
         self._ddp_count = 0
         self._closed = False
         self.exit_code: int | None = None
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+        self._exit_status: str | None = None
 
     def after_fork(self) -> None:
         """Start afresh in a forked child. The parent's trace is not this process's to write
@@ -59,19 +64,7 @@ class Recorder:
         starts its workers with ``multiprocessing.Process``) opens its own trace when it calls
         ``init_process_group``, and must not reuse the parent's sites (encoded for the
         parent's trace) or counters, nor find itself already closed when it exits."""
-        self.writer = None
-        self.rank = None
-        self.iteration = 0
-        self.bucket_index = 0
-        self.last_issue = 0.0
-        self.started = _now()
-        self.flight_recorder = False
-        self._early = []
-        self._sites = {}
-        self._ddp_count = 0
-        self._closed = False
-        self.exit_code = None
-        vars(self).pop("_exit_status", None)
+        self._start_afresh()
 
     @property
     def world_size(self) -> int | None:
@@ -82,7 +75,7 @@ class Recorder:
         """running, or how the rank ended (its exit record's status)."""
         if not self._closed:
             return "running"
-        return getattr(self, "_exit_status", None) or (
+        return self._exit_status or (
             schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
 
     def set_internal_dirs(self, dirs: list[str]) -> None:
@@ -220,7 +213,7 @@ class Recorder:
             return
         self._closed = True
         if status is None:
-            status = getattr(self, "_exit_status", None) or (
+            status = self._exit_status or (
                 schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
         if self.writer is not None:
             self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": status,

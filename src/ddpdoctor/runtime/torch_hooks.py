@@ -382,9 +382,8 @@ def _torchrun_worker_child() -> bool:
     torchrun's agent, the job's top process."""
     import multiprocessing
 
-    return os.environ.get(env.LAUNCHER) == "torchrun" and "TORCHELASTIC_RUN_ID" in os.environ \
-        and multiprocessing.parent_process() is not None \
-        and os.environ.get(env.TOP_PID) != str(os.getppid())
+    return _torchrun_worker() and multiprocessing.parent_process() is not None and \
+        os.environ.get(env.TOP_PID) != str(os.getppid())
 
 
 def _nested_launch(frame: Any) -> RuntimeError:
@@ -392,7 +391,7 @@ def _nested_launch(frame: Any) -> RuntimeError:
     every torchrun rank would start a whole job of its own, on the same ports (the job hangs
     or fails to bind). The error to raise there."""
     site = user_code.first_user_frame(frame)
-    nested_launch.report(os.environ[env.LOGDIR], int(os.environ.get("RANK", "0") or 0),
+    nested_launch.report(os.environ[env.LOGDIR], int(os.environ["RANK"]),
                          site.f_code.co_filename if site else None,
                          site.f_lineno if site else None)
     return RuntimeError("ddpdoctor: this script starts its own workers; run it with "
