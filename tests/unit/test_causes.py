@@ -231,3 +231,17 @@ def test_two_ranks_on_one_gpu_is_named_with_nccls_own_line() -> None:
     assert root.evidence == ["NCCL refused ranks 0, 1: Duplicate GPU detected : rank 0 and "
                              "rank 1 both on CUDA device 60"]
     assert "set_device" in root.advice
+
+
+def test_ranks_that_each_called_a_collective_of_their_own_are_each_named() -> None:
+    # Rank 0 all-reduces at one line while rank 1 waits in a barrier at another: the evidence
+    # names each rank's own call (it once said both ranks called rank 0's all_reduce).
+    bs = [TraceBuilder(r, 2) for r in range(2)]
+    for b in bs:
+        b.user("all_reduce", line=5)
+    bs[0].user("all_reduce", line=10).pend_last()
+    bs[1].user("barrier", line=12).pend_last()
+    root = diagnose(make_run(*bs, stopped_for_hang=True)).root
+    assert (root.kind, root.cause) == ("op_mismatch", "rank_conditional_collective")
+    assert root.evidence == ["rank 0 called all_reduce at train.py:10 in main(); "
+                             "rank 1 called barrier at train.py:12 in main()"], root.evidence

@@ -382,11 +382,17 @@ def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | No
     if not user:
         return None
     without = [r for r in f.ranks if r not in user]
-    user_sites = {site_key(d.site) for d in user.values()}
-    if without or len(user_sites) > 1:
-        r, d = next(iter(user.items()))
-        return [f"{rank_list(user)} called {d.op} at {site_text(d.site)}; "
-                f"{rank_list(without) if without else 'the others'} did not call it there"]
+    # Ranks by the call they made: (op, site) -> ranks, in rank order.
+    calls: dict[tuple[str | None, str], list[int]] = {}
+    for r, d in sorted(user.items()):
+        calls.setdefault((d.op, site_text(d.site)), []).append(r)
+    if len(calls) > 1:  # each rank made a call of its own: name each
+        return ["; ".join(f"{rank_list(rs_)} called {op} at {where}"
+                          for (op, where), rs_ in calls.items())]
+    if without:
+        (op, where), rs_ = next(iter(calls.items()))
+        return [f"{rank_list(rs_)} called {op} at {where}; {rank_list(without)} did not call "
+                f"it there"]
     return None
 
 
