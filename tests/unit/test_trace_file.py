@@ -52,6 +52,38 @@ def test_appends_cross_windows_and_close_trims_to_the_data(tmp_path: Path,
     assert path.read_bytes() == whole
 
 
+def _resident_kb(path: Path) -> int:
+    """Resident kB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            if line[:1].isdigit() or line[:1] in "abcdef":  # a mapping's header line
+                inside = line.rstrip().endswith(str(path))
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE")
+def test_prefault_maps_the_pages_ahead_and_changes_no_byte(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(trace_file, "WINDOW", 256 * 1024)
+    path = tmp_path / "t.jsonl"
+    f = TraceFile(str(path))
+    f.append(b"x" * 100 + b"\n")
+    before = _resident_kb(path)
+    f.prefault(128 * 1024)
+    if f._populate is None:
+        pytest.skip("this kernel cannot populate a mapping (before Linux 5.14)")
+    assert _resident_kb(path) >= before + 120
+    f.prefault(128 * 1024)  # faulted already: nothing more
+    f.prefault(10 ** 9)  # past the window's end: cut there
+    assert f._populate is not None  # no call was refused
+    f.append(b"y" * 5000 + b"\n")
+    f.close()
+    assert path.read_bytes() == b"x" * 100 + b"\n" + b"y" * 5000 + b"\n"
+
+
 def test_an_existing_file_is_appended_to(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_bytes(b"first\n")

@@ -122,7 +122,39 @@ def test_issue_times_list_each_run_of_ids(ids: list[int]) -> None:
     unreported: list[float] = []
     for cid in ids:
         unreported += [cid, 1790000000.0 + cid * 0.0003512]
-    text = issued_json(unreported)
+    text = issued_json([int(c) for c in unreported[0::2]], unreported[1::2])
     assert json.loads(text) == _general(unreported)
     assert all(len(t.split(".")[1]) == 6 for t in text.replace("]", "").split(", ")
                if "." in t)
+
+
+def test_the_writer_tracks_what_runs_until_its_work_completes(tmp_path) -> None:
+    # The issuing thread stores only the Work, after the backend returned it; the writer
+    # thread keeps the fields of what still runs. In between, and while the backend has not
+    # returned (no Work yet), the collective is pending.
+    w = writer.TraceWriter(str(tmp_path / "rank-0.jsonl"), schema.header(0, "r", 0), 0,
+                           interval=3600)
+    site = w.site("0", "all_reduce", "user", "all_reduce", (((4,), "torch.float32"),), "SUM",
+                  None, None, ())
+    ids = [w.write_at(site, seq, None, None, 3, 100.0 + seq) for seq in (1, 2, 3, 4)]
+    running, failing = _Work(completed=False), _Work(error=RuntimeError("peer closed"))
+    w.works[ids[0]] = _Work()
+    w.works[ids[1]] = running
+    w.works[ids[3]] = failing  # ids[2]: the backend has not returned yet
+    assert [(r.id, r.seq, r.t) for r in w.pending()] == [(2, 2, 102.0), (3, 3, 103.0)]
+    w.flush()
+    assert [(r.id, r.iteration, r.site) for r in w.pending()] == [(2, 3, site), (3, 3, site)]
+    w.works[ids[2]] = _Work(completed=False)
+    running.completed = True
+    assert [r.id for r in w.pending()] == [3]
+    w.flush()
+    w.works[ids[2]].completed = True
+    w.flush()
+    assert w.pending() == [] and w.works == {} and w.completed == 4
+    w.close()
+    records = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    done = [r for r in records if r["kind"] == schema.DONE]
+    assert [(d["upto"], d["pending"]) for d in done] == [(4, [2, 3]), (4, [3]), (4, [])]
+    assert done[0][schema.ISSUED] == [[1, [101.0, 102.0, 103.0, 104.0]]]
+    assert [(r["id"], r["state"]) for r in records if r["kind"] == schema.STATE] == \
+        [(4, schema.FAILED)]

@@ -12,13 +12,17 @@ closed. A rank killed before it closes its trace leaves up to :data:`~ddpdoctor.
 PAD_MAX` NUL bytes after its last line; readers stop there. Where a window cannot be
 allocated or mapped (a file size limit, a full disk, a file system without shared mappings),
 or with ``DDPDOCTOR_TRACE_WRITE=1``, the file is trimmed and written with ``pwrite`` from
-then on. Standard library only.
+then on. The writer thread faults in, ahead of the data, the pages the next lines will be
+stored into (:meth:`TraceFile.prefault`): a page's first store otherwise costs the thread
+that issues the collectives a page fault (7-8 µs on a busy 2-core VM, one in ~14 collectives).
+Standard library only.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import sys
 from collections.abc import Callable
 
 from ddpdoctor.runtime import env
@@ -26,6 +30,11 @@ from ddpdoctor.trace import schema
 
 WINDOW = schema.PAD_MAX  # bytes reserved and mapped at a time
 _GRAIN = mmap.ALLOCATIONGRANULARITY
+_PAGE = mmap.PAGESIZE
+# madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault pages in, writable, in one call, without
+# changing what they hold. Python names it only when built against headers that have it.
+_POPULATE_WRITE: int | None = getattr(mmap, "MADV_POPULATE_WRITE", 23) \
+    if sys.platform.startswith("linux") else None
 
 
 def _no_window(data: bytes) -> int:
@@ -47,6 +56,8 @@ class TraceFile:
         self._start = self._pos  # the file offset the mapping begins at
         self._mapped = os.environ.get(env.TRACE_WRITE) != "1"
         self.fast_write: Callable[[bytes], int] = _no_window
+        self._faulted: tuple[mmap.mmap | None, int] = (None, 0)  # a mapping, faulted to here
+        self._populate = _POPULATE_WRITE
 
     @property
     def pos(self) -> int:
@@ -63,6 +74,29 @@ class TraceFile:
                 self.fast_write(data)  # the new window holds it
             else:
                 self._pwrite(data)
+
+    def prefault(self, ahead: int) -> None:
+        """Fault in the mapped pages that the next ``ahead`` bytes will be stored into (up
+        to the window's end), for another thread than the one that appends: it changes no
+        byte, and a mapping closed meanwhile only makes it return. Nothing where the kernel
+        cannot (before Linux 5.14) or nothing is mapped."""
+        m = self._map
+        if m is None or self._populate is None:
+            return
+        try:
+            here = m.tell()
+            start = here - here % _PAGE
+            if self._faulted[0] is m:
+                start = max(start, self._faulted[1])
+            end = here + ahead
+            end += -end % _PAGE  # the kernel faults whole pages: note the end of the last one
+            if end > start:  # the length is cut at the mapping's end
+                m.madvise(self._populate, start, end - start)
+                self._faulted = (m, end)
+        except ValueError:  # unmapped by the appending thread meanwhile, or at its end
+            pass
+        except OSError:  # a kernel without it (EINVAL), or a mapping it cannot fault in
+            self._populate = None
 
     def close(self) -> None:
         """Unmap, trim the file to its data and close it."""

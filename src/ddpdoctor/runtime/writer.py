@@ -80,6 +80,10 @@ class CollectiveRecord:
 
 
 ISSUING = object()
+# A written collective in TraceWriter's issue log: id, issue time, seq, p2p_seq, iteration,
+# bucket, then its site.
+_ISSUED_FIELDS = 7
+_SITE = 6
 MAX_PENDING_LISTED = 1024  # ids a ``done`` record lists as still running, at most
 MAX_SITES = 65536  # sites kept for reuse, at most
 
@@ -89,6 +93,7 @@ MAX_SITES = 65536  # sites kept for reuse, at most
 # GIL from the training loop): at 50 ms this thread was ~0.7 % of a CNN rank's CPU, at 200 ms
 # ~0.2 %. Hang detection works in seconds; the timeline's completion times are this coarse.
 DONE_SECONDS = 0.2
+PREFAULT_BYTES = 64 * 1024  # the least the writer thread faults in ahead of the data
 
 
 # How a completed Work says whether it failed. ``Work.is_success()`` is torch's cheapest answer
@@ -173,19 +178,21 @@ class TraceWriter:
         self._next_id = 0
         self.issued: dict[str, int] = {}  # group -> highest seq written
         self.completed = 0  # collectives known to have completed
-        # The collectives not yet known to be complete, by id, in issue order: their Work
-        # (ISSUING until the backend returned it; a state string on error), their per-call
-        # fields (seq, p2p_seq, iteration, bucket, t) and their site. An open collective lives
-        # until the writer thread sees it complete, long enough to reach the interpreter's
-        # oldest generation; objects the garbage collector tracks that survive so long are
-        # what makes its collections frequent and slow (a full one is ~75 ms in a process that
-        # imported torch). None is made per collective: a tuple of numbers is untracked at
-        # the first collection, dict entries are no objects, and a Work is untracked.
+        # Each collective written: its id, issue time, per-call fields and site, appended to
+        # a flat list by the thread that issues it (_ISSUED_FIELDS per collective) and taken
+        # by the writer thread at its next look, which keeps the fields of those still
+        # running in _open and _open_sites (by id, in issue order). The issuing thread stores
+        # only the Work (``works``: its id absent until the backend returned it; a state
+        # string on error). Nothing is made per collective that the garbage collector tracks
+        # and that lives on (a full collection is ~75 ms in a process that imported torch,
+        # and long-lived tracked objects make them frequent): the flat list holds numbers and
+        # the long-lived site, a tuple of numbers is untracked at the first collection, dict
+        # entries are no objects, and a Work is untracked.
         self.works: dict[int, Any] = {}
+        self._issued_log: list[Any] = []
+        self._folded: set[int] = set()  # ids in the log folded into a run (capped trace)
         self._open: dict[int, tuple] = {}
         self._open_sites: dict[int, Site] = {}
-        self._unreported: list[float] = []  # ids then issue times, of collectives written
-        # whose issue time is not yet in a done record
         self._settled_id = 0  # the last id written when the writer thread last looked
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, Site] = {}
@@ -241,15 +248,14 @@ class TraceWriter:
                 site.text = self._encode_static(site, lines)
             self._next_id += 1
             cid = self._next_id
-            self.works[cid] = ISSUING
-            self._open[cid] = (seq, p2p_seq, iteration, bucket, t)
-            self._open_sites[cid] = site
+            self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
             if seq is not None:
                 self.issued[site.group] = seq
                 cap = self._cap
                 if cap is not None and cap.active and \
                         cap.fold(site.group, cid, seq, iteration, bucket, t, site.text, lines):
-                    if lines:  # a capped trace folded it into a run: the run has its time
+                    self._folded.add(cid)  # in a run, which has its time
+                    if lines:
                         self._write("\n".join(lines) + "\n")
                     return cid
             extra = ""
@@ -263,8 +269,6 @@ class TraceWriter:
             line = (f'{{"id": {cid}, "kind": "collective", '
                     f'"seq": {"null" if seq is None else seq}, '
                     f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
-            self._unreported.append(cid)
-            self._unreported.append(t)
             data = ("\n".join(lines) + "\n" + line if lines else line).encode()  # ASCII JSON
             try:
                 self._file.fast_write(data)
@@ -283,15 +287,19 @@ class TraceWriter:
             self._write(json.dumps(record) + "\n")
 
     def pending(self) -> list[CollectiveRecord]:
-        """Collectives issued and not yet known to be complete."""
+        """Collectives issued and not yet known to be complete, in issue order."""
         with self._lock:
             out = []
             quiet = _quiet_check()
-            for cid, work in self.works.items():
+            log = self._issued_log
+            entries: list[tuple[int, Sequence[Any], Site]] = [
+                (cid, fields, self._open_sites[cid]) for cid, fields in self._open.items()]
+            entries += [(log[i], log[i + 1:i + _SITE], log[i + _SITE])
+                        for i in range(0, len(log), _ISSUED_FIELDS)]
+            for cid, (t, seq, p2p_seq, iteration, bucket), site in entries:
+                work = self.works.get(cid, ISSUING)
                 if _work_state(work, quiet) == schema.PENDING:
-                    seq, p2p_seq, iteration, bucket, t = self._open[cid]
-                    rec = CollectiveRecord(cid, seq, p2p_seq, iteration, bucket, t,
-                                           self._open_sites[cid])
+                    rec = CollectiveRecord(cid, seq, p2p_seq, iteration, bucket, t, site)
                     rec.work = work
                     out.append(rec)
             return out
@@ -316,10 +324,15 @@ class TraceWriter:
 
     # -- completions (writer thread) ---------------------------------------------------------
     def _run(self) -> None:
+        written = 0
         while not self._stop.wait(self.interval):
             with self._lock:
-                if not self._closed:
-                    self._settle()
+                if self._closed:
+                    continue
+                self._settle()
+                last, written = written, self.bytes_written
+            # The pages the next interval's lines will likely need, twice over.
+            self._file.prefault(max(PREFAULT_BYTES, 2 * (written - last)))
 
     def _settle(self, final: bool = False) -> None:
         """One ``done`` record when collectives completed since the last, a ``state`` record
@@ -329,34 +342,65 @@ class TraceWriter:
         cap = self._cap
         if cap is not None:
             cap.begin(now, self.bytes_written, lines)
-        works = self.works
-        settled: list[int] = []
+        works, opened, sites = self.works, self._open, self._open_sites
+        log, self._issued_log = self._issued_log, []
+        folded = self._folded
+        if folded:
+            self._folded = set()
         quiet = _quiet_check()
-        for cid, work in works.items():
+        pop = works.pop
+        settled = 0
+        failed: list[tuple[int, str]] = []
+        # Those still running at the last look first, then those issued since, in issue order
+        # (so _open stays in issue order). An id not in ``works`` is still being issued.
+        for cid in list(opened):
+            work = pop(cid, ISSUING)
             state = _work_state(work, quiet)
             if state == schema.PENDING:
+                if work is not ISSUING:
+                    works[cid] = work
                 continue
+            del opened[cid], sites[cid]
+            settled += 1
             if state != schema.COMPLETED:
-                lines.append(json.dumps({"kind": schema.STATE, "id": cid, "state": state,
-                                         "t": round(now, 6)}))
-            settled.append(cid)
-        if settled:
-            opened, sites = self._open, self._open_sites
-            for cid in settled:
-                del works[cid], opened[cid], sites[cid]
-            self.completed += len(settled)
-        if settled or self._unreported:
+                failed.append((cid, state))
+        for i in range(0, len(log), _ISSUED_FIELDS):
+            cid = log[i]
+            work = pop(cid, ISSUING)
+            try:  # the common case, as _work_state asks it
+                if quiet and work.is_completed() and work.is_success():
+                    settled += 1
+                    continue
+            except Exception:
+                pass
+            state = _work_state(work, quiet)
+            if state == schema.PENDING:
+                if work is not ISSUING:
+                    works[cid] = work
+                opened[cid] = tuple(log[i + 1:i + _SITE])
+                sites[cid] = log[i + _SITE]
+                continue
+            settled += 1
+            if state != schema.COMPLETED:
+                failed.append((cid, state))
+        lines += [json.dumps({"kind": schema.STATE, "id": cid, "state": state,
+                              "t": round(now, 6)}) for cid, state in failed]
+        self.completed += settled
+        ids, times = log[0::_ISSUED_FIELDS], log[1::_ISSUED_FIELDS]
+        if folded:  # a capped trace's runs have their own times
+            kept = [i for i, cid in enumerate(ids) if cid not in folded]
+            ids, times = [ids[i] for i in kept], [times[i] for i in kept]
+        if settled or ids:
             # Every id up to the last one written has completed, failed, or is listed.
-            still = list(itertools.islice(works, MAX_PENDING_LISTED + 1))
+            still = list(itertools.islice(opened, MAX_PENDING_LISTED + 1))
             done: dict[str, Any] = {"kind": schema.DONE, "t": round(now, 6),
                                     "upto": self._next_id,
                                     "pending": still[:MAX_PENDING_LISTED]}
             if len(still) > MAX_PENDING_LISTED:
                 done["pending_from"] = still[MAX_PENDING_LISTED]  # all later ids run too
             text = json.dumps(done)
-            if self._unreported:  # json.dumps's layout, with the times formatted directly
-                text = f'{text[:-1]}, "{schema.ISSUED}": {issued_json(self._unreported)}}}'
-                self._unreported = []
+            if ids:  # json.dumps's layout, with the times formatted directly
+                text = f'{text[:-1]}, "{schema.ISSUED}": {issued_json(ids, times)}}}'
             lines.append(text)
         # The rank issued nothing since the writer last looked (an interval ago): it waits,
         # maybe for good, and what its runs hold must be on disk.
@@ -422,24 +466,22 @@ class TraceWriter:
 _MICROSECONDS = "{:.6f}".format
 
 
-def issued_json(unreported: Sequence[float]) -> str:
+def issued_json(ids: Sequence[int], times: Sequence[float]) -> str:
     """The ``issued`` field of a ``done`` record as JSON: ``[first id, [issue time, ...]]``
-    for each run of consecutive ids in ``unreported`` (id, issue time, id, issue time, ...; a
-    capped trace leaves gaps where runs fold). Times to the microsecond, formatted directly:
+    for each run of consecutive ids (``ids`` grow; a capped trace leaves gaps where runs
+    fold), ``times`` the issue time of each id. Times to the microsecond, formatted directly:
     rounding each and encoding it with json.dumps cost the writer thread 1 µs per collective,
     half its work."""
-    ids = unreported[0::2]
-    first = int(ids[0])
-    if int(ids[-1]) - first == len(ids) - 1:  # one run (ids only grow): the common case
-        return f"[[{first}, [{', '.join(map(_MICROSECONDS, unreported[1::2]))}]]]"
+    first = ids[0]
+    if ids[-1] - first == len(ids) - 1:  # one run (ids only grow): the common case
+        return f"[[{first}, [{', '.join(map(_MICROSECONDS, times))}]]]"
     runs: list[tuple[int, list[str]]] = []
-    times: list[str] = []
+    run: list[str] = []
     last = -2
-    for i in range(0, len(unreported), 2):
-        cid = int(unreported[i])
+    for cid, t in zip(ids, times):
         if cid != last + 1:
-            times = []
-            runs.append((cid, times))
-        times.append(f"{unreported[i + 1]:.6f}")
+            run = []
+            runs.append((cid, run))
+        run.append(_MICROSECONDS(t))
         last = cid
-    return "[" + ", ".join(f"[{first}, [{', '.join(ts)}]]" for first, ts in runs) + "]"
+    return "[" + ", ".join(f"[{start}, [{', '.join(ts)}]]" for start, ts in runs) + "]"
