@@ -23,7 +23,7 @@ VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE, UNTESTED)
 VERDICT_TEXT = {
     CLEAN: "every rank issued the same collectives and finished",
     DIVERGED: "the ranks stopped issuing the same collectives",
-    CRASHED: "a rank failed and the others were left waiting",
+    CRASHED: "a rank failed, and any rank still running was left waiting for it",
     INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
     UNTESTED: "no two ranks' collectives could be compared: nothing was tested",
 }
