@@ -245,3 +245,70 @@ def test_ranks_that_each_called_a_collective_of_their_own_are_each_named() -> No
     assert (root.kind, root.cause) == ("op_mismatch", "rank_conditional_collective")
     assert root.evidence == ["rank 0 called all_reduce at train.py:10 in main(); "
                              "rank 1 called barrier at train.py:12 in main()"], root.evidence
+
+
+TRAINER_SCRIPT = '''\
+def run_batch(model, x):
+    loss = model(x).sum()
+    return loss
+
+
+def train(model, loader, rank):
+    for epoch in range(3):
+        for x in loader:
+            run_batch(model, x).backward()
+        if rank == 0:
+            run_batch(model, x)
+'''
+
+
+def _trainer_step(b: TraceBuilder, caller: int, grad: bool = True) -> None:
+    """A DDP forward through ``run_batch`` called from ``train`` line ``caller`` (and, with
+    ``grad``, its backward at line 9)."""
+    start = len(b.trace.collectives)
+    b.forward(line=2, function="run_batch", grad=grad)
+    for c in b.trace.collectives[start:]:
+        c.stack.append(b.site(caller, "train"))
+    if grad:
+        b.backward(line=9, function="train")
+
+
+def test_a_ddp_forward_through_a_helper_shared_by_training_and_evaluation(tmp_path) -> None:
+    # minGPT's Trainer (pytorch/examples) runs training and evaluation through one
+    # _run_batch(): with evaluation on rank 0 alone, both ranks' DDP forwards come from the
+    # same line, and only the caller tells rank 0's evaluation from rank 1's training.
+    path = tmp_path / "train.py"
+    path.write_text(TRAINER_SCRIPT)
+    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+    for b in bs:
+        b.ddp_init(line=7)
+        for _ in range(3):
+            _trainer_step(b, 9)
+    _trainer_step(bs[0], 11, grad=False)  # rank 0 evaluates (no_grad: no buckets)
+    for _ in range(2):
+        _trainer_step(bs[0], 9)
+        _trainer_step(bs[1], 9)
+    bs[0].forward(line=2, function="run_batch").pend_last()  # one broadcast more: it waits
+    bs[1].finish()
+    report = diagnose(make_run(*bs, stopped_for_hang=True))
+    root = report.root
+    assert (report.verdict, root.kind, root.cause) == \
+        ("diverged", "callsite_divergence", "rank_conditional_ddp_forward"), root.summary
+    assert root.seq == 16  # DDP init (4), 3 steps (11, the bucket rebuild included), then eval
+    assert "from different callers" in root.summary
+    assert "called from train.py:11 in train()" in root.summary
+    assert "called from train.py:9 in train()" in root.summary
+    assert any("train.py:10 `if rank == 0:`" in e for e in root.evidence), root.evidence
+
+
+def test_the_same_helper_called_from_one_place_on_every_rank_is_clean(tmp_path) -> None:
+    path = tmp_path / "train.py"
+    path.write_text(TRAINER_SCRIPT)
+    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+    for b in bs:
+        b.ddp_init(line=7)
+        for _ in range(3):
+            _trainer_step(b, 9)
+        b.finish()
+    report = diagnose(make_run(*bs))
+    assert report.verdict == "clean" and report.findings == []

@@ -39,6 +39,7 @@ from ddpdoctor.analysis.signature import (
     SHAPE,
     Interner,
     hard_difference,
+    path_key,
     reduce_op_of,
     site_key,
     soft_difference,
@@ -208,7 +209,7 @@ def full_key(c: Collective, site: tuple | None) -> tuple:
     shapes, dtypes = c.shapes, c.dtypes
     return (c.op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
             dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
-            c.root, c.label, site)
+            c.root, c.label, site, path_key(c))
 
 
 def _memberships(run: Run, names: set[str]) -> dict[str, dict[int, list[int]]]:

@@ -13,7 +13,7 @@ from ddpdoctor.analysis.details import collective_detail, elsewhere_detail, wher
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
-from ddpdoctor.analysis.signature import LABEL
+from ddpdoctor.analysis.signature import LABEL, path_key
 from ddpdoctor.analysis.terms import describe, group_text, op_text, rank_list, site_text
 from ddpdoctor.analysis.waits import Wait
 from ddpdoctor.trace import schema
@@ -42,7 +42,7 @@ def _partitions(d: Divergence) -> list[tuple[list[int], Collective]]:
         if c is None:
             continue
         key = (c.op, str(c.shapes), str(c.dtypes), c.reduce_op, c.root, c.label,
-               str(c.site))
+               str(path_key(c) or c.site))
         parts.setdefault(key, ([], c))[0].append(r)
     return sorted(parts.values(), key=lambda p: (-len(p[0]), p[0][0]))
 
@@ -104,12 +104,30 @@ def _missing(d: Divergence, g: GroupAlignment | None, states: dict[int, RankStat
                    p2p=d.p2p, t=d.t)
 
 
+def _first_different_frame(issued: list[Collective]) -> int | None:
+    """The index of the first recorded frame that differs between ``issued`` (collectives at
+    one position) when their first frames agree: a DDP step reached from different callers
+    through one line (a helper shared by training and evaluation); else None."""
+    paths = [p for p in map(path_key, issued) if p]
+    if len(paths) < 2 or len(paths) < len(issued) or len({p[0] for p in paths}) != 1:
+        return None
+    for i in range(1, min(map(len, paths))):
+        if len({p[i] for p in paths}) > 1:
+            return i
+    return None
+
+
 def _callsite(d: Divergence, g: GroupAlignment | None,
               states: dict[int, RankState]) -> Finding:
     members = g.members if g else []
     parts = _partitions(d)
     why = "for different purposes" if d.field == LABEL else "from different source lines"
-    shown = "; ".join(_issued_text(rs_, c, with_op=False) for rs_, c in parts[:_MAX_PARTS])
+    callers = _first_different_frame([c for _, c in parts])
+    if callers is not None:
+        why = "from different callers"
+    shown = "; ".join(_issued_text(rs_, c, with_op=False) + (
+        f", called from {site_text(c.stack[callers])}" if callers is not None else "")
+        for rs_, c in parts[:_MAX_PARTS])
     summary = (f"{_position_text(d, members).capitalize()} matched in op and shape "
                f"({op_text(parts[0][1])}), but the ranks issued it {why}: {shown}.")
     return Finding(fk.CALLSITE_DIVERGENCE, WARNING, d.group, d.seq, summary, _details(d, states),

@@ -22,14 +22,10 @@ from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
-from ddpdoctor.analysis.signature import site_key
+from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Run, Site
-
-# Labels of the collectives a DDP training step issues (forward and backward).
-DDP_STEP_LABELS = frozenset({"ddp.buffers", "ddp.bucket", "ddp.unused_params",
-                             "ddp.rebuild_buckets", "syncbn"})
 
 
 @dataclass

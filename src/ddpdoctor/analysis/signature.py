@@ -31,6 +31,13 @@ COMPATIBLE_LABELS = frozenset({
 JOIN_EXIT_LABELS = frozenset({"join.num_nonjoined", "join.terminate", "join.shadow_bucket",
                               "join.unused_params", "join.final_model"})
 
+# Labels of the collectives a DDP training step issues (forward and backward). torch's code
+# issues them, so their first user frame is where the user called the model (or backward):
+# one line for training and evaluation alike when both go through a shared helper (a
+# Trainer's ``_run_batch``). For these the whole recorded call path is compared.
+DDP_STEP_LABELS = frozenset({"ddp.buffers", "ddp.bucket", "ddp.unused_params",
+                             "ddp.rebuild_buckets", "syncbn"})
+
 SiteKey = tuple[str, int, str]
 
 # The differences :func:`hard_difference` and :func:`soft_difference` name.
@@ -44,6 +51,14 @@ def site_key(site: Site | None) -> SiteKey | None:
     if site is None:
         return None
     return (site.file_name, site.line, site.function)
+
+
+def path_key(c: Collective) -> tuple[SiteKey | None, ...] | None:
+    """The call path of a DDP step collective (the site key of each recorded frame,
+    innermost first); None for any other collective, whose first frame says where it is."""
+    if c.label not in DDP_STEP_LABELS or not c.stack:
+        return None
+    return tuple(map(site_key, c.stack))
 
 
 def reduce_op_of(c: Collective) -> str | None:
@@ -61,9 +76,9 @@ class Interner:
     """Maps full keys of collectives to small ints (``keys`` maps them back), caching site
     keys per stack object.
 
-    A full key is ``(op, shapes, dtypes, numel, reduce_op, root, label, site_key)`` with
-    shapes and dtypes as tuples (a lone tensor's shape and dtype unwrapped) and the reduce op
-    defaulted (:func:`reduce_op_of`); :func:`ddpdoctor.analysis.align.full_key` builds it.
+    A full key is ``(op, shapes, dtypes, numel, reduce_op, root, label, site_key, path_key)``
+    with shapes and dtypes as tuples (a lone tensor's shape and dtype unwrapped) and the reduce
+    op defaulted (:func:`reduce_op_of`); :func:`ddpdoctor.analysis.align.full_key` builds it.
     """
 
     def __init__(self) -> None:
@@ -109,9 +124,11 @@ def soft_difference(a: Collective, b: Collective, join_sites: dict[int, set]) ->
     if a.label.startswith("join."):
         return None  # the same join step, from the forward on one rank and __exit__ on another
     sa, sb = site_key(a.site), site_key(b.site)
-    if sa is None or sb is None or sa == sb:
+    if sa is None or sb is None:
         return None
     if sa in join_sites.get(a.rank, ()) or sb in join_sites.get(b.rank, ()):
         return None
-    return CALLSITE
+    if sa != sb or path_key(a) != path_key(b):  # a DDP step reached from different callers
+        return CALLSITE
+    return None
 

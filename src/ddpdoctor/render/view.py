@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import report as rp
-from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.finding import Finding, FindingKind, RankDetail
 from ddpdoctor.analysis.ranks import FINISHED
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.analysis.terms import rank_numbers
@@ -108,8 +108,10 @@ class ReportView:
 def rows(f: Finding) -> list[Row]:
     """The rows of ``f``'s table, ranks in order; ranks doing the same thing share one."""
     found: dict[tuple, Row] = {}
+    # Ranks at one line reached from different callers are the point of a call-site finding.
+    callers = f.kind == FindingKind.CALLSITE_DIVERGENCE
     for r, d in sorted(f.ranks.items()):
-        key = (d.op, d.label, d.iteration, d.state, d.site)
+        key = (d.op, d.label, d.iteration, d.state, d.site, tuple(d.stack) if callers else ())
         row = found.get(key)
         if row is None:
             found[key] = Row([r], d)
