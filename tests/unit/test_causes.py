@@ -138,10 +138,15 @@ def main(model, loader, rank):
 '''
 
 
-def _script_run(tmp_path, rank0_line: int, rank0_op: str):
+def _builders(tmp_path: Path, script: str) -> list[TraceBuilder]:
+    """Two ranks' trace builders whose frames are in ``script`` (written as train.py)."""
     path = tmp_path / "train.py"
-    path.write_text(TRAIN_SCRIPT)
-    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+    path.write_text(script)
+    return [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+
+
+def _script_run(tmp_path, rank0_line: int, rank0_op: str):
+    bs = _builders(tmp_path, TRAIN_SCRIPT)
     for b in bs:
         b.ddp_init(line=4)
         for _ in range(4):
@@ -273,17 +278,21 @@ def _trainer_step(b: TraceBuilder, caller: int, grad: bool = True) -> None:
         b.backward(line=9, function="train")
 
 
-def test_a_ddp_forward_through_a_helper_shared_by_training_and_evaluation(tmp_path) -> None:
-    # minGPT's Trainer (pytorch/examples) runs training and evaluation through one
-    # _run_batch(): with evaluation on rank 0 alone, both ranks' DDP forwards come from the
-    # same line, and only the caller tells rank 0's evaluation from rank 1's training.
-    path = tmp_path / "train.py"
-    path.write_text(TRAINER_SCRIPT)
-    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+def _trained(tmp_path: Path) -> list[TraceBuilder]:
+    """Two ranks of TRAINER_SCRIPT after DDP's construction and three training steps."""
+    bs = _builders(tmp_path, TRAINER_SCRIPT)
     for b in bs:
         b.ddp_init(line=7)
         for _ in range(3):
             _trainer_step(b, 9)
+    return bs
+
+
+def test_a_ddp_forward_through_a_helper_shared_by_training_and_evaluation(tmp_path) -> None:
+    # minGPT's Trainer (pytorch/examples) runs training and evaluation through one
+    # _run_batch(): with evaluation on rank 0 alone, both ranks' DDP forwards come from the
+    # same line, and only the caller tells rank 0's evaluation from rank 1's training.
+    bs = _trained(tmp_path)
     _trainer_step(bs[0], 11, grad=False)  # rank 0 evaluates (no_grad: no buckets)
     for _ in range(2):
         _trainer_step(bs[0], 9)
@@ -302,13 +311,6 @@ def test_a_ddp_forward_through_a_helper_shared_by_training_and_evaluation(tmp_pa
 
 
 def test_the_same_helper_called_from_one_place_on_every_rank_is_clean(tmp_path) -> None:
-    path = tmp_path / "train.py"
-    path.write_text(TRAINER_SCRIPT)
-    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
-    for b in bs:
-        b.ddp_init(line=7)
-        for _ in range(3):
-            _trainer_step(b, 9)
-        b.finish()
+    bs = [b.finish() for b in _trained(tmp_path)]
     report = diagnose(make_run(*bs))
     assert report.verdict == "clean" and report.findings == []
