@@ -121,13 +121,15 @@ def _callsite(d: Divergence, g: GroupAlignment | None,
               states: dict[int, RankState]) -> Finding:
     members = g.members if g else []
     parts = _partitions(d)
-    why = "for different purposes" if d.field == LABEL else "from different source lines"
+    texts = [_issued_text(rs_, c, with_op=False) for rs_, c in parts[:_MAX_PARTS]]
     callers = _first_different_frame([c for _, c in parts])
-    if callers is not None:
+    if callers is not None:  # one line on every rank: name where each was called from
         why = "from different callers"
-    shown = "; ".join(_issued_text(rs_, c, with_op=False) + (
-        f", called from {site_text(c.stack[callers])}" if callers is not None else "")
-        for rs_, c in parts[:_MAX_PARTS])
+        texts = [f"{text}, called from {site_text(c.stack[callers])}"
+                 for text, (_, c) in zip(texts, parts)]
+    else:
+        why = "for different purposes" if d.field == LABEL else "from different source lines"
+    shown = "; ".join(texts)
     summary = (f"{_position_text(d, members).capitalize()} matched in op and shape "
                f"({op_text(parts[0][1])}), but the ranks issued it {why}: {shown}.")
     return Finding(fk.CALLSITE_DIVERGENCE, WARNING, d.group, d.seq, summary, _details(d, states),
