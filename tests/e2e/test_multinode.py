@@ -1,5 +1,6 @@
-"""Two nodes on one machine: two ``ddpdoctor run --nnodes 2`` processes, one rank each, with
-static and c10d rendezvous: one run id, merged ``diff``, and hang detection over both nodes."""
+"""Two nodes on one machine: two ``ddpdoctor run --nnodes 2`` processes with two ranks each
+(as real nodes have several), static and c10d rendezvous: one run id, merged ``diff``, and
+hang detection over both nodes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def _rendezvous(kind: str, port: int) -> list[str]:
             "--rdzv-id", "two-node-test"]
 
 
+PER_NODE = 2  # ranks per node
+
+
 def _two_nodes(tmp_path: Path, kind: str, mode: str, hang_timeout: float = 60,
                extra: tuple = ()) -> list[tuple[subprocess.CompletedProcess, Path, dict]]:
     port = free_port()
@@ -33,7 +37,7 @@ def _two_nodes(tmp_path: Path, kind: str, mode: str, hang_timeout: float = 60,
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir),
                "--json", str(tmp_path / f"report{node}.json"), "--grace", "2",
                "--hang-timeout", str(hang_timeout), "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", "1", *_rendezvous(kind, port), str(SCRIPT), "--mode", mode,
+               "--nproc-per-node", str(PER_NODE), *_rendezvous(kind, port), str(SCRIPT), "--mode", mode,
                *extra]
         procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True, cwd=REPO, stdin=subprocess.DEVNULL), logdir))
@@ -86,9 +90,11 @@ def test_a_mismatch_across_nodes_is_caught_by_both_nodes(tmp_path: Path, kind: s
     assert code == 1
     root = merged["findings"][0]
     lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
-    assert lines == {0: marker_line(SCRIPT, "barrier"), 1: marker_line(SCRIPT, "extra_step")}
+    extra = marker_line(SCRIPT, "extra_step")
+    assert lines[0] == marker_line(SCRIPT, "barrier")
+    assert lines.keys() - {0} and all(lines[r] == extra for r in lines.keys() - {0}), lines
     stacks = {int(r): s["hang_stack"] for r, s in merged["ranks"].items()}
-    assert stacks[0] and stacks[1]
+    assert len(stacks) == 2 * PER_NODE and all(stacks.values()), stacks
 
 
 @pytest.mark.timeout(150)

@@ -153,3 +153,42 @@ def test_a_collective_called_with_no_python_frame_above_is_recorded(tmp_path: Pa
     recorder.close()
     trace = read_rank(tmp_path / "rank-0.jsonl")
     assert len(trace.collectives) == 2 and not trace.cut
+
+
+_IMPORT_DURING_SHARING = """
+import os, sys
+os.environ.update({"DDPDOCTOR_LOGDIR": sys.argv[1], "RANK": "2", "LOCAL_RANK": "0",
+                   "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "TORCHELASTIC_RUN_ID": "race"})
+from ddpdoctor.runtime import watchdog
+watchdog.PEERS_SECONDS = 0.005  # the peers thread asks for the store all through the import
+from ddpdoctor.runtime import bootstrap
+bootstrap.boot()
+import torch
+import torch.distributed
+print("imported", torch.__version__)
+"""
+
+
+def test_a_multi_node_rank_imports_torch_while_its_peers_thread_runs(tmp_path: Path) -> None:
+    """A rank of a multi-node job (2 nodes x 2 ranks) starts its peers thread at boot; that
+    thread must not import torch.distributed while the main thread is inside ``import torch``
+    (the main thread's import then failed with "'torch._C' is not a package")."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _IMPORT_DURING_SHARING, str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "imported" in proc.stdout, proc.stderr[-2000:]
+    assert "Error" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_an_exception_deep_in_torch_keeps_the_users_frame() -> None:
+    from ddpdoctor.runtime.recorder import MAX_FRAMES, kept_frames
+
+    torch_dir = str(Path(torch.__file__).parent)
+    user = {"file": "/home/me/train.py", "line": 12, "function": "<module>", "text": ""}
+    deep = [{"file": f"{torch_dir}/_dynamo/f{i}.py", "line": i, "function": "f", "text": ""}
+            for i in range(40)]
+    kept = kept_frames([user, *deep])
+    assert kept[0] == user and kept[1:] == deep[-MAX_FRAMES:]
+    assert kept_frames(deep[:5]) == deep[:5]

@@ -26,13 +26,19 @@ _recorder: Recorder = None  # type: ignore[assignment]  # set by install() befor
 _boot_pid: int | None = None  # the process boot() ran in (a forked child has another pid)
 
 
-class _TorchImportHook(importlib.abc.MetaPathFinder):
-    """Runs :func:`_on_torch_imported` once ``import torch`` has finished executing."""
+class _PostImportHook(importlib.abc.MetaPathFinder):
+    """Runs a function once a watched module has finished executing: ``torch`` (patch it for
+    recording) and ``torch._dynamo`` (hide ddpdoctor's code from the compiler)."""
+
+    def __init__(self, watched: dict[str, Any]) -> None:
+        self._watched = watched
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch":
+        after = self._watched.pop(name, None)
+        if after is None:
             return None
-        sys.meta_path.remove(self)
+        if not self._watched:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None:
             return spec
@@ -40,7 +46,7 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
 
         def exec_module(module: Any) -> None:
             real_exec(module)
-            _on_torch_imported()
+            after()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -64,6 +70,19 @@ def _on_torch_imported() -> None:
     except Exception as exc:
         sys.stderr.write(f"ddpdoctor: could not instrument torch ({type(exc).__name__}: {exc}); "
                          f"the job runs without recording\n")
+
+
+def _on_dynamo_imported() -> None:
+    """``torch.compile`` is about to be used: Dynamo must skip ddpdoctor's frames as it skips
+    torch's own. Without this it tries to compile the recording group's methods when DDP's
+    C++ calls them inside a compiled forward, and fails the job."""
+    try:
+        from ddpdoctor.runtime import torch_hooks
+
+        torch_hooks.hide_from_compiler()
+    except Exception as exc:
+        sys.stderr.write(f"ddpdoctor: could not hide its code from torch.compile "
+                         f"({type(exc).__name__}: {exc})\n")
 
 
 def _is_torchrun_worker() -> bool:
@@ -187,7 +206,8 @@ def boot() -> None:
     # torch warns once per process when numpy is missing (which a job that uses no numpy
     # does not mind): with a dozen processes that is a dozen copies of one line.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    sys.meta_path.insert(0, _TorchImportHook())
+    sys.meta_path.insert(0, _PostImportHook({"torch": _on_torch_imported,
+                                             "torch._dynamo": _on_dynamo_imported}))
     sys.excepthook = _excepthook
     sys.exit = _recording_exit
     os._exit = _flushing_os_exit

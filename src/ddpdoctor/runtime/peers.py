@@ -78,7 +78,10 @@ class Peers:
 
 def connect(recorder: Any) -> Peers | None:
     """A :class:`Peers` on the default group's store, in a multi-node job; else None."""
-    if not multi_node():
+    if not multi_node() or not recorder.group_ready:
+        # Not before init_process_group returned: this runs on the watchdog's thread, which
+        # must never import torch while the main thread may still be importing it (a second
+        # thread then sees a half-initialised torch._C, and the main thread's import fails).
         return None
     import torch.distributed as dist
 

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from ddpdoctor.runtime import env
+from ddpdoctor.runtime import env, user_code
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import MAX_SITES, Site, TraceWriter
@@ -28,6 +28,17 @@ ENV_ALLOW_LIST = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
 
 
 _now = time.time
+MAX_FRAMES = 20  # innermost frames of an exception's traceback kept in its record
+MAX_USER_FRAMES = 5  # and the user's own frames outside those
+
+
+def kept_frames(frames: list[dict]) -> list[dict]:
+    """The frames of an exception worth a record, outermost first: the innermost
+    :data:`MAX_FRAMES`, and before them the innermost user frames of the rest. An error deep
+    inside torch (the compiler's tracebacks run to 60 frames) still names the user's line."""
+    inner = frames[-MAX_FRAMES:]
+    outer = [f for f in frames[:-MAX_FRAMES] if not user_code.is_library(f["file"])]
+    return outer[-MAX_USER_FRAMES:] + inner
 
 
 class Recorder:
@@ -49,6 +60,7 @@ class Recorder:
         self.last_issue = 0.0  # time of the last collective issued (the watchdog reads it)
         self.started = _now()
         self.flight_recorder = False  # a group ddpdoctor does not record: dump PyTorch's on a hang
+        self.group_ready = False  # init_process_group returned (torch is then fully imported)
         self._early: list[dict] = []
         # (site, bucketed) by the static fields of a collective and the places of its caller's
         # frames (StackLabeler.places): one lookup per collective once a call site is known.
@@ -119,6 +131,7 @@ class Recorder:
                    "backend": backend})
 
     def init_done(self, ok: bool) -> None:
+        self.group_ready = self.group_ready or ok
         self.emit({"kind": schema.INIT, "t": _now(),
                    "state": schema.COMPLETED if ok else schema.FAILED})
 
@@ -194,7 +207,7 @@ class Recorder:
         frames = [{"file": f.filename, "line": f.lineno, "function": f.name,
                    "text": (f.line or "")[:240]} for f in tb]
         self.emit({"kind": schema.EXCEPTION, "t": _now(), "type": type(exc).__name__,
-                   "message": str(exc)[:2000], "frames": frames[-20:],
+                   "message": str(exc)[:2000], "frames": kept_frames(frames),
                    "iteration": self.iteration,
                    "traceback": "".join(traceback.format_exception(exc))[-8000:]})
         self._exit_status = schema.EXIT_EXCEPTION

@@ -131,6 +131,16 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
     return True
 
 
+def hide_from_compiler() -> None:
+    """Have Dynamo skip every frame of ddpdoctor's code, as it skips torch's own: inside a
+    compiled DDP forward, DDP's C++ calls the recording group's Python methods (the bucket
+    rebuild's broadcasts), and Dynamo would otherwise try to compile them and fail the job.
+    Collectives issued from compiled code still reach the recording group at run time."""
+    from torch._dynamo import trace_rules
+
+    trace_rules.add(__name__.split(".")[0])
+
+
 def _holders(name: str, real: Callable) -> list[Any]:
     """The torch modules whose attribute ``name`` is ``real``: besides ``torch.distributed``,
     those that imported it by name while torch was being imported (``device_mesh``, whose

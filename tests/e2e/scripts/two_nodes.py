@@ -1,8 +1,9 @@
-"""A job for two ``ddpdoctor run --nnodes 2`` processes on one machine (one rank per node).
+"""A job for two ``ddpdoctor run --nnodes 2`` processes on one machine (any ranks per node).
 
 ``--mode healthy``: a few DDP steps. ``--mode mismatch``: then rank 0 (node 0) enters a
-barrier while rank 1 (node 1) runs another training step. ``--mode busy``: then rank 1 saves a
-checkpoint for ``--seconds`` while rank 0 waits in a barrier (busy, not hung).
+barrier while every other rank runs another training step. ``--mode busy``: then the last rank
+(on node 1) saves a checkpoint for ``--seconds`` while the others wait in a barrier (busy, not
+hung).
 """
 
 import argparse
@@ -29,7 +30,7 @@ if args.mode == "mismatch":
     else:
         model(torch.randn(4, 16)).sum().backward()  # ddpdoctor: extra_step
 elif args.mode == "busy":
-    if rank == 1:
+    if rank == dist.get_world_size() - 1:
         time.sleep(args.seconds)  # ddpdoctor: checkpoint
     dist.barrier()
 dist.destroy_process_group()
