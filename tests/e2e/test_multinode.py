@@ -37,8 +37,8 @@ def _two_nodes(tmp_path: Path, kind: str, mode: str, hang_timeout: float = 60,
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir),
                "--json", str(tmp_path / f"report{node}.json"), "--grace", "2",
                "--hang-timeout", str(hang_timeout), "--nnodes", "2", "--node-rank", str(node),
-               "--nproc-per-node", str(PER_NODE), *_rendezvous(kind, port), str(SCRIPT), "--mode", mode,
-               *extra]
+               "--nproc-per-node", str(PER_NODE), *_rendezvous(kind, port), str(SCRIPT),
+               "--mode", mode, *extra]
         procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True, cwd=REPO, stdin=subprocess.DEVNULL), logdir))
     out = []
