@@ -314,3 +314,30 @@ def test_the_same_helper_called_from_one_place_on_every_rank_is_clean(tmp_path) 
     bs = [b.finish() for b in _trained(tmp_path)]
     report = diagnose(make_run(*bs))
     assert report.verdict == "clean" and report.findings == []
+
+
+CHECKPOINT_SCRIPT = '''\
+import torch.distributed as dist
+
+
+def demo_checkpoint(model, x, rank):
+    loss = model(x).sum()
+    if rank == 0:
+        dist.all_reduce(loss.detach())
+    loss.backward()
+'''
+
+
+def test_a_rank_test_collective_meeting_a_gradient_bucket_is_rank_conditional(tmp_path) -> None:
+    """Rank 0's all_reduce of a scalar (under ``if rank == 0:``) meets rank 1's gradient
+    bucket: a shape mismatch whose cause is the rank test, not a DDP forward run only on some
+    ranks (rank 0 is in the same function; its forward issued nothing, having no buffers)."""
+    bs = _builders(tmp_path, CHECKPOINT_SCRIPT)
+    for b in bs:
+        b.ddp_init(line=5)
+        b.forward(line=5, function="demo_checkpoint", buffers=False)
+    bs[0].user("all_reduce", shapes=[[]], line=7, function="demo_checkpoint").pend_last()
+    bs[1].backward(line=8, function="demo_checkpoint", state="pending")
+    root = diagnose(make_run(*bs, stopped_for_hang=True)).root
+    assert root.kind == "shape_mismatch" and root.cause == "rank_conditional_collective", root
+    assert "train.py:6 `if rank == 0:`" in root.evidence[0]

@@ -18,7 +18,7 @@ from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
-from ddpdoctor.analysis.report import RankSummary, Report, verdict_of
+from ddpdoctor.analysis.report import CLEAN, RankSummary, Report, verdict_of
 from ddpdoctor.analysis.rules import RuleContext, recognise
 from ddpdoctor.analysis.terms import describe, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
@@ -148,3 +148,19 @@ def diagnose(run: Run) -> Report:
                   world_size=run.world_size,
                   ranks=[RankSummary.of(s) for s in states.values()], findings=findings,
                   notes=_notes(run, states))
+
+
+def diagnose_rounds(runs: list[Run]) -> Report:
+    """Diagnose each round of a job (one :class:`Run` each, in order; see
+    ``trace.reader.load_rounds``) and report the first round that is not clean, or the last
+    round when all are, with a note of what the other rounds gave."""
+    reports = [diagnose(run) for run in runs]
+    if len(reports) == 1:
+        return reports[0]
+    shown = next((i for i, r in enumerate(reports) if r.verdict != CLEAN), len(reports) - 1)
+    report = reports[shown]
+    others = ", ".join(f"round {i + 1} {r.verdict}" for i, r in enumerate(reports) if i != shown)
+    report.notes.insert(0, f"the script made its process group {len(reports)} times (rounds, "
+                           f"e.g. one mp.spawn each): this report is round {shown + 1}'s; "
+                           f"{others}")
+    return report

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum
 from typing import Final, Literal
 
 from ddpdoctor.trace.model import Collective, Site
 
 
-class FindingKind(StrEnum):
-    """What a finding is about; its value is the ``kind`` every report shows."""
+class FindingKind(str, Enum):
+    """What a finding is about; its value is the ``kind`` every report shows. (A str and an
+    Enum, printed as its value: ``enum.StrEnum`` is Python 3.11's, and 3.10 is supported.)"""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 
     OP_MISMATCH = "op_mismatch"
     SHAPE_MISMATCH = "shape_mismatch"

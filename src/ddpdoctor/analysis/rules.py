@@ -239,6 +239,11 @@ def _ddp_position(f: Finding) -> tuple[dict[int, RankDetail], list[int]] | None:
     return ddp, [r for r in f.ranks if r not in ddp]
 
 
+def _function_of(d: RankDetail) -> tuple | None:
+    key = site_key(d.site) if d.site is not None else None
+    return (key[0], key[2]) if key is not None else None
+
+
 def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | None:
     """A DDP collective issued from a function the other ranks never ran DDP from (seed 000's
     ``evaluate()``), or one the source shows under ``if rank == 0:``."""
@@ -254,8 +259,11 @@ def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | N
         test = _rank_test(d)
         function = (key[0], key[2])
         if function not in lacking:  # once per function, not per rank: 1024 ranks agree
+            # A rank that is in that function here itself (it called something else there
+            # first) says nothing about where DDP runs.
             lacking[function] = [o for o in f.ranks if ctx.states[o].trace is not None
-                                 and function not in ctx.ddp_functions(o)]
+                                 and function not in ctx.ddp_functions(o)
+                                 and _function_of(f.ranks[o]) != function]
         strangers = [o for o in lacking[function] if o != r]
         if not strangers and not test:
             continue
@@ -359,10 +367,15 @@ def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
 
 
 def _collective_under_rank_test(f: Finding, ctx: RuleContext) -> list[str] | None:
-    """A user collective on some ranks that the source shows inside ``if rank == 0:``."""
-    if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE):
+    """A user collective on some ranks that the source shows inside ``if rank == 0:`` (met
+    by another collective, or by a DDP collective of the same op with other shapes)."""
+    issued = _issued(f)
+    meets_ddp = f.kind in (fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH) and \
+        len({d.label for d in issued.values()}) > 1
+    if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE) and \
+            not meets_ddp:
         return None
-    for r, d in _issued(f).items():
+    for r, d in issued.items():
         if d.label == "user":
             test = _rank_test(d)
             if test:

@@ -8,12 +8,12 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from ddpdoctor.analysis import diagnose
+from ddpdoctor.analysis import diagnose, diagnose_rounds
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
-from ddpdoctor.trace.reader import TraceError, load_run
+from ddpdoctor.trace.reader import TraceError, load_rounds, load_run
 
 
 @app.command(cls=HelpCommand,
@@ -26,8 +26,8 @@ def diff(
     """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix."""
     try:
         with reading_progress() as on_file:
-            run = load_run([str(p) for p in paths], on_file)
-        report = diagnose(run)
+            runs = load_rounds([str(p) for p in paths], on_file)
+        report = diagnose_rounds(runs)
     except TraceError as exc:
         fail(str(exc))
     if json_out:

@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import typer
 
-from ddpdoctor.analysis import diagnose, schedule
+from ddpdoctor.analysis import diagnose, diagnose_rounds, schedule
 from ddpdoctor.analysis.report import UNTESTED, Report
 from ddpdoctor.cli.app import HelpCommand, app, err, fail, say, show, write_timeline
 from ddpdoctor.cli.exits import (
@@ -36,7 +36,7 @@ from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import nested_launch, redact, schema
 from ddpdoctor.trace.model import Run
-from ddpdoctor.trace.reader import NoTraces, TraceError, load_run
+from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run
 
 
 class Launcher(str, Enum):
@@ -313,11 +313,11 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
     job = run_job(opts, logdir, on_status, on_output)
     report, read_error, changes = None, None, []
     try:
-        loaded = load_run([str(logdir)])
-        loaded.stopped_for_hang = job.hang
-        report = diagnose(loaded)
+        rounds = load_rounds([str(logdir)])
+        rounds[-1].stopped_for_hang = job.hang
+        report = diagnose_rounds(rounds)
         if expected is not None:
-            changes = schedule.compare(expected, schedule.from_run(loaded))
+            changes = schedule.compare(expected, schedule.from_run(rounds[-1]))
     except NoTraces:
         report = diagnose(Run(ranks={}, world_size=0, notes=[_no_rank_note(opts, job, logdir)]))
     except TraceError as exc:

@@ -74,6 +74,7 @@ class RankProgress:
     cut: bool = False  # the rank could no longer write its trace: what it does is unknown
     remote: bool = False  # on another node: known from the peers records of local ranks
     updated: float = 0.0  # when a peers record last described this remote rank
+    round: int = 0  # the round of the process it follows (a second mp.spawn: round 1)
 
     def oldest_pending(self) -> Pending | None:
         return min(self.pending.values(), key=lambda p: p.seen, default=None)
@@ -121,6 +122,7 @@ class _Tail:
         self.offset = 0
         self.rest = b""
         self.rank: int | None = None
+        self.round = 0
         self.stacks: dict[int, list[Site]] = {}
 
     def lines(self) -> list[bytes]:
@@ -183,12 +185,16 @@ class JobProgress:
                 if rec.get("kind") == schema.HEADER:
                     try:
                         tail.rank = int(rec.get("rank", -1))
+                        tail.round = int(rec.get("round", 0))
                     except (TypeError, ValueError):
                         continue
-                    prog = self.ranks.setdefault(tail.rank,
-                                                 RankProgress(tail.rank, last_progress=now))
+                    prog = self.ranks.get(tail.rank)
+                    if prog is None or tail.round > prog.round:
+                        # A rank's next round (its process group made again) starts afresh.
+                        prog = self.ranks[tail.rank] = RankProgress(
+                            tail.rank, last_progress=now, round=tail.round)
                     prog.remote = False
-                elif tail.rank is not None:
+                elif tail.rank is not None and tail.round == self.ranks[tail.rank].round:
                     try:
                         self._apply(self.ranks[tail.rank], tail, rec, now)
                     except (KeyError, TypeError, ValueError, AttributeError):

@@ -104,8 +104,14 @@ class Recorder:
         """
         if self.writer is None:
             self.rank = rank
-            path = os.path.join(self.logdir, schema.trace_filename(rank, self.attempt))
-            self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt), rank)
+            # A process of this rank that ran before this one (the script's first mp.spawn
+            # of two, as the DDP tutorial does) left its trace: this is the next round.
+            round_ = 0
+            while os.path.exists(path := os.path.join(
+                    self.logdir, schema.trace_filename(rank, self.attempt, round_))):
+                round_ += 1
+            self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt,
+                                                          round_), rank)
             self.writer.put(self._process_start(rank, world_size, backend))
             for rec in self._early:
                 self.writer.put(rec)

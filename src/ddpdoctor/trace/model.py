@@ -171,6 +171,7 @@ class RankTrace:
     path: str = ""
     run_id: str = ""
     attempt: int = 0
+    round: int = 0  # the process groups this rank's process made before: 0 for the first
     process: dict | None = None
     groups: dict[str, Group] = field(default_factory=dict)
     # A list when built by hand (tests); the reader stores a compact, lazily decoded

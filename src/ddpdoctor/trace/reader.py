@@ -182,7 +182,7 @@ def _header(path: Path, line: bytes) -> dict:
     if version > schema.VERSION:
         raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
                          f"version {schema.VERSION} and older: upgrade ddpdoctor")
-    for key in ("rank", "attempt"):
+    for key in ("rank", "attempt", "round"):
         value = head.get(key, 0)
         if not is_int(value) or not 0 <= value < MAX_RANKS:
             raise TraceError(f"{path}: the header's {key} {value!r} is not a rank number")
@@ -192,6 +192,7 @@ def _header(path: Path, line: bytes) -> dict:
 def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
     return RankTrace(rank=int(head.get("rank", -1)), path=str(path),
                      run_id=str(head.get("run_id", "")), attempt=int(head.get("attempt", 0)),
+                     round=int(head.get("round", 0)),
                      truncated=truncated, version=int(head.get("version", 0)),
                      cut=os.path.exists(schema.cut_marker(str(path))))
 
@@ -285,13 +286,15 @@ def _job_records(folders: set[Path]) -> tuple[str | None, str, int]:
 
 
 def _read_ranks(files: list[Path], notes: list[str],
-                on_file: Callable[[int, int], None] | None) -> dict[int, RankTrace]:
-    """Every rank's latest trace among ``files``, read in worker processes when it pays."""
-    ranks: dict[int, RankTrace] = {}
+                on_file: Callable[[int, int], None] | None) -> dict[int, dict[int, RankTrace]]:
+    """Every rank's latest trace among ``files``, by round then rank, read in worker
+    processes when it pays."""
+    rounds: dict[int, dict[int, RankTrace]] = {}
     traces = parallel.in_batches(_read_batch, files, parallel.workers_for(files))
     for done, (path, trace) in enumerate(zip(files, traces), start=1):
         if on_file is not None:
             on_file(done, len(files))
+        ranks = rounds.setdefault(trace.round, {})
         other = ranks.get(trace.rank)
         if other is not None:
             if other.attempt == trace.attempt:
@@ -301,28 +304,64 @@ def _read_ranks(files: list[Path], notes: list[str],
             if other.attempt > trace.attempt:
                 continue
         ranks[trace.rank] = trace
-    return ranks
+    return dict(sorted(rounds.items()))
 
 
 def load_run(paths: Iterable[str | os.PathLike],
              on_file: Callable[[int, int], None] | None = None) -> Run:
     """Load the traces under ``paths`` (folders or files, e.g. one folder per node), and any
-    flight-recorder dumps there; ``on_file(read, total)`` follows the reading, file by file."""
+    flight-recorder dumps there; ``on_file(read, total)`` follows the reading, file by file.
+    A script that made its process group several times (rounds) gives its last round here,
+    with a note: :func:`load_rounds` gives each."""
+    runs = load_rounds(paths, on_file)
+    if len(runs) > 1:
+        runs[-1].notes.append(f"the script made its process group {len(runs)} times (rounds): "
+                              f"this is the last round's")
+    return runs[-1]
+
+
+def load_rounds(paths: Iterable[str | os.PathLike],
+                on_file: Callable[[int, int], None] | None = None) -> list[Run]:
+    """One :class:`Run` per round, in order: a script that starts its ranks more than once
+    (two ``mp.spawn`` calls, as PyTorch's DDP tutorial does) records each time in files of
+    their own. Most jobs have one round. A launcher's stop (a hang) and flight-recorder dumps
+    belong to the last round."""
     global _shared
     files, dumps = _inputs(list(paths))
     notes: list[str] = []
     _shared = Shared()
     try:
-        ranks = _read_ranks(files, notes, on_file)
+        rounds = _read_ranks(files, notes, on_file)
     finally:
         _shared = Shared()
-    run_ids = {t.run_id for t in ranks.values()}
-    _merge_dumps(ranks, dumps, notes)
+    if not rounds:
+        rounds = {0: {}}
+    folders = {f.parent for f in files + dumps}
+    stop, reason, nnodes = _job_records(folders)
+    last = max(rounds)
+    runs = []
+    for number, ranks in rounds.items():
+        final = number == last
+        if final:
+            _merge_dumps(ranks, dumps, notes)
+        run = _run_of(ranks, notes if final else [], folders)
+        run.sources = [str(f) for f in files + dumps]
+        run.nnodes = nnodes
+        if final:
+            run.stopped_for_hang, run.stop, run.stop_reason = stop is not None, stop, reason
+        runs.append(run)
+    return runs
+
+
+def _run_of(ranks: dict[int, RankTrace], notes: list[str], folders: set[Path]) -> Run:
+    """The run of one round's traces, with what they say of themselves in ``notes``."""
     if not ranks:
         raise TraceError("no readable trace or flight-recorder dump: " + "; ".join(notes))
+    run_ids = {t.run_id for t in ranks.values()}
     if len(run_ids) > 1:
         raise TraceError("traces of different runs are mixed: run ids "
                          + ", ".join(sorted(repr(r) for r in run_ids)))
+    notes = list(notes)
     sizes = {t.world_size for t in ranks.values() if is_int(t.world_size) and t.world_size > 0}
     if any(s > MAX_RANKS for s in sizes):
         notes.append(f"a world size beyond {MAX_RANKS} ranks was ignored (damaged header)")
@@ -343,9 +382,5 @@ def load_run(paths: Iterable[str | os.PathLike],
                          f"while writing); skipped")
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
-    folders = {f.parent for f in files + dumps}
-    stop, reason, nnodes = _job_records(folders)
-    return Run(ranks=ranks, world_size=world_size, sources=[str(f) for f in files + dumps],
-               notes=notes,
-               exit_codes=_exit_codes(ranks, folders), stopped_for_hang=stop is not None,
-               stop=stop, stop_reason=reason, nnodes=nnodes)
+    return Run(ranks=ranks, world_size=world_size, notes=notes,
+               exit_codes=_exit_codes(ranks, folders))

@@ -104,12 +104,21 @@ def fault_file(pid: int) -> str:
     return f"fault-{pid}.txt"
 
 
-def trace_filename(rank: int, attempt: int = 0) -> str:
-    """File name of rank ``rank``'s trace; torchrun restarts get their own file."""
-    return f"rank-{rank}.jsonl" if attempt == 0 else f"rank-{rank}.attempt-{attempt}.jsonl"
+def trace_filename(rank: int, attempt: int = 0, round_: int = 0) -> str:
+    """File name of rank ``rank``'s trace; torchrun restarts (attempts) and later rounds (the
+    script created its process group again, e.g. a second ``mp.spawn``) get their own file."""
+    name = f"rank-{rank}"
+    if round_:
+        name += f".round-{round_}"
+    if attempt:
+        name += f".attempt-{attempt}"
+    return name + ".jsonl"
 
 
-def header(rank: int, run_id: str, attempt: int) -> dict:
-    """The first line of every trace file."""
-    return {"kind": HEADER, "format": FORMAT, "version": VERSION, "rank": rank,
+def header(rank: int, run_id: str, attempt: int, round_: int = 0) -> dict:
+    """The first line of every trace file (``round`` only from the second round on)."""
+    head = {"kind": HEADER, "format": FORMAT, "version": VERSION, "rank": rank,
             "run_id": run_id, "attempt": attempt}
+    if round_:
+        head["round"] = round_
+    return head
