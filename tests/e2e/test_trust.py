@@ -168,3 +168,24 @@ def test_an_exception_in_backward_is_placed_in_its_iteration(tmp_path: Path) -> 
     root = _root(job)
     assert root["kind"] == "rank_crashed" and "during iteration 3" in root["summary"]
     assert _lines(root)[1] == ("backward_raises.py", marker_line(path, "raise"))
+
+
+@pytest.mark.timeout(120)
+def test_the_rank_everyone_waited_for_is_the_root_not_the_rank_torchrun_tore_down(
+        tmp_path: Path) -> None:
+    """The teardown story: rank 1's collective times out, torchrun SIGTERMs rank 0; the root
+    is rank 0, blocked outside collectives after its prefetch thread died."""
+    path = SCRIPTS / "dead_prefetch.py"
+    job = run_job(tmp_path, path, hang_timeout=60)
+    assert job.returncode == 1, job.stderr[-3000:]
+    root = _root(job)
+    assert root["kind"] == "missing_collective", root["summary"]
+    assert root["cause"] == "rank_blocked_outside_collectives", root["cause"]
+    assert _lines(root)[1] == ("dead_prefetch.py", marker_line(path, "backward"))
+    evidence = " ".join(root["evidence"])
+    assert f"dead_prefetch.py:{marker_line(path, 'blocked')}" in evidence, evidence
+    assert "using no CPU" in evidence
+    assert 'thread "prefetch" died: ValueError: corrupt record 3' in evidence
+    assert f"dead_prefetch.py:{marker_line(path, 'thread_dies')}" in evidence
+    crashes = [f for f in job.report["findings"] if f["kind"] == "rank_crashed"]
+    assert crashes and all(f["follow_on"] for f in crashes), crashes

@@ -10,9 +10,10 @@ import yaml
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis.rules import RULES
 from ddpdoctor.knowledge import catalog
+from ddpdoctor.trace.model import Run
 
 from . import scenarios
-from .factories import TraceBuilder, make_run
+from .factories import TraceBuilder, make_run, ranks
 
 
 @pytest.mark.parametrize("scenario, verdict, kind, cause, ranks", [
@@ -341,3 +342,37 @@ def test_a_rank_test_collective_meeting_a_gradient_bucket_is_rank_conditional(tm
     root = diagnose(make_run(*bs, stopped_for_hang=True)).root
     assert root.kind == "shape_mismatch" and root.cause == "rank_conditional_collective", root
     assert "train.py:6 `if rank == 0:`" in root.evidence[0]
+
+
+def _teardown_run(rank1_error: str) -> Run:
+    """Rank 0 stops issuing after 3 iterations (outside collectives, no CPU, a thread died)
+    and ends by SIGTERM; rank 1 waits in iteration 4's bucket and fails with ``rank1_error``."""
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(3)
+    bs[0].trace.activity = {"kind": "activity", "t": 2000.0, "cpu_rate": 0.0,
+                            "frames": [{"file": "/job/train.py", "line": 17,
+                                        "function": "<module>"}]}
+    bs[0].trace.thread_errors.append({"kind": "thread_exception", "thread": "prefetch",
+                                      "type": "ValueError", "message": "corrupt record",
+                                      "frames": [{"file": "/job/data.py", "line": 8,
+                                                  "function": "producer"}]})
+    bs[1].step().fail_last().raise_("RuntimeError", rank1_error, line=18, internal=True)
+    return make_run(*bs, exit_codes={0: -15, 1: 1})
+
+
+def test_a_rank_sigtermed_after_its_peer_timed_out_is_the_rank_waited_for() -> None:
+    report = diagnose(_teardown_run(scenarios.TIMEOUT))
+    root = report.root
+    assert root.kind == "missing_collective" and root.cause == "rank_blocked_outside_collectives"
+    text = " ".join(root.evidence)
+    assert "train.py:17 in <module>(), using no CPU" in text
+    assert 'thread "prefetch" died: ValueError: corrupt record at data.py:8' in text
+    assert all(f.follow_on for f in report.findings if f.kind == "rank_crashed")
+
+
+def test_a_rank_sigtermed_before_its_peer_lost_the_connection_is_still_the_crash() -> None:
+    """'Connection closed by peer' means the SIGTERMed rank went first: it stays the root."""
+    root = diagnose(_teardown_run(scenarios.CONN_CLOSED)).root
+    assert root.kind == "rank_crashed" and 0 in root.ranks and not root.follow_on
+    assert "SIGTERM" in root.summary

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.finding import RankDetail
-from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.ranks import RankState, short_message
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, site_text
 from ddpdoctor.trace.model import Collective
 
@@ -45,6 +45,8 @@ def where_text(state: RankState) -> str:
     if state.status == rs.EXCEPTION:
         at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
         return f"raised {state.crash_text}{at}"
+    if state.torn_down:
+        return blocked_text(state)
     if state.status == rs.KILLED:
         return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
             else state.crash_text
@@ -59,6 +61,36 @@ def where_text(state: RankState) -> str:
         return (f"was still running, outside any collective (last: {describe(state.last)} at "
                 f"{site_text(state.last.site)})")
     return "was still running, before its first collective"
+
+
+def blocked_text(state: RankState) -> str:
+    """Where a rank that the launcher tore down was: its last activity record (outside any
+    collective, where, how much CPU), then the teardown."""
+    act = (state.trace.activity if state.trace is not None else None) or {}
+    frames = act.get("frames") if isinstance(act.get("frames"), list) else []
+    site = frames[0] if frames and isinstance(frames[0], dict) else None
+    at = (f" at {str(site.get('file', '?')).replace(chr(92), '/').rsplit('/', 1)[-1]}:"
+          f"{site.get('line', '?')} in {site.get('function', '?')}()" if site else "")
+    rate = act.get("cpu_rate")
+    cpu = ""
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        cpu = ", using no CPU" if rate < 0.05 else f", using {rate:.0%} of a core"
+    where = (f"was outside any collective{at}{cpu}" if act else
+             "was outside any collective")
+    return f"{where}, until the launcher terminated it (SIGTERM) after another rank failed"
+
+
+def thread_error_texts(state: RankState) -> list[str]:
+    """'rank 0's thread "prefetch" died: ValueError: ... at data.py:26 in producer()'."""
+    out = []
+    for rec in (state.trace.thread_errors if state.trace is not None else [])[:4]:
+        frames = [f for f in rec.get("frames") or [] if isinstance(f, dict)]
+        last = frames[-1] if frames else None
+        at = (f" at {str(last.get('file', '?')).replace(chr(92), '/').rsplit('/', 1)[-1]}:"
+              f"{last.get('line', '?')} in {last.get('function', '?')}()" if last else "")
+        out.append(f"rank {state.rank}'s thread \"{str(rec.get('thread', '?'))[:80]}\" died: "
+                   f"{rec.get('type', 'Exception')}: {short_message(rec.get('message'))}{at}")
+    return out
 
 
 def max_steps_text(steps: int) -> str:

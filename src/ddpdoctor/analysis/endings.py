@@ -30,13 +30,17 @@ def _primary_crashes(states: dict[int, RankState]) -> set[int]:
               if (s.status == rs.EXCEPTION and not s.comm_error) or s.status == rs.FAILED}
     if raised:
         return raised
-    killed = {r for r, s in states.items() if s.status == rs.KILLED}
+    killed = {r for r, s in states.items() if s.status == rs.KILLED and not s.torn_down}
     if killed:
         # After one rank dies, torchrun stops the others with SIGTERM (then SIGKILL).
         not_term = {r for r in killed if states[r].exit_code not in (-15, None)}
         return not_term or killed
     # Only transport errors, and nothing here that caused them: they are what is known
-    # (NCCL refusing a communicator fails every rank with DistBackendError).
+    # (NCCL refusing a communicator fails every rank with DistBackendError). A timeout next to
+    # a rank the launcher tore down is no cause either: the rank everyone waited for is (a
+    # missing collective, or an incomplete record), and no crash finding is root.
+    if any(s.torn_down for s in states.values()):
+        return set()
     return {r for r, s in states.items() if s.status == rs.EXCEPTION}
 
 

@@ -55,7 +55,8 @@ def mark_follow_ons(findings: list[Finding], states: dict[int, RankState]) -> No
             continue
         if cycle is not None and (set(issued) & cycle_ranks):
             f.follow_on, f.explained_by = True, fk.WAIT_CYCLE
-        elif all(states[r].crashed and not states[r].comm_error for r in absent):
+        elif all(states[r].crashed and not states[r].comm_error and not states[r].torn_down
+                 for r in absent):
             f.follow_on, f.explained_by = True, fk.RANK_CRASHED
         elif all(_blocked_elsewhere(states[r], f.group, f.seq) for r in absent):
             f.follow_on, f.explained_by = True, "blocked elsewhere"

@@ -62,6 +62,7 @@ class RankState:
     max_steps: int | None = None  # stopped by --max-steps after this many DDP iterations
     cut: bool = False  # the trace ends early: the rank could not write it (full disk)
     exc_iteration: int | None = None  # the DDP iteration an exception was raised in
+    torn_down: bool = False  # SIGTERMed by the launcher after another rank failed first
 
     @property
     def waiting(self) -> Collective | None:
@@ -219,4 +220,30 @@ def rank_states(run: Run) -> dict[int, RankState]:
     needs_files = any(t.exception for t in run.ranks.values())
     files = _user_files(run) if needs_files else set()
     ranks = sorted(set(range(run.world_size)) | set(run.ranks))
-    return {r: rank_state(run.ranks.get(r), r, run, files) for r in ranks}
+    states = {r: rank_state(run.ranks.get(r), r, run, files) for r in ranks}
+    _mark_torn_down(states)
+    return states
+
+
+_TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.I)
+
+
+def _failed_first(s: RankState) -> bool:
+    """A rank whose failure came while its peers were still alive: an error of its own, or a
+    collective timeout (its peer was alive and not issuing)."""
+    if s.status == FAILED:
+        return True
+    if s.status != EXCEPTION or s.trace is None:
+        return False
+    return not s.comm_error or bool(_TIMEOUT_TEXT.search(str((s.trace.exception or {})
+                                                             .get("message", ""))))
+
+
+def _mark_torn_down(states: dict[int, RankState]) -> None:
+    """A rank terminated with SIGTERM after another rank failed first was stopped by the
+    launcher (torchrun's teardown of the survivors): a consequence, never a cause."""
+    if not any(_failed_first(s) for s in states.values()):
+        return
+    for s in states.values():
+        if s.status == KILLED and s.exit_code == -15:
+            s.torn_down = True

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import source
 from ddpdoctor.analysis.align import Alignment
+from ddpdoctor.analysis.details import blocked_text, thread_error_texts
 from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
@@ -201,9 +202,25 @@ def _rank_crashed(f: Finding, ctx: RuleContext) -> list[str] | None:
         return []
     if f.kind == fk.MISSING_COLLECTIVE:
         absent = _absent(f)
-        if absent and all(ctx.states[r].crashed for r in absent):
+        if absent and all(ctx.states[r].crashed and not ctx.states[r].torn_down
+                          for r in absent):
             return [f"{rank_list(absent)} crashed before issuing it"]
     return None
+
+
+def _blocked_outside_collectives(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """The rank the others waited for was outside collectives in its own code until the
+    launcher tore it down (a dead producer thread, a lock): where it was, and what died."""
+    if f.kind != fk.MISSING_COLLECTIVE:
+        return None
+    absent = _absent(f)
+    if not absent or not all(ctx.states[r].torn_down for r in absent):
+        return None
+    evidence = []
+    for r in absent:
+        evidence.append(f"rank {r} {blocked_text(ctx.states[r])}")
+        evidence.extend(thread_error_texts(ctx.states[r]))
+    return evidence
 
 
 def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
@@ -450,6 +467,7 @@ RULES: list[tuple[str, Rule]] = [
     ("shared_gpu", _shared_gpu),
     ("ddp_model_mismatch", _ddp_init_mismatch),
     ("rank_crashed", _rank_crashed),
+    ("rank_blocked_outside_collectives", _blocked_outside_collectives),
     ("group_order_inversion", _group_order_inversion),
     ("collective_inside_join", _collective_inside_join),
     ("rank_conditional_collective", _collective_under_rank_test),

@@ -15,6 +15,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import threading
 import warnings
 from typing import Any
 
@@ -115,6 +116,19 @@ def _excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
 _previous_excepthook = sys.excepthook
 
 
+def _thread_excepthook(args: Any) -> None:
+    try:
+        if args.exc_type is not SystemExit and args.exc_value is not None:
+            name = args.thread.name if args.thread is not None else "?"
+            _recorder.thread_exception(name, args.exc_value)
+    except Exception:
+        pass
+    _previous_thread_excepthook(args)
+
+
+_previous_thread_excepthook = threading.excepthook
+
+
 def _at_exit() -> None:
     try:
         _ensure_trace()
@@ -209,6 +223,7 @@ def boot() -> None:
     sys.meta_path.insert(0, _PostImportHook({"torch": _on_torch_imported,
                                              "torch._dynamo": _on_dynamo_imported}))
     sys.excepthook = _excepthook
+    threading.excepthook = _thread_excepthook
     sys.exit = _recording_exit
     os._exit = _flushing_os_exit
     if _is_torchrun_worker():

@@ -218,6 +218,18 @@ class Recorder:
                    "traceback": "".join(traceback.format_exception(exc))[-8000:]})
         self._exit_status = schema.EXIT_EXCEPTION
 
+    def thread_exception(self, thread: str, exc: BaseException) -> None:
+        """Record a thread of this rank that died of an exception (``threading`` prints it and
+        goes on; the main thread may then wait forever for what that thread would have
+        produced)."""
+        frames = [{"file": f.filename, "line": f.lineno, "function": f.name,
+                   "text": (f.line or "")[:240]}
+                  for f in traceback.extract_tb(exc.__traceback__)]
+        self.emit({"kind": schema.THREAD_EXCEPTION, "t": _now(), "thread": thread[:200],
+                   "type": type(exc).__name__, "message": str(exc)[:2000],
+                   "frames": kept_frames(frames)})
+        self.flush()
+
     def warn(self, message: str, lost: bool = False) -> None:
         """A note for the report; ``lost``: collectives from here on go unrecorded, so the
         trace is incomplete (the analysis treats it as cut)."""

@@ -62,22 +62,26 @@ from ddpdoctor.trace.records import (
 
 # How a collective line begins, before its id: formats 4 and 5 (the same lines), and format 3.
 _PREFIX_V4 = b'{"id": %d, "kind": "collective", '
-_PREFIXES = {5: _PREFIX_V4, 4: _PREFIX_V4, 3: b'{"kind": "collective", "id": %d, '}
-_HEADS = {5: list(schema.COLLECTIVE_HEAD), 4: list(schema.COLLECTIVE_HEAD),
-          3: list(schema.COLLECTIVE_HEAD_V3)}
+# Versions 4 to 6 have the same collective lines.
+_PREFIXES = {6: _PREFIX_V4, 5: _PREFIX_V4, 4: _PREFIX_V4,
+             3: b'{"kind": "collective", "id": %d, '}
+_HEADS = {6: list(schema.COLLECTIVE_HEAD), 5: list(schema.COLLECTIVE_HEAD),
+          4: list(schema.COLLECTIVE_HEAD), 3: list(schema.COLLECTIVE_HEAD_V3)}
 _PREFIX_LEN = len(b'{"id": ')  # the ``"state"`` of a line's tail lies past this in both
 STATE_MARK = b'"state": "'
 _STATE_PREFIX = b'{"kind": "state", "id": '
 _STATE_LINE = re.compile(
     rb'\{"kind": "state", "id": (\d+), "state": "([a-z_]+)", "t": (-?\d+(?:\.\d+)?)\}')
-_NUMBER = rb'-?(?:0|[1-9]\d*+)(?:\.\d++)?+(?:[eE][-+]?\d++)?+'
-_INT = rb'(?:0|[1-9]\d*+)'
+# Greedy, not possessive (Python 3.10 has no possessive quantifiers): each part ends at a
+# character the next cannot start with, so nothing backtracks.
+_NUMBER = rb'-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][-+]?\d+)?'
+_INT = rb'(?:0|[1-9]\d*)'
 DONE_PREFIX = b'{"kind": "done", "t": '
 # A done record as the writer writes it in format 4 (no ``pending_from``, one ``issued`` run):
 # what comes before the issue times, which are counted here and decoded only when needed. A
 # record of any other shape is decoded as JSON.
 DONE_LINE = re.compile(rb'\{"kind": "done", "t": (' + _NUMBER + rb'), "upto": (' + _INT
-                        + rb'), "pending": \[((?:' + _INT + rb'(?:, ' + _INT + rb')*+)?+)\], "'
+                        + rb'), "pending": \[((?:' + _INT + rb'(?:, ' + _INT + rb')*)?)\], "'
                         + schema.ISSUED.encode() + rb'": \[\[(' + _INT + rb'), \[')
 _ITERATION = re.compile(rb', "iteration": (\d+), "')  # in the head, before the tail
 _VARIABLE_TAIL = schema.COLLECTIVE_VARIABLE

@@ -189,6 +189,7 @@ class RankTrace:
     lost: str = ""  # why the rank stopped recording (a cut trace too), from a ``warning``
     cap: dict | None = None  # the ``cap`` record: the trace reached DDPDOCTOR_MAX_TRACE_MB
     warnings: list[str] = field(default_factory=list)
+    thread_errors: list[dict] = field(default_factory=list)  # threads that died of an exception
     damaged_lines: int = 0
     truncated: bool = False
 

@@ -84,6 +84,9 @@ class Fold:
     last_t: float = 0.0  # the latest time known so far (see :func:`clock_time`)
 
 
+MAX_THREAD_ERRORS = 16  # thread deaths kept per rank (a thread pool failing in a loop)
+
+
 def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
     """Fold one record into ``trace``; False when the record is malformed (or a collective or
     ``repeat`` record where ``fold`` does not collect collectives)."""
@@ -155,6 +158,11 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
                 trace.lost = str(rec.get("message", ""))
         elif kind == schema.INIT:
             trace.init = str(rec.get("state"))
+        elif kind == schema.THREAD_EXCEPTION:
+            if not isinstance(rec.get("frames", []), list):
+                return False
+            if len(trace.thread_errors) < MAX_THREAD_ERRORS:
+                trace.thread_errors.append(rec)
         elif kind in (schema.PROGRESS, schema.HEADER, schema.PEERS):
             pass
         else:

@@ -21,7 +21,10 @@ FORMAT = "ddpdoctor-trace"
 # 5: the writer appends through a shared mapping of the file and trims it when it closes: the
 #    trace of a rank killed before that ends in up to PAD_MAX NUL bytes, which readers skip.
 #    The lines are those of version 4. Versions 3 and 4 are read as before.
-VERSION = 5
+# 6: ``thread_exception`` records (a thread of the rank died of an exception); a header may
+#    carry ``round`` (the script made its process group again: rank-N.round-K.jsonl).
+#    Versions 3 to 5 are read as before.
+VERSION = 6
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
 # damaged, not padded.
 PAD_MAX = 256 * 1024
@@ -45,6 +48,7 @@ INIT = "init"  # init_process_group entered (state pending) and left (completed 
 DONE = "done"  # every collective with id <= upto completed, except those listed as pending
 ACTIVITY = "activity"  # the rank is outside collectives: where its main thread is, its CPU
 PEERS = "peers"  # several nodes: every rank's state, read from the job's c10d store
+THREAD_EXCEPTION = "thread_exception"  # a thread of the rank died: its name, error and frames
 
 # The layout of a collective line, which the writer (``runtime/writer.py``) formats by hand and
 # the reader's fast path (``trace/compact.py``) relies on byte for byte: these fields in this

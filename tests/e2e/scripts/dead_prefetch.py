@@ -1,0 +1,31 @@
+"""A data-prefetch thread dies on a corrupt record on rank 0 (``threading`` prints the error
+and goes on); rank 0's main thread then waits forever in ``queue.get()`` while rank 1 waits in
+DDP's gradient all-reduce. gloo's timeout (8 s here) fails rank 1 and torchrun tears rank 0
+down with SIGTERM: the root is rank 0's blocked wait and its dead thread, not the SIGTERM.
+"""
+
+import datetime
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def producer(q, rank):
+    for i in range(100):
+        if rank == 0 and i == 3:
+            raise ValueError("corrupt record 3 in shard-00017")  # ddpdoctor: thread_dies
+        q.put(torch.randn(4, 8))
+
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+rank = dist.get_rank()
+model = DDP(torch.nn.Linear(8, 2))
+q = queue.Queue(maxsize=2)
+threading.Thread(target=producer, args=(q, rank), name="prefetch", daemon=True).start()
+for step in range(10):
+    x = q.get()  # ddpdoctor: blocked
+    model(x).sum().backward()  # ddpdoctor: backward
+dist.destroy_process_group()
