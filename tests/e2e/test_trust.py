@@ -176,7 +176,7 @@ def test_the_rank_everyone_waited_for_is_the_root_not_the_rank_torchrun_tore_dow
     """The teardown story: rank 1's collective times out, torchrun SIGTERMs rank 0; the root
     is rank 0, blocked outside collectives after its prefetch thread died."""
     path = SCRIPTS / "dead_prefetch.py"
-    job = run_job(tmp_path, path, hang_timeout=60)
+    job = run_job(tmp_path, path, "--gloo-timeout", "8", hang_timeout=60)
     assert job.returncode == 1, job.stderr[-3000:]
     root = _root(job)
     assert root["kind"] == "missing_collective", root["summary"]
@@ -189,3 +189,19 @@ def test_the_rank_everyone_waited_for_is_the_root_not_the_rank_torchrun_tore_dow
     assert f"dead_prefetch.py:{marker_line(path, 'thread_dies')}" in evidence
     crashes = [f for f in job.report["findings"] if f["kind"] == "rank_crashed"]
     assert crashes and all(f["follow_on"] for f in crashes), crashes
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_blocked_on_a_queue_whose_producer_died_is_stopped_at_the_hang_timeout(
+        tmp_path: Path) -> None:
+    path = SCRIPTS / "dead_prefetch.py"
+    started = time.monotonic()
+    job = run_job(tmp_path, path, hang_timeout=5)
+    assert time.monotonic() - started < 60  # the hang timeout, not --stuck-timeout's 600 s
+    assert job.returncode == 3, job.stderr[-3000:]
+    assert "rank stuck" in job.stderr or "blocked" in job.stderr
+    root = _root(job)
+    assert root["kind"] == "rank_stuck" and root["cause"] == "rank_stuck_in_user_code", root
+    assert _lines(root)[0] == ("dead_prefetch.py", marker_line(path, "blocked"))
+    evidence = " ".join(root["evidence"])
+    assert 'thread "prefetch" died: ValueError: corrupt record 3' in evidence, evidence

@@ -41,10 +41,14 @@ class Rank:
     def done(self, *pending: int) -> None:
         self._write({"kind": "done", "t": T0, "upto": self.id, "pending": list(pending)})
 
-    def activity(self, t: float, cpu_rate: float, function: str = "save") -> None:
-        self._write({"kind": "activity", "t": t, "quiet_since": T0, "cpu": 1.0,
-                     "cpu_rate": cpu_rate, "pending": 0,
-                     "frames": [{"file": "t.py", "line": 88, "function": function}]})
+    def activity(self, t: float, cpu_rate: float, function: str = "save",
+                 io_rate: int | None = None, **extra: object) -> None:
+        rec = {"kind": "activity", "t": t, "quiet_since": T0, "cpu": 1.0,
+               "cpu_rate": cpu_rate, "pending": 0,
+               "frames": [{"file": "t.py", "line": 88, "function": function}], **extra}
+        if io_rate is not None:
+            rec["io_rate"] = io_rate
+        self._write(rec)
 
 
 def _job(tmp_path: Path) -> tuple[JobProgress, Rank, Rank]:
@@ -52,12 +56,14 @@ def _job(tmp_path: Path) -> tuple[JobProgress, Rank, Rank]:
 
 
 def test_a_busy_rank_keeps_the_job_alive(tmp_path: Path) -> None:
+    """Rank 0 saves a checkpoint (or downloads a data set): no CPU to speak of, but it writes;
+    rank 1 waits in a barrier meanwhile. That is never stopped."""
     job, r0, r1 = _job(tmp_path)
     r0.coll(), r1.coll()
     r0.done(), r1.done()
     r1.coll("barrier", 0)  # rank 1 waits in a barrier; rank 0 saves a checkpoint
     job.poll(T0)
-    r0.activity(T0 + 5, 0.0)
+    r0.activity(T0 + 5, 0.0, io_rate=40_000_000)
     job.poll(T0 + 5)
     for later in (T0 + 100, T0 + 1000):
         assert job.verdict(30, None, later) is None
@@ -176,3 +182,57 @@ def test_another_nodes_rank_known_only_from_an_old_summary_stops_nothing(tmp_pat
     r1._write({"kind": "exit", "status": "finished", "t": T0 + 5})
     job.poll(T0 + 5)
     assert job.verdict(3, None, T0 + 20) is None
+
+
+def _blocked_rank_job(tmp_path: Path, **activity: object) -> tuple[JobProgress, Rank, Rank]:
+    """Rank 1 waits in a barrier; rank 0, outside collectives, reports ``activity``."""
+    job, r0, r1 = _job(tmp_path)
+    r0.coll(), r1.coll()
+    r0.done(), r1.done()
+    r1.coll("barrier", 0)
+    job.poll(T0)
+    r0.activity(T0 + 1, function="get", **activity)  # type: ignore[arg-type]
+    r0.activity(T0 + 2, function="get", **activity)  # type: ignore[arg-type]
+    job.poll(T0 + 2)
+    return job, r0, r1
+
+
+def test_a_blocked_rank_everyone_waits_for_is_stopped_at_the_hang_timeout(
+        tmp_path: Path) -> None:
+    """No CPU, no I/O, the same place (a queue whose producer died): at --hang-timeout, not
+    at --stuck-timeout, since every other rank waits for it."""
+    job, _r0, _r1 = _blocked_rank_job(tmp_path, cpu_rate=0.0, io_rate=10)
+    assert job.verdict(30, 600, T0 + 20) is None
+    assert "blocked" in job.rank_line(job.ranks[0], T0 + 20)
+    assert "get() at t.py:88" in job.rank_line(job.ranks[0], T0 + 20)
+    assert job.verdict(30, 600, T0 + 33) == STUCK
+    assert "rank 0 stayed in get() at t.py:88" in job.reason
+
+
+def test_a_rank_that_computes_or_reads_is_never_the_blocker(tmp_path: Path) -> None:
+    for activity in ({"cpu_rate": 0.5}, {"cpu_rate": 0.0, "io_rate": 5_000_000}):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        job, _r0, _r1 = _blocked_rank_job(folder, **activity)
+        assert job.verdict(30, 600, T0 + 500) is None, activity
+        assert "busy" in job.rank_line(job.ranks[0], T0 + 500)
+
+
+def test_a_stack_inside_torch_distributed_with_nothing_recorded_is_no_wait(
+        tmp_path: Path) -> None:
+    """Four ranks on a loaded machine inside DDP's construction (a store-based barrier, which
+    is no collective): every stack is in torch.distributed, nothing is pending, each rank uses
+    a fifth of a core. Where every group is recorded, that is a hole in the record, not a
+    hang; only a rank with an unrecorded group (flight-recorder mode) is taken to wait."""
+    job = JobProgress(str(tmp_path))
+    ranks = [Rank(tmp_path, r, world=4) for r in range(4)]
+    for t in (T0 + 1, T0 + 2):
+        for r in ranks:
+            r.activity(t, 0.2, function="__init__", in_collective=True)
+    job.poll(T0 + 2)
+    assert job.verdict(8, None, T0 + 60) is None
+    assert "does not record" in job.rank_line(job.ranks[0], T0 + 60)
+    for r in ranks:
+        r.activity(T0 + 3, 0.2, function="__init__", in_collective=True, unrecorded=True)
+    job.poll(T0 + 3)
+    assert job.verdict(8, None, T0 + 60) == HANG

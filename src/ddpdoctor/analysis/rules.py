@@ -223,6 +223,14 @@ def _blocked_outside_collectives(f: Finding, ctx: RuleContext) -> list[str] | No
     return evidence
 
 
+def _stuck_in_user_code(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """The rank the launcher found idle at one place: the threads of it that died."""
+    if f.kind != fk.RANK_STUCK:
+        return None
+    return [text for r in f.ranks if r in ctx.states
+            for text in thread_error_texts(ctx.states[r])]
+
+
 def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind != fk.WAIT_CYCLE:
         return None
@@ -460,7 +468,7 @@ def _kind(kind: str) -> Rule:
 
 RULES: list[tuple[str, Rule]] = [
     ("gloo_teardown_abort", _kind(fk.TEARDOWN_ABORT)),
-    ("rank_stuck_in_user_code", _kind(fk.RANK_STUCK)),
+    ("rank_stuck_in_user_code", _stuck_in_user_code),
     ("rank_never_initialised", _kind(fk.INIT_INCOMPLETE)),
     ("cpu_mode_unmapped", _cpu_mode_unmapped),
     ("no_gpu", _no_gpu),

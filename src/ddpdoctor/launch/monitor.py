@@ -16,7 +16,13 @@ rules, applied by :meth:`JobProgress.verdict`:
   same position). Held for :data:`SETTLE` seconds, it is diagnosed at once, without waiting
   for the timeout;
 * **stuck** — a live rank outside collectives has stayed at the same place in user code
-  without using CPU for ``stuck_timeout`` seconds.
+  without using CPU or doing I/O (*blocked*) for ``timeout`` seconds while every other live
+  rank waited in a collective as long (they wait for it), or for ``stuck_timeout`` seconds
+  whoever waits.
+
+A stack inside ``torch.distributed`` with nothing pending counts as waiting only where a group
+is not recorded by ddpdoctor (flight-recorder mode); elsewhere it is a hole in the record
+(shown in the live view), and the rank is busy, not waiting.
 
 In a job of several nodes the ranks of the other nodes are known from the ``peers`` records
 that local rank 0 copies from the job's c10d store (:mod:`ddpdoctor.runtime.peers`), so every
@@ -40,6 +46,7 @@ SETTLE = 0.2  # seconds a provable deadlock must hold before it is called
 REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says nothing
 BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
 STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle
+STILL_IO = 16 * 1024  # bytes/s of reads and writes below which it is idle (a download is not)
 
 HANG, DEADLOCK, STUCK = "hang", "deadlock", "stuck"
 RUNNING = "running"
@@ -75,6 +82,7 @@ class RankProgress:
     remote: bool = False  # on another node: known from the peers records of local ranks
     updated: float = 0.0  # when a peers record last described this remote rank
     round: int = 0  # the round of the process it follows (a second mp.spawn: round 1)
+    hole: bool = False  # its main thread is inside torch.distributed with nothing recorded
 
     def oldest_pending(self) -> Pending | None:
         return min(self.pending.values(), key=lambda p: p.seen, default=None)
@@ -299,7 +307,13 @@ class JobProgress:
         prog.activity = rec
         # A rank whose collectives ddpdoctor does not record (flight-recorder mode, NCCL) is
         # known to wait in one only from where its main thread is: key -1 stands for it.
-        if rec.get("in_collective") and not rec.get("pending") and 0 not in prog.pending:
+        # Only then: where ddpdoctor records every group, such a stack with nothing pending is
+        # a call the record does not hold (a store-based barrier, a monitored barrier), not a
+        # wait in a collective, and a rank there is never counted as waiting.
+        inside = bool(rec.get("in_collective")) and not rec.get("pending") and \
+            0 not in prog.pending
+        prog.hole = inside and not rec.get("unrecorded")
+        if inside and rec.get("unrecorded"):
             where = frame_text(rec)
             prog.pending.setdefault(-1, Pending(float(rec.get("quiet_since", 0.0)),
                                                 f"a collective called from {where or '?'}"))
@@ -311,7 +325,9 @@ class JobProgress:
         frames = rec.get("frames")
         same_place = previous is not None and previous.get("frames") == frames and \
             previous.get("t", 0) >= prog.last_issue
-        idle = prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU
+        io = rec.get("io_rate")
+        idle = prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU and \
+            not (isinstance(io, (int, float)) and io >= STILL_IO)
         if not (same_place and idle and isinstance(cpu, (int, float))):
             prog.still_since = t if idle else None
         elif prog.still_since is None:
@@ -348,6 +364,12 @@ class JobProgress:
                 return HANG
         else:
             self._deadlock_since = None
+        blocker = self._waited_for(live, timeout, now) if known else None
+        if blocker is not None:
+            self.reason = (f"rank {blocker.rank} stayed in {blocker.place() or 'user code'} "
+                           f"without using CPU or doing I/O for {timeout:g}s, outside any "
+                           f"collective, while every other rank waited for it")
+            return STUCK
         if stuck_timeout is not None:
             for p in live:
                 if not p.pending and p.still_since is not None and \
@@ -356,6 +378,19 @@ class JobProgress:
                                    f"using CPU for {stuck_timeout:g}s, outside any collective")
                     return STUCK
         return None
+
+    @staticmethod
+    def _waited_for(live: list[RankProgress], timeout: float,
+                    now: float) -> RankProgress | None:
+        """The first rank idle at one place outside collectives for ``timeout`` seconds while
+        every other live rank has waited in a collective as long: the rank they wait for."""
+        idle = [p for p in live if not p.pending and not p.hole and p.still_since is not None
+                and now - p.still_since >= timeout]
+        waiting = [p for p in live if p not in idle]
+        if not idle or not waiting or not all(p.waiting for p in waiting):
+            return None
+        oldest = min(pend.seen for p in waiting for pend in p.pending.values())
+        return idle[0] if now - oldest >= timeout else None
 
     def _world(self) -> list[int]:
         sizes = [p.world_size for p in self.ranks.values() if p.world_size]
@@ -406,9 +441,14 @@ class JobProgress:
             return f"waiting {now - oldest.seen:.0f}s in {oldest.what}"
         act = p.fresh_activity()
         if act is not None:
-            quiet = now - float(act.get("quiet_since", now))
             where = p.place()
-            return f"busy {quiet:.0f}s" + (f" in {where}" if where else "")
+            if p.still_since is not None:  # no CPU, no I/O, the same place
+                return f"blocked {now - p.still_since:.0f}s" + (f" in {where}" if where else "")
+            quiet = now - float(act.get("quiet_since", now))
+            text = f"busy {quiet:.0f}s" + (f" in {where}" if where else "")
+            if p.hole:
+                text += " (inside a torch.distributed call ddpdoctor does not record)"
+            return text
         return "running"
 
     def summary_line(self, now: float | None = None) -> str:

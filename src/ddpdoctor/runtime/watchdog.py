@@ -54,6 +54,17 @@ def thread_stacks() -> list[dict]:
     return out
 
 
+def io_bytes() -> int | None:
+    """Bytes this process has read and written so far, files and sockets alike (``rchar`` +
+    ``wchar`` of ``/proc/self/io``, Linux); None where that is not available."""
+    try:
+        with open("/proc/self/io", "rb") as fh:
+            fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+        return int(fields[b"rchar"]) + int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def main_thread_cpu() -> float | None:
     """CPU seconds the main thread has used (Linux); None where the clock is unavailable."""
     try:
@@ -86,7 +97,8 @@ class Watchdog:
         self._logdir = logdir
         self._rank = rank
         self._next_activity = 0.0
-        self._cpu: deque[tuple[float, float]] = deque(maxlen=11)  # (time, CPU): the last second
+        # (time, main-thread CPU, process I/O bytes): the last second
+        self._cpu: deque[tuple[float, float, int | None]] = deque(maxlen=11)
         self._last_activity: dict | None = None
         self._peers: peers.Peers | None = None
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-watchdog", daemon=True)
@@ -126,20 +138,26 @@ class Watchdog:
             return
         cpu = main_thread_cpu()
         if cpu is not None:
-            self._cpu.append((now, cpu))
+            self._cpu.append((now, cpu, io_bytes()))
         if now < self._next_activity or len(self._cpu) < 2:
             return
         self._next_activity = now + ACTIVITY_SECONDS
         writer = self._recorder.writer
         if writer is None or writer.failed:
             return
-        (t0, c0), (t1, c1) = self._cpu[0], self._cpu[-1]
+        (t0, c0, io0), (t1, c1, io1) = self._cpu[0], self._cpu[-1]
         frame = sys._current_frames().get(threading.main_thread().ident or 0)
         record = {"kind": schema.ACTIVITY, "t": round(now, 3),
                   "quiet_since": round(quiet_since, 3), "cpu": cpu,
                   "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
                   "pending": len(writer.pending()), "frames": self.user_frames(frame),
                   "in_collective": in_collective(frame)}
+        if io0 is not None and io1 is not None and t1 > t0:
+            record["io_rate"] = round((io1 - io0) / (t1 - t0))  # bytes/s, files and sockets
+        if self._recorder.flight_recorder:
+            # A group ddpdoctor does not record: a stack inside torch.distributed with nothing
+            # pending may be a wait in it. Otherwise such a stack is a hole in the record.
+            record["unrecorded"] = True
         self._last_activity = record
         self._recorder.emit(record)
 

@@ -1,9 +1,11 @@
 """A data-prefetch thread dies on a corrupt record on rank 0 (``threading`` prints the error
 and goes on); rank 0's main thread then waits forever in ``queue.get()`` while rank 1 waits in
-DDP's gradient all-reduce. gloo's timeout (8 s here) fails rank 1 and torchrun tears rank 0
-down with SIGTERM: the root is rank 0's blocked wait and its dead thread, not the SIGTERM.
+DDP's gradient all-reduce. ddpdoctor stops it at its hang timeout as rank 0 blocked; or, with
+``--gloo-timeout 8`` below ddpdoctor's, gloo's timeout fails rank 1 first and torchrun tears
+rank 0 down with SIGTERM: the root is rank 0's blocked wait and its dead thread either way.
 """
 
+import argparse
 import datetime
 import queue
 import threading
@@ -20,7 +22,10 @@ def producer(q, rank):
         q.put(torch.randn(4, 8))
 
 
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=8))
+parser = argparse.ArgumentParser()
+parser.add_argument("--gloo-timeout", type=float, default=1800)
+args = parser.parse_args()
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.gloo_timeout))
 rank = dist.get_rank()
 model = DDP(torch.nn.Linear(8, 2))
 q = queue.Queue(maxsize=2)
