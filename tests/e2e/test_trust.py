@@ -48,7 +48,7 @@ def test_gloo_abort_keeps_the_mismatched_collective_of_both_ranks(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("compute", [False, True], ids=["sleeping", "computing"])
+@pytest.mark.parametrize("compute", [False, True], ids=["writing", "computing"])
 def test_a_rank_busy_three_hang_timeouts_outside_collectives_is_not_a_hang(
         tmp_path: Path, compute: bool) -> None:
     args = ("--seconds", "7.5") + (("--compute",) if compute else ())

@@ -1,8 +1,8 @@
 """The live view while a job runs: one line per rank, redrawn in place below the job's output.
 
 On a terminal, :class:`LiveView` keeps a region at the bottom (rich's ``Live``) with a line per
-rank — iteration, collectives per second, and what it does: running, busy in a function of
-its own for N s, waiting in a collective for N s — and prints the job's output above it (the
+rank — iteration, collectives per second, and what it does: running, busy (CPU or I/O) or
+blocked (neither) in a function of its own for N s, waiting in a collective for N s — and prints the job's output above it (the
 launcher pipes the job's output through :meth:`LiveView.output`). Without a terminal,
 :func:`plain_line` gives one line for a periodic log entry.
 """
@@ -61,7 +61,8 @@ class LiveView:
             self._last[rank] = (now, p.completed)
             state = progress.rank_line(p, now)
             style = "yellow" if state.startswith("waiting") else (
-                "cyan" if state.startswith("busy") else "")
+                "cyan" if state.startswith("busy") else
+                "red" if state.startswith("blocked") else "")
             lines.append(Text(f"rank {rank:<4} iter {p.iteration:<6} "
                               f"{self._rates.get(rank, 0.0):7.1f} coll/s  ") + Text(state,
                                                                                      style=style))

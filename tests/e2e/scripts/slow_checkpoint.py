@@ -1,7 +1,9 @@
 """A healthy job whose rank 0 saves a checkpoint for ``--seconds`` outside any collective while
-rank 1 waits in ``dist.barrier()``: busy, not hung."""
+rank 1 waits in ``dist.barrier()``: busy, not hung. The save writes slowly (a slow file system:
+I/O, next to no CPU), or with ``--compute`` spins the CPU (a big state dict)."""
 
 import argparse
+import os
 import time
 
 import torch
@@ -17,11 +19,15 @@ args = parser.parse_args()
 
 def save_checkpoint(model: nn.Module) -> None:
     deadline = time.monotonic() + args.seconds
+    chunk = bytes(1 << 20)
+    fd = os.open(os.devnull, os.O_WRONLY)
     while time.monotonic() < deadline:  # a slow file system, or a big state dict
         if args.compute:
             torch.mm(torch.randn(64, 64), torch.randn(64, 64))
         else:
-            time.sleep(0.05)  # ddpdoctor: saving
+            os.write(fd, chunk)  # ddpdoctor: saving
+            time.sleep(0.05)
+    os.close(fd)
     torch.save(model.state_dict(), "/dev/null")
 
 
