@@ -2,8 +2,9 @@
 
 On a terminal, :class:`LiveView` keeps a region at the bottom (rich's ``Live``) with a line per
 rank — iteration, collectives per second, and what it does: running, busy (CPU or I/O) or
-blocked (neither) in a function of its own for N s, waiting in a collective for N s — and prints the job's output above it (the
-launcher pipes the job's output through :meth:`LiveView.output`). Without a terminal,
+blocked (neither) in a function of its own for N s, waiting in a collective for N s — and
+prints the job's output above it (the launcher pipes the job's output through
+:meth:`LiveView.output`). Without a terminal,
 :func:`plain_line` gives one line for a periodic log entry.
 """
 
