@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ddpdoctor.launch.monitor import DEADLOCK, HANG, SETTLE, STUCK, JobProgress
+from ddpdoctor.analysis.hang_rules import SETTLE
+from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.schema import Stop
+
+HANG, DEADLOCK, STUCK = Stop.HANG, Stop.DEADLOCK, Stop.STUCK
 
 T0 = 1000.0
 

@@ -22,6 +22,7 @@ from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
 from ddpdoctor.trace.model import Collective, Run
+from ddpdoctor.trace.schema import Stop
 
 
 def _primary_crashes(states: dict[int, RankState]) -> set[int]:
@@ -181,7 +182,7 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
 def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
     """Ranks the launcher stopped because they stayed at one place in their own code, outside
     collectives and without using CPU (``ddpdoctor run --stuck-timeout``)."""
-    if run.stop != "stuck":
+    if run.stop != Stop.STUCK:
         return []
     # A rank that never reached init_process_group is init_findings' case.
     stuck = [r for r, s in sorted(states.items()) if s.status == rs.HUNG and not s.pending

@@ -175,7 +175,7 @@ def run_command(
         fail(nested)
     job = outcome.job
     if job.hang:
-        what = "rank stuck" if job.stop == "stuck" else "hang detected"
+        what = "rank stuck" if job.stop == schema.Stop.STUCK else "hang detected"
         say(f"{what}: {job.reason}; stacks collected from {len(job.acks)} rank(s), job stopped")
     elif job.interrupted:
         say("interrupted: job stopped, logs kept")

@@ -24,6 +24,7 @@ from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.trace import handshake, padding, schema
+from ddpdoctor.trace.schema import Stop
 
 MULTI_NODE_LINGER = 3.0  # seconds a node waits after its evidence before stopping its ranks
 
@@ -36,7 +37,7 @@ class JobResult:
     logdir: str
     duration: float
     hang: bool = False
-    stop: str | None = None  # why the job was stopped: hang, deadlock or stuck (progress.py)
+    stop: Stop | None = None  # why the job was stopped (analysis/hang_rules.py)
     reason: str = ""  # the same, in words
     interrupted: bool = False
     killed: list[int] = field(default_factory=list)

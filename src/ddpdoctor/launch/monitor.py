@@ -1,28 +1,10 @@
-"""Live progress of a running job, read from the ranks' traces as they grow, and the hang rules.
+"""Live progress of a running job, read from the ranks' traces as they grow.
 
 The launcher tails each ``rank-*.jsonl`` (complete lines only) and keeps, per rank, the
 collectives it issued and has not completed, how far it got in each group, what it does while
-it issues no collective (the watchdog's ``activity`` records) and when it last made progress.
-
-A rank is *waiting* when it has a collective pending and its main thread uses no CPU (a rank
-with none pending, or one computing while an asynchronous collective runs, is *busy*). The
-rules, applied by :meth:`JobProgress.verdict`:
-
-* **hang** — every live rank has been waiting for ``timeout`` seconds and none progressed
-  (completed or issued a collective) for as long;
-* **deadlock** — every live rank is waiting and no pending collective can ever complete: each
-  lacks a live group member that has not issued it (and is itself waiting), or meets
-  a collective it provably cannot match (another op, shape, dtype, reduce op or root at the
-  same position). Held for :data:`SETTLE` seconds, it is diagnosed at once, without waiting
-  for the timeout;
-* **stuck** — a live rank outside collectives has stayed at the same place in user code
-  without using CPU or doing I/O (*blocked*) for ``timeout`` seconds while every other live
-  rank waited in a collective as long (they wait for it), or for ``stuck_timeout`` seconds
-  whoever waits.
-
-A stack inside ``torch.distributed`` with nothing pending counts as waiting only where a group
-is not recorded by ddpdoctor (flight-recorder mode); elsewhere it is a hole in the record
-(shown in the live view), and the rank is busy, not waiting.
+it issues no collective (the watchdog's ``activity`` records) and when it last made progress:
+a :class:`~ddpdoctor.analysis.hang_rules.RankProgress`. Whether that is a hang is
+:func:`~ddpdoctor.analysis.hang_rules.decide`'s to say (:meth:`JobProgress.verdict`).
 
 In a job of several nodes the ranks of the other nodes are known from the ``peers`` records
 that local rank 0 copies from the job's c10d store (:mod:`ddpdoctor.runtime.peers`), so every
@@ -34,92 +16,21 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddpdoctor.analysis.signature import hard_difference
+from ddpdoctor.analysis.hang_rules import (
+    RUNNING,
+    STILL_CPU,
+    STILL_IO,
+    Pending,
+    RankProgress,
+    decide,
+    frame_text,
+)
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import Collective, Site, site_from
-from ddpdoctor.trace.records import collective_from, is_p2p
-
-SETTLE = 0.2  # seconds a provable deadlock must hold before it is called
-REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says nothing
-BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
-STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle
-STILL_IO = 16 * 1024  # bytes/s of reads and writes below which it is idle (a download is not)
-
-HANG, DEADLOCK, STUCK = "hang", "deadlock", "stuck"
-RUNNING = "running"
-
-
-@dataclass
-class Pending:
-    """A collective a rank issued and has not completed (or ``init_process_group``)."""
-
-    seen: float
-    what: str
-    coll: Collective | None = None  # None for init_process_group
-
-
-@dataclass
-class RankProgress:
-    """What the launcher knows of one rank while the job runs."""
-
-    rank: int
-    completed: int = 0
-    pending: dict[int, Pending] = field(default_factory=dict)  # id (0: init) -> what
-    issued: dict[str, int] = field(default_factory=dict)  # group -> highest seq issued
-    iteration: int = 0
-    last_op: str = ""
-    last_progress: float = 0.0
-    last_issue: float = 0.0  # when the launcher saw the last collective issued
-    status: str = RUNNING  # running | finished | exception | failed | max_steps
-    activity: dict | None = None  # the last activity record (the rank outside collectives)
-    cpu_rate: float | None = None  # main-thread CPU share between the last two activities
-    still_since: float | None = None  # the activity's place and CPU unchanged since then
-    world_size: int | None = None
-    cut: bool = False  # the rank could no longer write its trace: what it does is unknown
-    remote: bool = False  # on another node: known from the peers records of local ranks
-    updated: float = 0.0  # when a peers record last described this remote rank
-    round: int = 0  # the round of the process it follows (a second mp.spawn: round 1)
-    hole: bool = False  # its main thread is inside torch.distributed with nothing recorded
-
-    def oldest_pending(self) -> Pending | None:
-        return min(self.pending.values(), key=lambda p: p.seen, default=None)
-
-    def fresh_activity(self) -> dict | None:
-        """The activity record, when it was written after the last collective."""
-        act = self.activity
-        return act if act is not None and act.get("t", 0) >= self.last_issue else None
-
-    @property
-    def waiting(self) -> bool:
-        """In a collective: one pending and the main thread not known to be computing. A rank
-        whose trace is cut is never known to wait, so no hang is declared while it runs."""
-        if not self.pending or self.status != RUNNING or self.cut:
-            return False
-        return self.fresh_activity() is None or self.cpu_rate is None or \
-            self.cpu_rate < BUSY_CPU
-
-    @property
-    def blocked(self) -> bool:
-        """Waiting, and the watchdog has seen the main thread idle since the last collective."""
-        return self.waiting and self.fresh_activity() is not None and self.cpu_rate is not None
-
-    def place(self) -> str:
-        """Where the main thread is, from the last activity record: 'save() at train.py:88'."""
-        return frame_text(self.fresh_activity())
-
-
-def frame_text(activity: dict | None) -> str:
-    """'save() at train.py:88': the innermost user frame of an activity record ('' if none)."""
-    frames = (activity or {}).get("frames") or []
-    if not frames or not isinstance(frames[0], dict):
-        return ""
-    f = frames[0]
-    name = Path(str(f.get("file", "?"))).name
-    return f"{f.get('function', '?')}() at {name}:{f.get('line', '?')}"
-
+from ddpdoctor.trace.records import collective_from
+from ddpdoctor.trace.schema import Stop
 
 _READ_BLOCK = 64 * 1024
 
@@ -341,92 +252,15 @@ class JobProgress:
         return [p for p in self.ranks.values() if p.status == RUNNING]
 
     def verdict(self, timeout: float, stuck_timeout: float | None,
-                now: float | None = None) -> str | None:
-        """``hang``, ``deadlock``, ``stuck`` or None (see the module's rules)."""
-        now = now or time.time()
-        live = self.live()
-        # Another node's rank known only from an old summary (its node's ranks ended, or the
-        # store went quiet) may be doing anything: no hang is called on it; and a node none of
-        # whose own ranks still runs has nothing to stop.
-        known = not any(p.remote and now - p.updated > REMOTE_STALE for p in live) and \
-            any(not p.remote for p in live)
-        if known and all(p.waiting for p in live):
-            if all(p.blocked for p in live) and self._provably_stuck(live):
-                self._deadlock_since = self._deadlock_since or now
-                if now - self._deadlock_since >= SETTLE:
-                    self.reason = "the pending collectives of every rank can never match"
-                    return DEADLOCK
-            else:
-                self._deadlock_since = None
-            oldest = min(pend.seen for p in live for pend in p.pending.values())
-            if now - oldest >= timeout and now - self.last_progress() >= timeout:
-                self.reason = f"every rank waited in a collective for {timeout:g}s"
-                return HANG
-        else:
-            self._deadlock_since = None
-        blocker = self._waited_for(live, timeout, now) if known else None
-        if blocker is not None:
-            self.reason = (f"rank {blocker.rank} stayed in {blocker.place() or 'user code'} "
-                           f"without using CPU or doing I/O for {timeout:g}s, outside any "
-                           f"collective, while every other rank waited for it")
-            return STUCK
-        if stuck_timeout is not None:
-            for p in live:
-                if not p.pending and p.still_since is not None and \
-                        now - p.still_since >= stuck_timeout:
-                    self.reason = (f"rank {p.rank} stayed in {p.place() or 'user code'} without "
-                                   f"using CPU for {stuck_timeout:g}s, outside any collective")
-                    return STUCK
-        return None
-
-    @staticmethod
-    def _waited_for(live: list[RankProgress], timeout: float,
-                    now: float) -> RankProgress | None:
-        """The first rank idle at one place outside collectives for ``timeout`` seconds while
-        every other live rank has waited in a collective as long: the rank they wait for."""
-        idle = [p for p in live if not p.pending and not p.hole and p.still_since is not None
-                and now - p.still_since >= timeout]
-        waiting = [p for p in live if p not in idle]
-        if not idle or not waiting or not all(p.waiting for p in waiting):
-            return None
-        oldest = min(pend.seen for p in waiting for pend in p.pending.values())
-        return idle[0] if now - oldest >= timeout else None
-
-    def _world(self) -> list[int]:
-        sizes = [p.world_size for p in self.ranks.values() if p.world_size]
-        return list(range(max(sizes))) if sizes else sorted(self.ranks)
-
-    def _provably_stuck(self, live: list[RankProgress]) -> bool:
-        """Every pending collective of every live rank lacks a peer for good, or meets one it
-        cannot match. Needs every rank of the world to have a trace."""
-        world = self._world()
-        if any(r not in self.ranks for r in world):
-            return False
-        for p in live:
-            for pend in p.pending.values():
-                c = pend.coll
-                if c is None or c.seq is None or is_p2p(c) or not self._blocked(p, c, world):
-                    return False
-        return True
-
-    def _blocked(self, p: RankProgress, c: Collective, world: list[int]) -> bool:
-        members = self.members.get(c.group) or world
-        for q in members:
-            if q == p.rank:
-                continue
-            peer = self.ranks.get(q)
-            if peer is None or peer.status != RUNNING:
-                # A peer that ended: the backend fails the collective by itself (gloo: the
-                # connection closes), else the timeout rule applies.
-                return False
-            if peer.issued.get(c.group, 0) < (c.seq or 0):
-                return True  # q never issued it, and is waiting elsewhere
-            other = next((x.coll for x in peer.pending.values()
-                          if x.coll is not None and x.coll.group == c.group
-                          and x.coll.seq == c.seq), None)
-            if other is not None and hard_difference(c, other) is not None:
-                return True
-        return False
+                now: float | None = None) -> Stop | None:
+        """Whether to stop the job now (:func:`ddpdoctor.analysis.hang_rules.decide`); the
+        reason is kept in :attr:`reason`."""
+        decision = decide(self.ranks, self.members, timeout, stuck_timeout,
+                          now or time.time(), self._deadlock_since)
+        self._deadlock_since = decision.deadlock_since
+        if decision.stop is not None:
+            self.reason = decision.reason
+        return decision.stop
 
     # -- words ---------------------------------------------------------------------------------
     def rank_line(self, p: RankProgress, now: float) -> str:

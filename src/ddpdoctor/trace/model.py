@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ddpdoctor.trace.schema import Stop
+
 _INTERNAL_FILE = re.compile(
     r"[/\\](site|dist)-packages[/\\]"
     r"|[/\\]ddpdoctor[/\\](runtime|trace|analysis)[/\\]"
@@ -220,7 +222,7 @@ class Run:
     # from the process that started it, and why it stopped the job (hang, deadlock, stuck).
     exit_codes: dict[int, int] = field(default_factory=dict)
     stopped_for_hang: bool = False
-    stop: str | None = None
+    stop: Stop | None = None
     stop_reason: str = ""
     nnodes: int = 1  # nodes of the job: a rank without a trace may be on another node
 

@@ -271,15 +271,16 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
     return codes
 
 
-def _job_records(folders: set[Path]) -> tuple[str | None, str, int]:
+def _job_records(folders: set[Path]) -> tuple[schema.Stop | None, str, int]:
     """What the launchers wrote (``job.json``): why one stopped the job (hang, deadlock or
     stuck) and the number of nodes of the job."""
-    stop, reason, nnodes = None, "", 1
+    stop: schema.Stop | None = None
+    reason, nnodes = "", 1
     for folder in sorted(folders):
         job = _small_json(folder / schema.JOB_FILE)
         stopped = job.get("stopped")
-        if isinstance(stopped, str) and stop is None:
-            stop, reason = stopped, str(job.get("reason", ""))
+        if stopped in {s.value for s in schema.Stop} and stop is None:
+            stop, reason = schema.Stop(stopped), str(job.get("reason", ""))
         if isinstance(job.get("nnodes"), int) and not isinstance(job.get("nnodes"), bool):
             nnodes = max(nnodes, job["nnodes"])
     return stop, reason, nnodes

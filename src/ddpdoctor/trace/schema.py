@@ -8,6 +8,8 @@ imported inside every training process, so it uses the standard library only.
 
 from __future__ import annotations
 
+from enum import Enum
+
 FORMAT = "ddpdoctor-trace"
 # 2: adds the ``cap`` and ``repeat`` records of a size-capped trace (DDPDOCTOR_MAX_TRACE_MB).
 # 3: collective lines are written before the collective is issued (their ``state`` is always
@@ -81,6 +83,21 @@ CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full d
 
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
 JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
+
+
+class Stop(str, Enum):
+    """Why the launcher stopped a running job: the ``stopped`` of ``job.json``, what the CLI
+    prints and what the analysis reads (``analysis/hang_rules.py`` decides it)."""
+
+    HANG = "hang"  # every live rank waited in a collective for the hang timeout
+    DEADLOCK = "deadlock"  # the pending collectives provably can never match
+    STUCK = "stuck"  # a rank blocked outside collectives (the others waiting for it)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
 LOCK_FILE = ".lock"  # held by the one ddpdoctor run writing into the folder
 EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
 HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence

@@ -1,0 +1,100 @@
+"""The hang rules as a pure function, over every combination of rank states: waiting, busy
+(CPU or I/O), blocked, exited, and ranks of another node known from a fresh or a stale summary.
+Each combination of three ranks is checked against the rules as the README states them."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ddpdoctor.analysis.hang_rules import Pending, RankProgress, decide
+from ddpdoctor.trace.model import Collective
+from ddpdoctor.trace.schema import Stop
+
+T0 = 1000.0
+NOW = T0 + 100
+TIMEOUT = 30.0
+STATES = ("waiting", "busy_cpu", "busy_io", "blocked", "exited", "remote_waiting",
+          "remote_busy", "remote_stale")
+
+
+def _rank(rank: int, state: str) -> RankProgress:
+    """Rank ``rank`` in ``state`` at NOW: every waiting rank waits since T0 in the same
+    all_reduce (#5), which every rank that got there issued; the others stopped at #4."""
+    remote = state.startswith("remote")
+    p = RankProgress(rank, last_progress=T0, remote=remote, world_size=3,
+                     updated=NOW - 10 if state == "remote_stale" else NOW)
+    if state == "exited":
+        p.status = "finished"
+        return p
+    activity = {"t": T0 + 1, "quiet_since": T0, "cpu_rate": 0.0,
+                "frames": [{"file": "train.py", "line": 30 + rank, "function": "f"}]}
+    if state in ("waiting", "remote_waiting", "remote_stale"):
+        c = Collective(rank=rank, id=5, group="0", seq=5, op="all_reduce", label="user",
+                       shapes=[[4]], dtypes=["float32"], numel=4)
+        p.pending = {5: Pending(T0, "all_reduce (user)", c)}
+        p.issued = {"0": 5}
+    else:
+        p.issued = {"0": 4}
+    if state == "busy_cpu" or state == "remote_busy":
+        activity["cpu_rate"] = 0.6
+    elif state == "busy_io":
+        activity["io_rate"] = 8_000_000  # a download: the launcher never sets still_since
+    elif state == "blocked":
+        p.still_since = T0
+    p.activity = activity
+    rate = activity["cpu_rate"]
+    p.cpu_rate = float(rate) if isinstance(rate, float) else None
+    return p
+
+
+def _expected(states: tuple[str, ...], stuck_timeout: float | None) -> Stop | None:
+    live = [s for s in states if s != "exited"]
+    local = [s for s in live if not s.startswith("remote")]
+    known = bool(local) and "remote_stale" not in live
+    waiting = [s for s in live if s in ("waiting", "remote_waiting", "remote_stale")]
+    blocked = [s for s in live if s == "blocked"]
+    if known and live and len(waiting) == len(live):
+        return Stop.HANG
+    if known and blocked and waiting and len(blocked) + len(waiting) == len(live):
+        return Stop.STUCK  # the blocked rank everyone else waits for, at the hang timeout
+    if stuck_timeout is not None and blocked:
+        return Stop.STUCK  # blocked past --stuck-timeout, whoever waits
+    return None
+
+
+CASES = [c for c in itertools.product(STATES, repeat=3)
+         if c.count("exited") < 3]
+
+
+@pytest.mark.parametrize("stuck_timeout", [None, 60.0], ids=["no-stuck", "stuck-60"])
+def test_every_combination_of_three_rank_states(stuck_timeout: float | None) -> None:
+    wrong = []
+    for states in CASES:
+        ranks = {r: _rank(r, s) for r, s in enumerate(states)}
+        got = decide(ranks, {}, TIMEOUT, stuck_timeout, NOW).stop
+        if got != _expected(states, stuck_timeout):
+            wrong.append((states, got, _expected(states, stuck_timeout)))
+    assert not wrong, wrong[:10]
+
+
+def test_a_busy_rank_never_lets_a_hang_or_a_blocker_be_called() -> None:
+    for states in CASES:
+        if any(s in ("busy_cpu", "busy_io", "remote_busy") for s in states) and \
+                "blocked" not in states:
+            ranks = {r: _rank(r, s) for r, s in enumerate(states)}
+            assert decide(ranks, {}, TIMEOUT, 60.0, NOW).stop is None, states
+
+
+def test_the_blocker_is_named_in_the_reason() -> None:
+    ranks = {0: _rank(0, "blocked"), 1: _rank(1, "waiting"), 2: _rank(2, "remote_waiting")}
+    decision = decide(ranks, {}, TIMEOUT, None, NOW)
+    assert decision.stop == Stop.STUCK
+    assert decision.reason.startswith("rank 0 stayed in f() at train.py:30 without using CPU")
+
+
+def test_before_the_timeout_nothing_is_stopped() -> None:
+    for states in CASES:
+        ranks = {r: _rank(r, s) for r, s in enumerate(states)}
+        assert decide(ranks, {}, TIMEOUT, 600.0, T0 + TIMEOUT - 1).stop is None, states
