@@ -205,3 +205,25 @@ def test_a_rank_blocked_on_a_queue_whose_producer_died_is_stopped_at_the_hang_ti
     assert _lines(root)[0] == ("dead_prefetch.py", marker_line(path, "blocked"))
     evidence = " ".join(root["evidence"])
     assert 'thread "prefetch" died: ValueError: corrupt record 3' in evidence, evidence
+
+
+BLOCKERS = [
+    pytest.param("lock", "blocked_lock", 'thread "cache-refresh" died: RuntimeError: cache '
+                 "refresh failed", id="lock-never-released"),
+    pytest.param("worker", "blocked_worker", 'worker process "tokenizer"', id="worker-died"),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("on, marker, quoted", BLOCKERS)
+def test_a_rank_blocked_on_what_never_comes_is_named_with_its_evidence(
+        tmp_path: Path, on: str, marker: str, quoted: str) -> None:
+    path = SCRIPTS / "blocked_rank.py"
+    job = run_job(tmp_path, path, "--on", on, hang_timeout=5)
+    assert job.returncode == 3, job.stderr[-3000:]
+    root = _root(job)
+    assert root["kind"] == "rank_stuck" and root["cause"] == "rank_stuck_in_user_code", root
+    assert _lines(root)[0] == ("blocked_rank.py", marker_line(path, marker))
+    assert _lines(root)[1] == ("blocked_rank.py", marker_line(path, "backward"))
+    evidence = " ".join(root["evidence"])
+    assert quoted in evidence, evidence

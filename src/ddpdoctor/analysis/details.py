@@ -93,6 +93,22 @@ def thread_error_texts(state: RankState) -> list[str]:
     return out
 
 
+def ended_children_texts(state: RankState) -> list[str]:
+    """'rank 0's worker process "tokenizer" (pid 812) exited with code 3 (from the hang record).'"""
+    hang = (state.trace.hang if state.trace is not None else None) or {}
+    children = hang.get("children")
+    out: list[str] = []
+    for child in (children if isinstance(children, list) else [])[:4]:
+        if not isinstance(child, dict):
+            continue
+        code = child.get("exitcode")
+        how = (f"was killed by signal {-code}" if isinstance(code, int) and code < 0 else
+               f"exited with code {code}")
+        out.append(f"rank {state.rank}'s worker process \"{str(child.get('name', '?'))[:80]}\" "
+                   f"(pid {child.get('pid', '?')}) {how}")
+    return out
+
+
 def max_steps_text(steps: int) -> str:
     """'was stopped by --max-steps 2 at the start of iteration 3'."""
     return f"was stopped by --max-steps {steps} at the start of iteration {steps + 1}"

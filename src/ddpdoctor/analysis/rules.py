@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import source
 from ddpdoctor.analysis.align import Alignment
-from ddpdoctor.analysis.details import blocked_text, thread_error_texts
+from ddpdoctor.analysis.details import blocked_text, ended_children_texts, thread_error_texts
 from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
@@ -220,6 +220,7 @@ def _blocked_outside_collectives(f: Finding, ctx: RuleContext) -> list[str] | No
     for r in absent:
         evidence.append(f"rank {r} {blocked_text(ctx.states[r])}")
         evidence.extend(thread_error_texts(ctx.states[r]))
+        evidence.extend(ended_children_texts(ctx.states[r]))
     return evidence
 
 
@@ -228,7 +229,7 @@ def _stuck_in_user_code(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind != fk.RANK_STUCK:
         return None
     return [text for r in f.ranks if r in ctx.states
-            for text in thread_error_texts(ctx.states[r])]
+            for text in thread_error_texts(ctx.states[r]) + ended_children_texts(ctx.states[r])]
 
 
 def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:

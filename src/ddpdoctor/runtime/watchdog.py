@@ -65,6 +65,21 @@ def io_bytes() -> int | None:
         return None
 
 
+def ended_children() -> list[dict]:
+    """The worker processes this rank started with ``multiprocessing`` that have ended with a
+    non-zero exit code (a rank may be blocked waiting for what one of them never sent)."""
+    process = sys.modules.get("multiprocessing.process")
+    out = []
+    for child in list(getattr(process, "_children", None) or ())[:64]:
+        try:
+            code = child.exitcode  # polls (WNOHANG); the main thread's join sees it as well
+        except Exception:
+            continue
+        if code:
+            out.append({"name": str(child.name)[:200], "pid": child.pid, "exitcode": code})
+    return out
+
+
 def main_thread_cpu() -> float | None:
     """CPU seconds the main thread has used (Linux); None where the clock is unavailable."""
     try:
@@ -196,7 +211,7 @@ class Watchdog:
         pending = [{"id": r.id, "group": r.group, "seq": r.seq, "op": r.op, "label": r.label}
                    for r in (writer.pending() if writer else [])]
         self._recorder.emit({"kind": schema.HANG, "t": time.time(), "pending": pending,
-                             "threads": thread_stacks()})
+                             "threads": thread_stacks(), "children": ended_children()})
         self._recorder.flush()
         if self._recorder.flight_recorder:
             self._dump_flight_recorder()
