@@ -376,3 +376,15 @@ def test_a_rank_sigtermed_before_its_peer_lost_the_connection_is_still_the_crash
     root = diagnose(_teardown_run(scenarios.CONN_CLOSED)).root
     assert root.kind == "rank_crashed" and 0 in root.ranks and not root.follow_on
     assert "SIGTERM" in root.summary
+
+
+def test_a_timeout_outside_any_collective_stays_the_root_beside_a_torn_down_rank() -> None:
+    """Rank 0 times out connecting to rank 1 (gloo's mesh, after a torchrun restart) and
+    torchrun SIGTERMs rank 1, which never got that far: rank 0's failure is the root, and
+    not every finding is a follow-on."""
+    bs = ranks(2)
+    bs[0].raise_("RuntimeError", "Gloo connectFullMesh failed with timed out connecting",
+                 line=10, internal=True)
+    report = diagnose(make_run(*bs, exit_codes={0: 1, 1: -15}))
+    root = report.root
+    assert root.kind == "rank_crashed" and not root.follow_on and 0 in root.ranks, root

@@ -21,6 +21,7 @@ from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
+from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Collective, Run
 from ddpdoctor.trace.schema import Stop
 
@@ -37,12 +38,29 @@ def _primary_crashes(states: dict[int, RankState]) -> set[int]:
         not_term = {r for r in killed if states[r].exit_code not in (-15, None)}
         return not_term or killed
     # Only transport errors, and nothing here that caused them: they are what is known
-    # (NCCL refusing a communicator fails every rank with DistBackendError). A timeout next to
-    # a rank the launcher tore down is no cause either: the rank everyone waited for is (a
-    # missing collective, or an incomplete record), and no crash finding is root.
-    if any(s.torn_down for s in states.values()):
+    # (NCCL refusing a communicator fails every rank with DistBackendError). A timeout in a
+    # collective that a rank the launcher tore down never issued is no cause either: that
+    # rank, which everyone waited for, is (the missing collective names it).
+    if _waited_for_torn_down(states):
         return set()
     return {r for r, s in states.items() if s.status == rs.EXCEPTION}
+
+
+def _waited_for_torn_down(states: dict[int, RankState]) -> bool:
+    """Whether a rank that failed in a collective failed waiting for a rank the launcher
+    tore down, which never issued that collective."""
+    torn = [s for s in states.values() if s.torn_down]
+    for s in states.values():
+        w = s.waiting
+        if s.status != rs.EXCEPTION or w is None or w.seq is None:
+            continue
+        for t in torn:
+            if t.trace is None:
+                continue
+            positions = index_of(t.trace.collectives).by_group().get(w.group)
+            if len(positions.codes if positions is not None else ()) < w.seq:
+                return True
+    return False
 
 
 def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:

@@ -25,7 +25,7 @@ from typing import BinaryIO
 from ddpdoctor.trace import flight_recorder, padding, parallel, schema
 from ddpdoctor.trace.compact import NotCompact, read_compact
 from ddpdoctor.trace.identical import Shared, read_shared
-from ddpdoctor.trace.model import RankTrace, Run
+from ddpdoctor.trace.model import RankTrace, Run, is_internal_file
 from ddpdoctor.trace.rank_text import rank_list
 from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
 
@@ -291,6 +291,7 @@ def _read_ranks(files: list[Path], notes: list[str],
     """Every rank's latest trace among ``files``, by round then rank, read in worker
     processes when it pays."""
     rounds: dict[int, dict[int, RankTrace]] = {}
+    earlier: dict[int, list[RankTrace]] = {}  # torchrun attempt -> its ranks' traces
     traces = parallel.in_batches(_read_batch, files, parallel.workers_for(files))
     for done, (path, trace) in enumerate(zip(files, traces), start=1):
         if on_file is not None:
@@ -301,11 +302,35 @@ def _read_ranks(files: list[Path], notes: list[str],
             if other.attempt == trace.attempt:
                 raise TraceError(f"two traces for rank {trace.rank}: {other.path} and {path}")
             # torchrun restarts write rank-N.attempt-K.jsonl: the latest attempt wins.
-            notes.append(f"rank {trace.rank}: earlier torchrun attempt ignored")
-            if other.attempt > trace.attempt:
-                continue
+            old, trace = (trace, other) if other.attempt > trace.attempt else (other, trace)
+            earlier.setdefault(old.attempt, []).append(old)
         ranks[trace.rank] = trace
+    latest = max((t.attempt for ranks in rounds.values() for t in ranks.values()), default=0)
+    for attempt, olds in sorted(earlier.items()):
+        endings = "; ".join(f"rank {t.rank} {_ending_text(t)}"
+                            for t in sorted(olds, key=lambda t: t.rank)[:8])
+        more = f" (and {len(olds) - 8} more ranks)" if len(olds) > 8 else ""
+        notes.append(f"torchrun restarted the job: this report is attempt {latest}'s; in "
+                     f"attempt {attempt}, {endings}{more}")
     return dict(sorted(rounds.items()))
+
+
+def _ending_text(trace: RankTrace) -> str:
+    """How an earlier attempt's rank ended, in a few words ('raised ValueError: boom at
+    train.py:12')."""
+    exc = trace.exception
+    if isinstance(exc, dict):
+        frames = [f for f in exc.get("frames") or [] if isinstance(f, dict)]
+        user = [f for f in frames if not is_internal_file(str(f.get("file", "")))]
+        last = (user or frames)[-1] if (user or frames) else None
+        at = (f" at {Path(str(last.get('file', '?'))).name}:{last.get('line', '?')}"
+              if last else "")
+        message = str(exc.get("message", "")).strip().splitlines()
+        return (f"raised {str(exc.get('type', 'Exception'))[:80]}: "
+                f"{(message[0] if message else '')[:120]}{at}")
+    if isinstance(trace.exit, dict):
+        return f"ended: {str(trace.exit.get('status', '?'))[:40]}"
+    return "ended without an exit record (stopped by torchrun)"
 
 
 def load_run(paths: Iterable[str | os.PathLike],
