@@ -203,6 +203,7 @@ def test_a_rank_blocked_on_a_queue_whose_producer_died_is_stopped_at_the_hang_ti
     root = _root(job)
     assert root["kind"] == "rank_stuck" and root["cause"] == "rank_stuck_in_user_code", root
     assert _lines(root)[0] == ("dead_prefetch.py", marker_line(path, "blocked"))
+    assert "(blocked in queue.get())" in root["summary"], root["summary"]
     evidence = " ".join(root["evidence"])
     assert 'thread "prefetch" died: ValueError: corrupt record 3' in evidence, evidence
 

@@ -205,12 +205,11 @@ def test_a_blocked_rank_everyone_waits_for_is_stopped_at_the_hang_timeout(
         tmp_path: Path) -> None:
     """No CPU, no I/O, the same place (a queue whose producer died): at --hang-timeout, not
     at --stuck-timeout, since every other rank waits for it."""
-    job, _r0, _r1 = _blocked_rank_job(tmp_path, cpu_rate=0.0, io_rate=10)
+    job, _r0, _r1 = _blocked_rank_job(tmp_path, cpu_rate=0.0, io_rate=10, call="queue.get()")
     assert job.verdict(30, 600, T0 + 20) is None
-    assert "blocked" in job.rank_line(job.ranks[0], T0 + 20)
-    assert "get() at t.py:88" in job.rank_line(job.ranks[0], T0 + 20)
+    assert job.rank_line(job.ranks[0], T0 + 20) == "blocked 19s in queue.get() in get() at t.py:88"
     assert job.verdict(30, 600, T0 + 33) == STUCK
-    assert "rank 0 stayed in get() at t.py:88" in job.reason
+    assert "rank 0 stayed in queue.get() in get() at t.py:88" in job.reason
 
 
 def test_a_rank_that_computes_or_reads_is_never_the_blocker(tmp_path: Path) -> None:

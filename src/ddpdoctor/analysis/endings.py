@@ -22,7 +22,7 @@ from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
 from ddpdoctor.trace.index import index_of
-from ddpdoctor.trace.model import Collective, Run
+from ddpdoctor.trace.model import Collective, Run, call_name, is_internal_file
 from ddpdoctor.trace.schema import Stop
 
 
@@ -209,7 +209,8 @@ def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
         return []
     first = states[stuck[0]]
     site = first.hang_stack[0] if first.hang_stack else None
-    at = f" at {site_text(site)}" if site else ""
+    call = blocking_call(first.trace.hang if first.trace is not None else None)
+    at = (f" at {site_text(site)}" if site else "") + (f" (blocked in {call})" if call else "")
     others = _others_text(stuck, states)
     summary = (f"{rank_list(stuck).capitalize()} stayed{at}, outside any collective and without "
                f"using CPU, until ddpdoctor stopped the job ({run.stop_reason})"
@@ -225,6 +226,21 @@ def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
             details[r] = left_detail(s)
     return [Finding(fk.RANK_STUCK, ERROR, None, None, summary, details,
                     t=0.0)]
+
+
+def blocking_call(hang: dict | None) -> str | None:
+    """The library call the main thread's innermost user frame was in at the hang
+    ('queue.get()'), from the hang record's stack; None when it was in the user's own code."""
+    for thread in (hang or {}).get("threads") or []:
+        if not isinstance(thread, dict) or not thread.get("main"):
+            continue
+        frames = [f for f in thread.get("frames") or [] if isinstance(f, dict)]
+        for outer, inner in zip(frames[-2::-1], frames[::-1]):
+            if not is_internal_file(str(outer.get("file", ""))):
+                if not is_internal_file(str(inner.get("file", ""))):
+                    return None
+                return call_name(str(inner.get("file", "")), str(inner.get("function", "?")))
+    return None
 
 
 def init_findings(states: dict[int, RankState]) -> list[Finding]:

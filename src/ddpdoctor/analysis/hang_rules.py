@@ -96,8 +96,11 @@ class RankProgress:
         return self.waiting and self.fresh_activity() is not None and self.cpu_rate is not None
 
     def place(self) -> str:
-        """Where the main thread is, from the last activity record: 'save() at train.py:88'."""
-        return frame_text(self.fresh_activity())
+        """Where the main thread is, from the last activity record: 'save() at train.py:88',
+        or 'queue.get() in load() at train.py:26' when it is inside a library call."""
+        act = self.fresh_activity()
+        where, call = frame_text(act), (act or {}).get("call")
+        return f"{str(call)[:80]} in {where}" if call and where else where
 
 
 def frame_text(activity: dict | None) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from ddpdoctor.runtime import peers, source_capture, user_code
 from ddpdoctor.trace import handshake, schema
+from ddpdoctor.trace.model import call_name
 
 POLL_SECONDS = 0.1
 QUIET_SECONDS = 0.3  # no collective issued for this long: the rank may be outside collectives
@@ -169,6 +170,9 @@ class Watchdog:
                   "in_collective": in_collective(frame)}
         if io0 is not None and io1 is not None and t1 > t0:
             record["io_rate"] = round((io1 - io0) / (t1 - t0))  # bytes/s, files and sockets
+        call = self.library_call(frame)
+        if call:
+            record["call"] = call
         if self._recorder.flight_recorder:
             # A group ddpdoctor does not record: a stack inside torch.distributed with nothing
             # pending may be a wait in it. Otherwise such a stack is a hole in the record.
@@ -189,6 +193,20 @@ class Watchdog:
         if self._peers.reader:
             self._recorder.emit({"kind": schema.PEERS, "t": round(now, 3),
                                  "ranks": self._peers.others()})
+
+    @staticmethod
+    def library_call(frame: Any) -> str | None:
+        """The library function the main thread's user code is inside ('queue.get()'), or None
+        when its innermost frame is the user's own."""
+        callee = None
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not user_code.is_library(name) and not name.startswith("<"):
+                return call_name(callee.f_code.co_filename, callee.f_code.co_name) \
+                    if callee is not None else None
+            callee = frame
+            frame = frame.f_back
+        return None
 
     def user_frames(self, frame: Any) -> list[dict]:
         """The innermost :data:`USER_FRAMES` frames of user code, innermost first (the

@@ -21,6 +21,19 @@ _INTERNAL_FILE = re.compile(
     r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
 
 
+_MODULE_PATH = re.compile(r"(?:[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python3[.\d]*[/\\])"
+                          r"(.+?)(?:[/\\]__init__)?\.py$")
+
+
+def call_name(path: str, function: str) -> str:
+    """'queue.get()', 'multiprocessing.queues.get()': a library call by its module's dotted
+    name (the file's name where the module cannot be told)."""
+    found = _MODULE_PATH.search(path)
+    module = found.group(1).replace("\\", "/").replace("/", ".") if found else \
+        path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    return f"{module}.{function}()"
+
+
 def numel(shapes: Sequence[Sequence[int]]) -> int:
     """Elements in all the tensors of these shapes."""
     return sum(math.prod(shape) for shape in shapes)
