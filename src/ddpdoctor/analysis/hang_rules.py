@@ -38,6 +38,9 @@ REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says noth
 BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
 STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle
 STILL_IO = 16 * 1024  # bytes/s of reads and writes below which it is idle (a download is not)
+# CPU share of the rank's whole process tree (its threads, ddpdoctor's included, and child
+# processes) below which it is idle: ddpdoctor's own threads use well under 1 %.
+STILL_TREE_CPU = 0.05
 RUNNING = "running"
 
 

@@ -22,6 +22,7 @@ from ddpdoctor.analysis.hang_rules import (
     RUNNING,
     STILL_CPU,
     STILL_IO,
+    STILL_TREE_CPU,
     Pending,
     RankProgress,
     decide,
@@ -236,9 +237,10 @@ class JobProgress:
         frames = rec.get("frames")
         same_place = previous is not None and previous.get("frames") == frames and \
             previous.get("t", 0) >= prog.last_issue
-        io = rec.get("io_rate")
+        io, tree = rec.get("io_rate"), rec.get("tree_cpu_rate")
         idle = prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU and \
-            not (isinstance(io, (int, float)) and io >= STILL_IO)
+            not (isinstance(io, (int, float)) and io >= STILL_IO) and \
+            not (isinstance(tree, (int, float)) and tree >= STILL_TREE_CPU)
         if not (same_place and idle and isinstance(cpu, (int, float))):
             prog.still_since = t if idle else None
         elif prog.still_since is None:

@@ -87,10 +87,12 @@ def _on_dynamo_imported() -> None:
 
 
 def _is_torchrun_worker() -> bool:
-    """The process torchrun started as a rank: not a process that rank forked (its
-    environment is the rank's) or started with multiprocessing (which boots again)."""
+    """The process torchrun started as a rank: a child of torchrun's agent (the job's top
+    process); not a process that rank forked (its environment is the rank's), started with
+    multiprocessing (which boots again) or ran as a subprocess (a tokenizer server, a
+    download tool: its parent is the rank)."""
     if "RANK" not in os.environ or "TORCHELASTIC_RUN_ID" not in os.environ or \
-            os.getpid() != _boot_pid:
+            os.getpid() != _boot_pid or os.environ.get(env.TOP_PID) != str(os.getppid()):
         return False
     import multiprocessing  # only here: every process of the job pays for boot's imports
 

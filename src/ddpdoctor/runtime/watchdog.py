@@ -55,15 +55,52 @@ def thread_stacks() -> list[dict]:
     return out
 
 
-def io_bytes() -> int | None:
-    """Bytes this process has read and written so far, files and sockets alike (``rchar`` +
-    ``wchar`` of ``/proc/self/io``, Linux); None where that is not available."""
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+MAX_TREE = 64  # processes of a rank's tree that are looked at (DataLoader workers, helpers)
+
+
+def _io_of(pid: str) -> int:
+    with open(f"/proc/{pid}/io", "rb") as fh:
+        fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
+    return int(fields[b"rchar"]) + int(fields[b"wchar"])
+
+
+def _cpu_of(pid: str) -> float:
+    with open(f"/proc/{pid}/stat", "rb") as fh:
+        fields = fh.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+
+
+def _children(pid: str) -> list[str]:
+    out: list[str] = []
     try:
-        with open("/proc/self/io", "rb") as fh:
-            fields = dict(line.split(b":", 1) for line in fh.read().splitlines() if b":" in line)
-        return int(fields[b"rchar"]) + int(fields[b"wchar"])
-    except (OSError, KeyError, ValueError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                out.extend(fh.read().decode().split())
+    except OSError:
+        pass
+    return out
+
+
+def tree_usage() -> tuple[float, int] | None:
+    """CPU seconds and bytes read and written (files and sockets: ``rchar`` + ``wchar``) of
+    this process and the processes below it (a download in a subprocess, DataLoader workers),
+    Linux; None where ``/proc`` does not tell. Every thread counts, ddpdoctor's own too."""
+    try:
+        cpu, io = _cpu_of("self"), _io_of("self")
+    except (OSError, KeyError, ValueError, IndexError):
         return None
+    todo, seen = _children(str(os.getpid())), 0
+    while todo and seen < MAX_TREE:
+        pid = todo.pop()
+        seen += 1
+        try:
+            cpu += _cpu_of(pid)
+            io += _io_of(pid)
+        except (OSError, KeyError, ValueError, IndexError):
+            continue  # it ended meanwhile, or is not ours to read
+        todo.extend(_children(pid))
+    return cpu, io
 
 
 def ended_children() -> list[dict]:
@@ -113,8 +150,8 @@ class Watchdog:
         self._logdir = logdir
         self._rank = rank
         self._next_activity = 0.0
-        # (time, main-thread CPU, process I/O bytes): the last second
-        self._cpu: deque[tuple[float, float, int | None]] = deque(maxlen=11)
+        # (time, main-thread CPU, (CPU, I/O bytes) of the process tree): the last second
+        self._cpu: deque[tuple[float, float, tuple[float, int] | None]] = deque(maxlen=11)
         self._last_activity: dict | None = None
         self._peers: peers.Peers | None = None
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-watchdog", daemon=True)
@@ -154,22 +191,25 @@ class Watchdog:
             return
         cpu = main_thread_cpu()
         if cpu is not None:
-            self._cpu.append((now, cpu, io_bytes()))
+            self._cpu.append((now, cpu, tree_usage()))
         if now < self._next_activity or len(self._cpu) < 2:
             return
         self._next_activity = now + ACTIVITY_SECONDS
         writer = self._recorder.writer
         if writer is None or writer.failed:
             return
-        (t0, c0, io0), (t1, c1, io1) = self._cpu[0], self._cpu[-1]
+        (t0, c0, tree0), (t1, c1, tree1) = self._cpu[0], self._cpu[-1]
         frame = sys._current_frames().get(threading.main_thread().ident or 0)
         record = {"kind": schema.ACTIVITY, "t": round(now, 3),
                   "quiet_since": round(quiet_since, 3), "cpu": cpu,
                   "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
                   "pending": len(writer.pending()), "frames": self.user_frames(frame),
                   "in_collective": in_collective(frame)}
-        if io0 is not None and io1 is not None and t1 > t0:
-            record["io_rate"] = round((io1 - io0) / (t1 - t0))  # bytes/s, files and sockets
+        if tree0 is not None and tree1 is not None and t1 > t0:
+            # The whole process tree: a rank whose main thread waits while a thread or a
+            # child process downloads is busy, not blocked.
+            record["tree_cpu_rate"] = round((tree1[0] - tree0[0]) / (t1 - t0), 3)
+            record["io_rate"] = round((tree1[1] - tree0[1]) / (t1 - t0))  # bytes/s
         call = self.library_call(frame)
         if call:
             record["call"] = call

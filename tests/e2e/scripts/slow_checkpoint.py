@@ -1,9 +1,12 @@
 """A healthy job whose rank 0 saves a checkpoint for ``--seconds`` outside any collective while
 rank 1 waits in ``dist.barrier()``: busy, not hung. The save writes slowly (a slow file system:
-I/O, next to no CPU), or with ``--compute`` spins the CPU (a big state dict)."""
+I/O, next to no CPU), or with ``--compute`` spins the CPU (a big state dict), or with
+``--subprocess`` waits for a child process that does the writing (a download tool)."""
 
 import argparse
 import os
+import subprocess
+import sys
 import time
 
 import torch
@@ -13,11 +16,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, required=True)
-parser.add_argument("--compute", action="store_true", help="spin the CPU instead of sleeping")
+parser.add_argument("--compute", action="store_true", help="spin the CPU instead of writing")
+parser.add_argument("--subprocess", action="store_true", help="a child process writes")
 args = parser.parse_args()
 
 
+_WRITER = """import os, sys, time
+deadline, fd = time.monotonic() + float(sys.argv[1]), os.open(os.devnull, os.O_WRONLY)
+while time.monotonic() < deadline:
+    os.write(fd, bytes(1 << 20))
+    time.sleep(0.05)
+"""
+
+
 def save_checkpoint(model: nn.Module) -> None:
+    if args.subprocess:  # the rank itself only waits: its child does the I/O
+        subprocess.run([sys.executable, "-c", _WRITER, str(args.seconds)], check=True)
+        return
     deadline = time.monotonic() + args.seconds
     chunk = bytes(1 << 20)
     fd = os.open(os.devnull, os.O_WRONLY)

@@ -2,11 +2,12 @@
 
 ``--mode healthy``: a few DDP steps. ``--mode mismatch``: then rank 0 (node 0) enters a
 barrier while every other rank runs another training step. ``--mode busy``: then the last rank
-(on node 1) saves a checkpoint for ``--seconds`` while the others wait in a barrier (busy, not
-hung).
+(on node 1) saves a checkpoint for ``--seconds``, writing slowly, while the others wait in a
+barrier (busy, not hung).
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -31,6 +32,10 @@ if args.mode == "mismatch":
         model(torch.randn(4, 16)).sum().backward()  # ddpdoctor: extra_step
 elif args.mode == "busy":
     if rank == dist.get_world_size() - 1:
-        time.sleep(args.seconds)  # ddpdoctor: checkpoint
+        deadline, fd = time.monotonic() + args.seconds, os.open(os.devnull, os.O_WRONLY)
+        while time.monotonic() < deadline:
+            os.write(fd, bytes(1 << 20))  # ddpdoctor: checkpoint
+            time.sleep(0.05)
+        os.close(fd)
     dist.barrier()
 dist.destroy_process_group()
