@@ -15,7 +15,7 @@ import torch
 from ddpdoctor.launch.command import free_port
 from ddpdoctor.trace.reader import read_rank
 
-from .jobs import EXAMPLES, REPO, SCRIPTS, BackgroundJob, ddpdoctor, run_job
+from .jobs import EXAMPLES, REPO, SCRIPTS, BackgroundJob, ddpdoctor, marker_line, run_job
 
 
 def _signature(c):
@@ -209,3 +209,22 @@ def test_a_group_started_by_init_device_mesh_is_recorded(tmp_path: Path) -> None
         assert len(forward) == 3
         assert {(c.site.file_name, c.site.line) for c in forward if c.site} == \
             {("device_mesh_tp.py", 15)}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("diverge", [False, True], ids=["healthy", "rank-local-save"])
+def test_a_monitored_barrier_is_recorded(tmp_path: Path, diverge: bool) -> None:
+    """``dist.monitored_barrier`` reaches the backend from the C++ base group unless the
+    recording group takes it: recorded, a rank alone in one is found at once."""
+    path = SCRIPTS / "monitored_barrier.py"
+    job = run_job(tmp_path, path, *(("--diverge",) if diverge else ()), hang_timeout=20)
+    ops = {c.op for t in job.run().ranks.values() for c in t.collectives}
+    assert "monitored_barrier" in ops, ops
+    if not diverge:
+        assert job.returncode == 0 and job.report["verdict"] == "clean", job.stderr[-3000:]
+        return
+    assert job.returncode == 3, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["kind"] == "op_mismatch" and root["cause"] == "rank_conditional_collective"
+    lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items()}
+    assert lines == {0: marker_line(path, "monitored"), 1: marker_line(path, "backward")}

@@ -11,10 +11,11 @@ shadows, ops whose per-rank sizes may differ).
 from __future__ import annotations
 
 from ddpdoctor.analysis.terms import is_reducing
+from ddpdoctor.trace import ops
 from ddpdoctor.trace.model import Collective, Site
 
 # Ops whose input sizes legitimately differ per rank (uneven splits): compare dtypes only.
-FREE_SHAPE_OPS = frozenset({"all_to_all", "all_to_all_single", "recv_anysource"})
+FREE_SHAPE_OPS = ops.UNEVEN
 
 # Label pairs that legitimately meet at one position: a joined rank's shadow of the others'
 # DDP collectives (torch.distributed.algorithms.join and DDP's _DDPJoinHook).

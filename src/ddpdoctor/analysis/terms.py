@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from ddpdoctor.trace import ops
 from ddpdoctor.trace.model import Collective, Site
 from ddpdoctor.trace.rank_text import rank_list, rank_numbers  # noqa: F401  (the analysis' words)
 
@@ -33,9 +34,7 @@ _LABELS: dict[str, str] = {
     "join.find_common_rank": "the join authoritative-rank all-reduce",
 }
 
-REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter", "all_reduce_coalesced",
-                          "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"})
-_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+REDUCING_OPS = ops.REDUCING
 
 
 def iteration_text(iteration: int | None) -> str:
@@ -54,7 +53,7 @@ def is_reducing(op: str) -> bool:
 
 def is_rooted(op: str) -> bool:
     """Whether ``op`` has a root (src/dst) rank."""
-    return op in _ROOTED
+    return op in ops.ROOTED
 
 
 def describe(c: Collective) -> str:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ddpdoctor.runtime import writer
 from ddpdoctor.runtime.recorder import Recorder
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import ops, schema
 
 _getframe = sys._getframe
 _failure_check_chosen = False  # the first group chooses how the writer asks a Work
@@ -213,6 +213,9 @@ class _Issuer:
         return work
 
 
+_MONITORED = " monitored_barrier"  # the key of a monitored barrier's call (no backend method)
+
+
 class RecordingProcessGroup(dist.ProcessGroup):
     """Records every operation of one group and forwards it to the wrapped backend."""
 
@@ -271,27 +274,20 @@ class RecordingProcessGroup(dist.ProcessGroup):
         return self._issue("barrier", "barrier", () if opts is None else (opts,), None, None,
                            None, None, False)
 
-    # The rest follow one pattern (_forwarded); the stubs type each backend method precisely,
-    # and every method here forwards *args as is.
-    allreduce_coalesced = _forwarded("all_reduce_coalesced", "allreduce_coalesced", 0, 1,
-                                     reduce=True)
-    allgather = _forwarded("all_gather", "allgather", 1)
-    allgather_coalesced = _forwarded("all_gather_coalesced", "allgather_coalesced", 1)
-    all_gather_single = _allgather_base = _forwarded(
-        "all_gather_into_tensor", "_allgather_base", 1)
-    all_gather_single_coalesced = allgather_into_tensor_coalesced = _forwarded(
-        "all_gather_into_tensor_coalesced", "allgather_into_tensor_coalesced", 1)
-    reduce = _forwarded("reduce", "reduce", 0, 1, reduce=True, root=True)
-    reduce_scatter = _forwarded("reduce_scatter", "reduce_scatter", 1, 2, reduce=True)
-    reduce_scatter_single = _reduce_scatter_base = _forwarded(
-        "reduce_scatter_tensor", "_reduce_scatter_base", 1, 2, reduce=True)
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced = _forwarded(
-        "reduce_scatter_tensor_coalesced", "reduce_scatter_tensor_coalesced", 1, 2, reduce=True)
-    alltoall = _forwarded("all_to_all", "alltoall", 1)
-    all_to_all_single = alltoall_base = _forwarded(
-        "all_to_all_single", "alltoall_base", 1)
-    gather = _forwarded("gather", "gather", 1, 2, root=True)
-    scatter = _forwarded("scatter", "scatter", 0, 2, root=True)
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """``dist.monitored_barrier`` calls this on the group from Python (the C++ base would
+        reach the backend without passing here). Synchronous: done when it returns."""
+        inner = self._inner
+
+        def run() -> str:
+            if timeout is None:
+                inner.monitored_barrier(wait_all_ranks=wait_all_ranks)
+            else:
+                inner.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+            return schema.COMPLETED  # the writer's state for a call that has no Work
+
+        self._issuer.calls[_MONITORED] = run
+        self._issue("monitored_barrier", _MONITORED, (), None, None, None, None, False)
 
     # -- point to point ---------------------------------------------------------------------
     def send(self, *args: Any) -> Any:
@@ -310,4 +306,14 @@ class RecordingProcessGroup(dist.ProcessGroup):
 
     def _end_coalescing(self, *args: Any) -> Any:
         return self._inner._end_coalescing(*args)
+
+
+# The rest follow one pattern: the table's ops whose tensors and options are arguments by
+# position, forwarded as they come, under every name torch calls them by.
+for _op in ops.OPS:
+    if _op.tensors is not None:
+        _method = _forwarded(_op.name, _op.backend, _op.tensors, _op.opts, reduce=_op.reduces,
+                             root=_op.rooted)
+        for _name in _op.methods:
+            setattr(RecordingProcessGroup, _name, _method)
 

@@ -24,7 +24,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.trace import ddp_sites, schema
+from ddpdoctor.trace import ddp_sites, ops, schema
 from ddpdoctor.trace.model import (
     Collective,
     Group,
@@ -39,12 +39,6 @@ MAX_DUMP_BYTES = 512 * 1024 * 1024
 # A dump's file name ends with its rank: torch's default is /tmp/nccl_trace_rank_<N>.
 _RANK_IN_NAME = re.compile(r"(\d+)(\.(json|pkl|pickle))?$")
 
-# Flight-recorder op names (after "nccl:" / "gloo:") -> ddpdoctor's.
-_OPS = {"allreduce": "all_reduce", "allreduce_coalesced": "all_reduce_coalesced",
-        "allgather": "all_gather", "_allgather_base": "all_gather_into_tensor",
-        "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-        "_reduce_scatter_base": "reduce_scatter_tensor", "alltoall_base": "all_to_all_single",
-        "alltoall": "all_to_all", "recvAnysource": "recv_anysource"}
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
            "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
@@ -139,7 +133,7 @@ def _collective(rank: int, entry: dict, index: int) -> Collective:
         else str(entry.get("pg_id", "0")),
         seq=None if p2p else int(entry.get("collective_seq_id") or 0),
         p2p_seq=int(entry.get("p2p_seq_id") or 0) if p2p else None,
-        op=_OPS.get(name, name), label=ddp_sites.label_from_frames(
+        op=ops.FR_NAMES.get(name, name), label=ddp_sites.label_from_frames(
             [(str(f.get("filename", "")), str(f.get("name", ""))) for f in frames]),
         shapes=sizes, dtypes=[_DTYPES.get(str(d), str(d).lower())
                               for d in entry.get("input_dtypes") or []],

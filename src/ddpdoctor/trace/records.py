@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, TypeGuard
 
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import ops, schema
 from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Site, site_from
 
 STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
@@ -236,7 +236,7 @@ def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Coll
 
 def is_p2p(c: Collective) -> bool:
     """Point-to-point: the recording group gives these a ``p2p_seq`` instead of a ``seq``."""
-    return c.peer is not None or c.op == "recv_anysource"
+    return c.peer is not None or c.op in ops.P2P
 
 
 def repeat_fields(rec: dict) -> tuple[str, int, int, int, int] | None:
