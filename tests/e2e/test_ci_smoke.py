@@ -261,3 +261,18 @@ def test_a_cuda_use_cpu_mode_does_not_map_is_named_as_its_limit(tmp_path: Path) 
     assert (root["kind"], root["cause"]) == ("rank_crashed", "cpu_mode_unmapped"), root
     assert f"cuda_stream.py:{marker_line(script, 'unmapped')}" in job.stderr
     assert all(t.cpu_mode for t in job.run().ranks.values())
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_usage_stop_in_ci_mode_still_writes_the_failed_reports(tmp_path: Path) -> None:
+    """An mp.spawn script run without --launcher python: exit 2, and the JUnit and Markdown
+    files say why instead of being missing."""
+    junit, md = tmp_path / "junit.xml", tmp_path / "summary.md"
+    proc = ddpdoctor("run", "--logdir", str(tmp_path / "logs"), "--junit", str(junit),
+                     "--markdown", str(md), "--hang-timeout", "10",
+                     str(EXAMPLES / "seed001_uneven.py"), "--case", "1", timeout=100)
+    kill_job_processes(tmp_path / "logs")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
+    assert failure is not None and "--launcher python" in failure.get("message", "")
+    assert "--launcher python" in md.read_text()

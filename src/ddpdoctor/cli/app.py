@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -58,7 +58,7 @@ def say(message: str) -> None:
     err.print(f"ddpdoctor: {message}", markup=False, soft_wrap=True)
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> None:
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     say(f"error: {message}")
     raise typer.Exit(code)
 

@@ -8,7 +8,8 @@
 3     ``run`` detected a hang (or a rank stuck in its own code), collected the evidence and
       stopped the job
 4     ``run`` in CI mode (``--cpu``, ``--max-steps``, ``--junit``, ``--markdown`` or ``$CI``
-      set): nothing was tested (no collective was recorded on any rank, or one rank ran)
+      set): the run is not verified: nothing was tested (no collective was recorded on any
+      rank, or one rank ran), or the traces do not reach the end (*incomplete*)
 130   ``run`` was interrupted (SIGINT/SIGTERM); the job was stopped, the logs kept
 ====  =====================================================================================
 """
@@ -17,5 +18,5 @@ EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_HANG = 3
-EXIT_UNTESTED = 4
+EXIT_UNTESTED = 4  # and incomplete, in CI mode
 EXIT_INTERRUPTED = 130

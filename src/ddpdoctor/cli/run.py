@@ -10,12 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds, schedule
-from ddpdoctor.analysis.report import UNTESTED, Report
+from ddpdoctor.analysis.report import INCOMPLETE, UNTESTED, Report
 from ddpdoctor.cli.app import HelpCommand, app, err, fail, say, show, write_timeline
 from ddpdoctor.cli.exits import (
     EXIT_HANG,
@@ -23,6 +23,7 @@ from ddpdoctor.cli.exits import (
     EXIT_OK,
     EXIT_PROBLEM,
     EXIT_UNTESTED,
+    EXIT_USAGE,
 )
 from ddpdoctor.launch.command import CPU_MODE_NPROC, gpu_count_word, lone_rank, make_logdir
 from ddpdoctor.launch.job import JobResult, run_job
@@ -147,10 +148,20 @@ def run_command(
         expect_schedule=str(expect_schedule) if expect_schedule else None,
         reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
         record_nccl=record_nccl)
+    name = " ".join(redact.mask_args([script, *(args or [])]))
+
+    def usage_stop(message: str, logdir: Path | None = None) -> NoReturn:
+        """Bad usage: exit 2, and in CI mode the reports say so too (failed, with why)."""
+        view = ReportView(None, RunInfo(name=name, exit_code=EXIT_USAGE,
+                                        logdir=str(logdir) if logdir else None,
+                                        read_error=f"bad usage: {message}"))
+        _write_ci_reports(view, junit_out, markdown_out)
+        fail(message)
+
     try:
         log_path = prepare_run(opts)
     except UsageError as exc:
-        fail(str(exc))
+        usage_stop(str(exc))
     say(f"recording to {log_path}")
     word = gpu_count_word(opts)
     if word:
@@ -169,19 +180,19 @@ def run_command(
         else:
             outcome = run_and_diagnose(opts, log_path, _status_printer(opts))
     except UsageError as exc:
-        fail(str(exc))
+        usage_stop(str(exc), log_path)
     nested = nested_launch.message(log_path, script)
     if nested:
-        fail(nested)
+        usage_stop(nested, log_path)
     job = outcome.job
     if job.hang:
         what = "rank stuck" if job.stop == schema.Stop.STUCK else "hang detected"
         say(f"{what}: {job.reason}; stacks collected from {len(job.acks)} rank(s), job stopped")
     elif job.interrupted:
         say("interrupted: job stopped, logs kept")
-    info = RunInfo(name=" ".join(redact.mask_args([script, *(args or [])])),
-                   exit_code=outcome.exit_code, seconds=job.duration, logdir=str(log_path),
-                   problems=tuple(outcome.schedule_diff), read_error=outcome.read_error)
+    info = RunInfo(name=name, exit_code=outcome.exit_code, seconds=job.duration,
+                   logdir=str(log_path), problems=tuple(outcome.schedule_diff),
+                   read_error=outcome.read_error)
     result = ReportView(outcome.report, info)
     if json_out:
         _write([(json_out, JsonReporter().render(result), "w")])
@@ -201,11 +212,14 @@ def run_command(
             err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     elif expect_schedule and outcome.report is not None:
         say(f"the collective schedule matches {expect_schedule}")
-    if outcome.report is not None and outcome.report.verdict == "untested":
+    if outcome.report is not None and outcome.report.verdict in (UNTESTED, INCOMPLETE):
         ci = (" (exit 4 in CI mode)" if outcome.exit_code == EXIT_UNTESTED
               else "; in CI mode (--cpu, --max-steps, --junit, $CI) this fails with exit 4")
-        say("warning: NOTHING WAS TESTED - no two ranks' collectives could be compared (the "
-            "notes say why)" + ci)
+        what = ("NOTHING WAS TESTED - no two ranks' collectives could be compared"
+                if outcome.report.verdict == UNTESTED else
+                "NOT VERIFIED TO THE END - the traces do not hold enough to compare the ranks "
+                "to the end")
+        say(f"warning: {what} (the notes say why)" + ci)
     if outcome.teardown_only:
         say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
@@ -322,11 +336,20 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
         report = diagnose(Run(ranks={}, world_size=0, notes=[_no_rank_note(opts, job, logdir)]))
     except TraceError as exc:
         read_error = str(exc)
+    return outcome_of(job, report, read_error, opts.ci_mode, changes)
+
+
+def outcome_of(job: JobResult, report: Report | None, read_error: str | None, ci_mode: bool,
+               changes: list[str] | None = None) -> RunOutcome:
+    """The run's exit code from how the job ended and its diagnosis: the README's table of
+    verdicts and exit codes. In CI mode a report that CI counts as failed
+    (``render.run_info.failed``) never comes with exit 0."""
     outcome = _outcome(job, report, read_error)
-    if outcome.report is not None and outcome.report.verdict == UNTESTED and \
-            outcome.exit_code == EXIT_OK and opts.ci_mode:
+    if outcome.report is not None and outcome.report.verdict in (UNTESTED, INCOMPLETE) and \
+            outcome.exit_code == EXIT_OK and ci_mode:
+        # One verdict everywhere: a CI step whose report fails must fail too.
         outcome.exit_code = EXIT_UNTESTED
-    outcome.schedule_diff = changes
+    outcome.schedule_diff = list(changes or [])
     if changes and outcome.exit_code == EXIT_OK:
         outcome.exit_code = EXIT_PROBLEM
     return outcome
