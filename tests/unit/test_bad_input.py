@@ -155,3 +155,11 @@ def test_aligner_handles_any_sequences(world: int, plan: list, cuts: list[int],
 def test_identical_healthy_ranks_are_clean(world: int, iterations: int) -> None:
     report = diagnose(make_run(*healthy_ddp(world, iterations)))
     assert report.verdict == "clean" and not report.has_errors
+
+
+def test_diff_json_says_an_error_in_json(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["diff", "--json", str(tmp_path / "nothing-here")])
+    assert result.exit_code == 2
+    first = result.stdout.strip().splitlines()[0]
+    assert json.loads(first) == {"error": f"no such file or folder: {tmp_path / 'nothing-here'}",
+                                 "exit_code": 2}

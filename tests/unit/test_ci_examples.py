@@ -36,6 +36,8 @@ def test_github_workflow_runs_the_smoke_test_and_keeps_the_evidence() -> None:
     steps = data["jobs"]["ddp-smoke"]["steps"]
     runs = " ".join(s.get("run", "") for s in steps)
     assert "ddpdoctor run --cpu --max-steps 2" in runs and "--junit ddpdoctor-junit.xml" in runs
+    # ddpdoctor is on no package index: the workflow installs it from its source.
+    assert "pip install ddpdoctor" not in runs and 'pip install "./$DDPDOCTOR_SOURCE"' in runs
     uses = [s.get("uses", "") for s in steps]
     assert any(u.startswith("actions/upload-artifact") for u in uses)
     assert any("junit" in u for u in uses)

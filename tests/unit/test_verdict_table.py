@@ -71,3 +71,17 @@ def test_every_output_tells_the_same_verdict(verdict: str, job: str, ci: bool) -
     assert json.loads(JsonReporter().render(view))["verdict"] == verdict
     assert f"ddpdoctor: {verdict.upper()}" in render(ConsoleReporter(), report)
     assert verdict.upper() in MarkdownReporter().render(view)
+
+
+def test_when_every_rank_failed_the_headline_says_so() -> None:
+    """An import error on every rank is no rank 'left waiting'."""
+    from .factories import ranks
+
+    bs = ranks(2)
+    for b in bs:
+        b.raise_("ModuleNotFoundError", "No module named 'transformers'", line=3)
+    view = ReportView(diagnose(make_run(*bs)))
+    assert view.verdict_word == "CRASHED" and view.verdict_text == "every rank failed"
+    one = ranks(2)
+    one[0].raise_("ValueError", "boom", line=3)
+    assert "left waiting" in ReportView(diagnose(make_run(*one))).verdict_text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from rich.console import Console
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
-from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM
+from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.trace.reader import TraceError, load_rounds, load_run
@@ -29,6 +30,8 @@ def diff(
             runs = load_rounds([str(p) for p in paths], on_file)
         report = diagnose_rounds(runs)
     except TraceError as exc:
+        if json_out:  # a script reading --json gets JSON, errors included
+            sys.stdout.write(json.dumps({"error": str(exc), "exit_code": EXIT_USAGE}) + "\n")
         fail(str(exc))
     if json_out:
         sys.stdout.write(render(JsonReporter(), report))

@@ -115,9 +115,9 @@ def run_command(
     flight_recorder: bool = typer.Option(
         False, "--flight-recorder",
         help="Keep the collectives with PyTorch's flight recorder instead of ddpdoctor's own "
-             "recording (always so for NCCL groups, which ddpdoctor does not record yet); every "
-             "rank dumps it into the log folder on a hang. No labels beyond DDP's call sites, no "
-             "reduce op or root."),
+             "recording (NCCL groups use it unless --record-nccl is given); every rank dumps it "
+             "into the log folder on a hang. No labels beyond DDP's call sites, no reduce op or "
+             "root."),
     record_nccl: bool = typer.Option(
         False, "--record-nccl",
         help="Record NCCL groups with ddpdoctor's own process-group wrapper (as gloo groups "

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding, FindingKind, RankDetail
 from ddpdoctor.analysis.ranks import FINISHED
 from ddpdoctor.analysis.report import RankSummary, Report
-from ddpdoctor.analysis.terms import rank_numbers
+from ddpdoctor.analysis.terms import rank_list, rank_numbers
 from ddpdoctor.render.run_info import RunInfo, failed
 from ddpdoctor.trace.model import Site
 
@@ -53,7 +54,11 @@ class ReportView:
     def verdict_text(self) -> str:
         if self.report is None:
             return self.info.read_error or "the traces could not be read"
-        return rp.VERDICT_TEXT.get(self.report.verdict, "")
+        report = self.report
+        if report.verdict == rp.CRASHED and report.ranks and \
+                all(r.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED) for r in report.ranks):
+            return "every rank failed"  # none was left waiting: no rank still ran
+        return rp.VERDICT_TEXT.get(report.verdict, "")
 
     @property
     def failed(self) -> bool:
@@ -92,14 +97,14 @@ class ReportView:
 
     @property
     def rank_status(self) -> str:
-        """'4 ranks — finished: 0-2; crashed: 3'."""
+        """'4 ranks — finished: ranks 0-2; crashed: rank 3' (rank numbers, not counts)."""
         report = self.report
         if report is None:
             return ""
         by_status: dict[str, list[int]] = {}
         for r in report.ranks:
             by_status.setdefault(r.status, []).append(r.rank)
-        parts = [f"{status}: {rank_numbers(ranks)}"
+        parts = [f"{status}: {rank_list(ranks)}"
                  for status, ranks in by_status.items()]
         plural = "s" if report.world_size != 1 else ""
         return f"{report.world_size} rank{plural} — " + "; ".join(parts)
