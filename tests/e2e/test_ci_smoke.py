@@ -276,3 +276,29 @@ def test_a_bad_usage_stop_in_ci_mode_still_writes_the_failed_reports(tmp_path: P
     failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
     assert failure is not None and "--launcher python" in failure.get("message", "")
     assert "--launcher python" in md.read_text()
+
+
+_MACHINERY_NOISE = re.compile(r"Traceback|recvValue|TCPStore|frame #\d|Warning|\[W\d{4}|"
+                              r"\[E\d{4}|Error|ddpdoctor: (could not|warning)")
+SILENT_RUNS = [
+    pytest.param(SCRIPTS / "tutorial_rounds.py", (), ("--launcher", "python"),
+                 id="tutorial-two-spawn-rounds"),
+    pytest.param(EXAMPLES / "seed001_uneven.py", ("--case", "6"), ("--launcher", "python"),
+                 id="spawn-join"),
+    pytest.param(EXAMPLES / "seed002_healthy.py", (), (), id="torchrun"),
+]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("script, args, options", SILENT_RUNS)
+def test_a_clean_run_in_ci_mode_prints_nothing_of_ddpdoctors_machinery(
+        tmp_path: Path, script: Path, args: tuple, options: tuple) -> None:
+    """Only the script's own output and ddpdoctor's lines: no stack, warning or store error
+    from ddpdoctor's threads and handshakes (the --max-steps handshake printed a 40-frame
+    C++ stack when rank 0, which hosted the store, left first)."""
+    job = run_job(tmp_path, script, *args, options=("--cpu", "--max-steps", "2", *options),
+                  timeout=140, hang_timeout=20)
+    assert job.returncode == 0 and job.report["verdict"] == "clean", job.stderr[-3000:]
+    noise = [line for line in (job.stdout + job.stderr).splitlines()
+             if _MACHINERY_NOISE.search(line)]
+    assert not noise, noise[:10]

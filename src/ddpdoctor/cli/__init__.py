@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from ddpdoctor.cli import diff, run, schedule  # noqa: F401  (each registers its commands)
 from ddpdoctor.cli.app import app, say
@@ -24,6 +25,9 @@ app.registered_commands.sort(
 
 def main() -> None:
     """Console-script entry point."""
+    # ddpdoctor's own process imports torch (torchrun's argument parser); torch warns when
+    # numpy is missing, which nothing here needs.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     try:
         argv, torchrun_args = split_run_args(sys.argv[1:])
     except UsageError as exc:

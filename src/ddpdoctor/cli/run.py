@@ -30,6 +30,7 @@ from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
 from ddpdoctor.render import live
+from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.render.junit import JunitReporter
 from ddpdoctor.render.markdown import MarkdownReporter
@@ -226,6 +227,9 @@ def run_command(
              f"not a divergence")
     _write_ci_reports(result, junit_out, markdown_out)
     say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
+    if not err.is_terminal and outcome.report is not None:
+        # In a log the report may be far above the end: its verdict is the last line.
+        say(closing_line(result))
     raise typer.Exit(outcome.exit_code)
 
 

@@ -78,6 +78,17 @@ def _print(view: ReportView, console: Console) -> None:
             console.print(f"  • {note}", markup=False, highlight=False)
 
 
+def closing_line(view: ReportView) -> str:
+    """The verdict again in one line, for the very end of a log: 'DIVERGED — root cause
+    callsite_divergence [rank_conditional_ddp_forward] (the report above)'."""
+    text = f"{view.verdict_word} — {view.verdict_text}"
+    root = view.root
+    if root is not None:
+        text = f"{view.verdict_word} — root cause {root.kind}" + \
+            (f" [{root.cause}]" if root.cause else "")
+    return text + " (the report above)"
+
+
 def _headline(view: ReportView, console: Console) -> None:
     verdict = view.report.verdict if view.report is not None else ""
     line = Text()

@@ -106,6 +106,8 @@ def _ensure_trace() -> None:
 
 
 def _excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
+    if exc_type.__name__ == "ChildFailedError" and _is_top_process() and _fold(exc):
+        return
     try:
         _ensure_trace()
         _recorder.exception(exc)
@@ -116,6 +118,22 @@ def _excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
 
 
 _previous_excepthook = sys.excepthook
+
+
+def _fold(exc: BaseException) -> bool:
+    """torchrun's agent failing because a rank failed: its traceback and failure table go to
+    ``torchrun.txt`` in the log folder, and one line says so (ddpdoctor's diagnosis follows
+    and names the failure); False when the file cannot be written (torch prints it then)."""
+    import traceback
+
+    path = os.path.join(os.environ[env.LOGDIR], schema.TORCHRUN_FILE)
+    try:
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+            fh.write("".join(traceback.format_exception(exc)))
+    except OSError:
+        return False
+    sys.stderr.write(f"ddpdoctor: torchrun's failure summary: in {path}\n")
+    return True
 
 
 def _thread_excepthook(args: Any) -> None:

@@ -8,12 +8,13 @@ iterations are done the rank stops there:
    ``max_steps`` (``code`` 0, ``steps`` N), flushed and closed (after at most a second for
    c10d to mark the collectives the rank already waited for as completed);
 2. the rank waits, through the default group's c10d store (no collective, nothing recorded),
-   until every rank of the world has reached the same point. Every rank has by then completed
-   every collective it issued, so no message is left in flight: leaving cannot break a peer's
-   collective. A rank that does not come within ``DDPDOCTOR_STOP_TIMEOUT`` seconds (half the
-   launcher's hang timeout) is blocked elsewhere - the ranks diverged: the stopped rank leaves
-   anyway, the blocked peer's collective fails with a lost connection, and the job ends as a
-   divergence within seconds instead of a hang;
+   until every rank of the world has reached the same point (rank 0, which may host the
+   store, until every other rank has also made its last call to it). Every rank has by then
+   completed every collective it issued, so no message is left in flight: leaving cannot
+   break a peer's collective. A rank that does not come within ``DDPDOCTOR_STOP_TIMEOUT``
+   seconds (half the launcher's hang timeout) is blocked elsewhere - the ranks diverged: the
+   stopped rank leaves anyway, the blocked peer's collective fails with a lost connection,
+   and the job ends as a divergence within seconds instead of a hang;
 3. the rank's own child processes (DataLoader workers) are terminated and the process ends
    with ``os._exit(0)``: no ``destroy_process_group``, no interpreter teardown, hence none of
    gloo's aborts at exit. A rank torchrun runs as a function (``--run-path``) first hands its
@@ -139,6 +140,14 @@ def wait_for_peers(timeout: float, run_id: str) -> bool:
             return False
         time.sleep(_POLL)
         arrived = store.add(key, 0)
+    # Rank 0 may host the store (a script that spawns its workers and initialises with
+    # env://): it leaves last, once every other rank has made its last call to the store, so
+    # that no peer's call meets a closed socket (c10d prints a 40-frame C++ stack for that).
+    if dist.get_rank() != 0:
+        store.add(f"{key}/left", 1)
+        return True
+    while store.add(f"{key}/left", 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(_POLL)
     return True
 
 

@@ -242,8 +242,9 @@ class Watchdog:
         while frame is not None:
             name = frame.f_code.co_filename
             if not user_code.is_library(name) and not name.startswith("<"):
-                return call_name(callee.f_code.co_filename, callee.f_code.co_name) \
-                    if callee is not None else None
+                if callee is None or callee.f_code.co_filename.startswith("<"):
+                    return None  # the user's own line, or an import in progress
+                return call_name(callee.f_code.co_filename, callee.f_code.co_name)
             callee = frame
             frame = frame.f_back
         return None

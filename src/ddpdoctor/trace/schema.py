@@ -83,6 +83,7 @@ CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full d
 
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
 JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
+TORCHRUN_FILE = "torchrun.txt"  # torchrun's own failure summary, folded out of the terminal
 
 
 class Stop(str, Enum):
