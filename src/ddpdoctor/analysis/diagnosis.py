@@ -13,7 +13,7 @@ from ddpdoctor.analysis.endings import (
     stuck_findings,
     teardown_findings,
 )
-from ddpdoctor.analysis.finding import POSITION_KINDS, Finding
+from ddpdoctor.analysis.finding import MISMATCH_KINDS, POSITION_KINDS, Finding
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
@@ -54,6 +54,10 @@ GENERIC_ADVICE = {
     fk.TEARDOWN_ABORT: "Nothing to fix in the training; call dist.destroy_process_group() at "
                        "the end of the script.",
 }
+
+
+# Findings that hold however a run was stopped: two ranks' calls at one position differ.
+INTERRUPT_PROOF = MISMATCH_KINDS + (fk.GROUP_MISMATCH, fk.CALLSITE_DIVERGENCE)
 
 
 def collect_findings(run: Run, alignment: Alignment, states: dict[int, RankState]) -> list[Finding]:
@@ -124,6 +128,11 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
                    "the rank could not write it (a full disk or a file-size limit)")
             notes.append(f"rank {r}: its trace is cut{after}: {why}, so nothing after that "
                          f"point is compared")
+    interrupted = [r for r, s in states.items() if s.status == rs.INTERRUPTED]
+    if interrupted:
+        notes.append(f"the run was interrupted (Ctrl-C, or the job was stopped) while "
+                     f"{rank_list(interrupted)} still ran: what they were doing then is no "
+                     f"finding; only collectives that could never match would be")
     stopped: dict[int, list[int]] = {}
     for r, s in states.items():
         if s.max_steps is not None:
@@ -142,6 +151,10 @@ def diagnose(run: Run) -> Report:
     cut = {r for r, s in states.items() if s.cut or s.status == rs.REMOTE}
     found = [f for f in collect_findings(run, alignment, states)
              if not (cut and _beyond_cut(f, cut))]
+    if any(s.status == rs.INTERRUPTED for s in states.values()):
+        # Stopped by the user mid-step: ranks waiting for one another then is no finding;
+        # only what can never match (another op, shape, ... at one position) still is.
+        found = [f for f in found if f.kind in INTERRUPT_PROOF]
     findings = order(found, states)
     explain(findings, RuleContext(run, alignment, states))
     return Report(verdict=verdict_of(findings, states, run.world_size),

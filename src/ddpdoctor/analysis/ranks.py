@@ -27,8 +27,9 @@ HUNG: Final = "hung"
 UNFINISHED: Final = "unfinished"
 MISSING: Final = "missing"
 REMOTE: Final = "remote"  # no trace here, in a job of several nodes: its folder was not given
+INTERRUPTED: Final = "interrupted"  # Ctrl-C (KeyboardInterrupt, SIGINT) or ddpdoctor stopped
 RankStatus = Literal["finished", "exception", "failed", "killed", "hung", "unfinished",
-                     "missing", "remote"]
+                     "missing", "remote", "interrupted"]
 
 PENDING_WINDOW = 1024
 
@@ -180,7 +181,10 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     # is an async op never waited for, not where the rank is.
     state.pending = index_of(colls).incomplete(PENDING_WINDOW)
     state.hang_stack = _hang_stack(trace.hang)
-    if trace.exception:
+    if run.interrupted or code == -2 or \
+            (trace.exception or {}).get("type") == "KeyboardInterrupt":
+        state.status = INTERRUPTED  # the user stopped the job: no rank crashed
+    elif trace.exception:
         exc = trace.exception
         state.status = EXCEPTION
         state.comm_error = is_comm_error(exc)

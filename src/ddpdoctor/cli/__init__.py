@@ -28,6 +28,11 @@ def main() -> None:
     # ddpdoctor's own process imports torch (torchrun's argument parser); torch warns when
     # numpy is missing, which nothing here needs.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    for stream in (sys.stdout, sys.stderr):
+        try:  # a report quoting a file name or message that is not valid UTF-8, piped
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass
     try:
         argv, torchrun_args = split_run_args(sys.argv[1:])
     except UsageError as exc:

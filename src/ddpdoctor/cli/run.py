@@ -263,7 +263,11 @@ def _write(outputs: list[tuple[Path, str, str]]) -> None:
     diagnosis on the terminal stands)."""
     for path, text, mode in outputs:
         try:
-            with open(path, mode, encoding="utf-8") as fh:
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode == "a" else os.O_TRUNC)
+            # Created readable by the user only (a report may quote the job's messages); a
+            # file that exists keeps its mode. Text that is not valid UTF-8 is escaped.
+            with open(os.open(path, flags, 0o600), mode, encoding="utf-8",
+                      errors="backslashreplace") as fh:
                 fh.write(text)
         except OSError as exc:
             say(f"warning: cannot write {path}: {exc.strerror or exc}")
@@ -333,6 +337,7 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
     try:
         rounds = load_rounds([str(logdir)])
         rounds[-1].stopped_for_hang = job.hang
+        rounds[-1].interrupted = job.interrupted
         report = diagnose_rounds(rounds)
         if expected is not None:
             changes = schedule.compare(expected, schedule.from_run(rounds[-1]))

@@ -13,6 +13,7 @@ import os
 import secrets
 import socket
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -101,17 +102,22 @@ def make_logdir(requested: str | None) -> Path:
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path(DEFAULT_LOG_ROOT) / f"{stamp}-{os.getpid()}"
+    if path.is_dir() and any(path.glob(schema.TRACE_GLOB)):
+        raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
     try:
+        existed = path.is_dir()
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path, 0o700)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        if not existed:
+            os.chmod(path, 0o700)  # the umask may have widened it; a user's folder keeps its mode
+        # Can we write there? A file of our own, with a name nobody else uses.
+        fd, probe = tempfile.mkstemp(prefix=".ddpdoctor-write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as exc:
         raise UsageError(f"cannot use log folder {path.absolute()}: {exc.strerror or exc} "
                          f"(choose another with --logdir)") from None
     _lock(path)
-    if any(path.glob(schema.TRACE_GLOB)):
+    if any(path.glob(schema.TRACE_GLOB)):  # another run started writing meanwhile
         raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
     return path.resolve()
 

@@ -19,13 +19,16 @@ from ddpdoctor.render.view import ReportView
 SUITE = "ddpdoctor"
 CLASSNAME = "ddpdoctor.run"
 MESSAGE_LIMIT = 400
-# XML 1.0 cannot carry most control characters; terminal colour codes are noise in CI.
+# XML 1.0 cannot carry most control characters; terminal colour codes (and C1 controls such
+# as U+009B, a terminal's CSI) are noise in CI.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-_INVALID = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+_INVALID = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff]")
 
 
 def clean_text(text: str) -> str:
-    """``text`` without colour codes and without characters XML 1.0 cannot hold."""
+    """``text`` without colour codes and without characters XML 1.0 cannot hold; a lone
+    surrogate (a file name that is not UTF-8) is written as its escape (``\\udcff``)."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return _INVALID.sub("", _ANSI.sub("", text))
 
 

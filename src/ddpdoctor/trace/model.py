@@ -238,6 +238,7 @@ class Run:
     stop: Stop | None = None
     stop_reason: str = ""
     nnodes: int = 1  # nodes of the job: a rank without a trace may be on another node
+    interrupted: bool = False  # the user stopped the job (Ctrl-C): what came after is unknown
 
     @property
     def missing_ranks(self) -> list[int]:

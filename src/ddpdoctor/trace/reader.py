@@ -271,11 +271,11 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
     return codes
 
 
-def _job_records(folders: set[Path]) -> tuple[schema.Stop | None, str, int]:
+def _job_records(folders: set[Path]) -> tuple[schema.Stop | None, str, int, bool]:
     """What the launchers wrote (``job.json``): why one stopped the job (hang, deadlock or
-    stuck) and the number of nodes of the job."""
+    stuck), the number of nodes of the job, and whether the user interrupted it."""
     stop: schema.Stop | None = None
-    reason, nnodes = "", 1
+    reason, nnodes, interrupted = "", 1, False
     for folder in sorted(folders):
         job = _small_json(folder / schema.JOB_FILE)
         stopped = job.get("stopped")
@@ -283,7 +283,8 @@ def _job_records(folders: set[Path]) -> tuple[schema.Stop | None, str, int]:
             stop, reason = schema.Stop(stopped), str(job.get("reason", ""))
         if isinstance(job.get("nnodes"), int) and not isinstance(job.get("nnodes"), bool):
             nnodes = max(nnodes, job["nnodes"])
-    return stop, reason, nnodes
+        interrupted = interrupted or job.get("interrupted") is True
+    return stop, reason, nnodes, interrupted
 
 
 def _read_ranks(files: list[Path], notes: list[str],
@@ -363,7 +364,7 @@ def load_rounds(paths: Iterable[str | os.PathLike],
     if not rounds:
         rounds = {0: {}}
     folders = {f.parent for f in files + dumps}
-    stop, reason, nnodes = _job_records(folders)
+    stop, reason, nnodes, interrupted = _job_records(folders)
     last = max(rounds)
     runs = []
     for number, ranks in rounds.items():
@@ -375,6 +376,7 @@ def load_rounds(paths: Iterable[str | os.PathLike],
         run.nnodes = nnodes
         if final:
             run.stopped_for_hang, run.stop, run.stop_reason = stop is not None, stop, reason
+            run.interrupted = interrupted
         runs.append(run)
     return runs
 
