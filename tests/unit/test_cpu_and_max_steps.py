@@ -147,3 +147,19 @@ def test_asking_whose_code_a_frame_is_never_imports_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout.split()
     assert out == ["False", "True", "False"]
+
+
+def test_the_cpu_hint_comes_first_when_a_gpu_script_meets_no_gpu(tmp_path, monkeypatch) -> None:
+    from ddpdoctor.launch.command import needs_cpu_mode
+    from ddpdoctor.launch.options import RunOptions
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    gpu = tmp_path / "gpu.py"
+    gpu.write_text('import torch.distributed as dist\ndist.init_process_group("nccl")\n')
+    cpu = tmp_path / "cpu.py"
+    cpu.write_text('import torch.distributed as dist\ndist.init_process_group("gloo")\n')
+    assert needs_cpu_mode(RunOptions(script=str(gpu)))
+    assert not needs_cpu_mode(RunOptions(script=str(gpu), cpu=True))
+    assert not needs_cpu_mode(RunOptions(script=str(cpu)))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert not needs_cpu_mode(RunOptions(script=str(gpu)))

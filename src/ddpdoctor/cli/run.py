@@ -25,7 +25,13 @@ from ddpdoctor.cli.exits import (
     EXIT_UNTESTED,
     EXIT_USAGE,
 )
-from ddpdoctor.launch.command import CPU_MODE_NPROC, gpu_count_word, lone_rank, make_logdir
+from ddpdoctor.launch.command import (
+    CPU_MODE_NPROC,
+    gpu_count_word,
+    lone_rank,
+    make_logdir,
+    needs_cpu_mode,
+)
 from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
@@ -169,6 +175,9 @@ def run_command(
         say(f"--cpu: --nproc-per-node {word} counts accelerators, and CPU mode has none: "
             f"running {CPU_MODE_NPROC} ranks per node (give --nproc-per-node N for another "
             f"number)")
+    if needs_cpu_mode(opts):
+        say("this machine has no GPU and the script asks for CUDA or NCCL: should it fail "
+            "below, run it on the CPU with `ddpdoctor run --cpu ...` (docs/cpu-mode.md)")
     if lone_rank(opts):
         say("one GPU is visible, so the job runs one rank, which no other rank can diverge "
             "from: give --nproc-per-node 2 (with --cpu to run the ranks on the CPU over gloo) "

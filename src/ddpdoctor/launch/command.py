@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import secrets
 import socket
 import sys
@@ -27,23 +28,40 @@ DEFAULT_LOG_ROOT = "ddpdoctor-logs"
 
 def default_nproc() -> int:
     """Visible GPUs (without importing torch), else 2."""
+    return _visible_gpus() or 2
+
+
+CPU_MODE_NPROC = 2  # ranks per node of a CPU-mode run unless a number is given
+_GPU_WORDS = re.compile(r"""["']nccl["']|\.cuda\(|["']cuda|cuda\.device_count|device_ids\s*=""")
+
+
+def needs_cpu_mode(opts: RunOptions) -> bool:
+    """Whether the script asks for CUDA or NCCL on a machine without a GPU, run without
+    ``--cpu``: it will fail, and the hint is worth saying before the ranks' tracebacks."""
+    if opts.cpu or _visible_gpus() > 0:
+        return False
+    try:
+        with open(opts.script, encoding="utf-8", errors="replace") as fh:
+            return bool(_GPU_WORDS.search(fh.read(1 << 20)))
+    except OSError:
+        return False
+
+
+def _visible_gpus() -> int:
+    """GPUs this process may use, without importing torch (CUDA stops at the first invalid
+    entry of CUDA_VISIBLE_DEVICES: "" or "-1" hides every GPU)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        # CUDA stops at the first invalid entry: "" or "-1" hides every GPU.
         count = 0
         for device in visible.split(","):
             if not device.strip() or device.strip() == "-1":
                 break
             count += 1
-        return count or 2
+        return count
     try:
-        count = len(os.listdir("/proc/driver/nvidia/gpus"))
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
     except OSError:
-        count = 0
-    return count or 2
-
-
-CPU_MODE_NPROC = 2  # ranks per node of a CPU-mode run unless a number is given
+        return 0
 
 
 def nproc(opts: RunOptions) -> int:
