@@ -143,3 +143,45 @@ def test_ctrl_c_is_an_interrupted_run_not_a_crash() -> None:
     assert not [f for f in report.findings if f.is_error]
     assert any("interrupted" in n for n in report.notes)
     assert {r.status for r in report.ranks} == {"interrupted"}
+
+
+# -- damaged input -------------------------------------------------------------------------
+def _healthy_pair(folder: Path) -> Path:
+    from .test_bad_input import _trace
+
+    folder.mkdir()
+    _trace(folder / "rank-0.jsonl", 0)
+    _trace(folder / "rank-1.jsonl", 1)
+    return folder
+
+
+@pytest.mark.parametrize("name, rank", [("rank-2.jsonl", 2), ("rank-1.jsonl", 5),
+                                        ("rank-1.jsonl", 131071)])
+def test_a_rank_outside_the_world_is_damage_never_a_group_mismatch(
+        tmp_path: Path, name: str, rank: int) -> None:
+    from ddpdoctor.trace.reader import load_run
+
+    from .test_bad_input import _trace
+
+    folder = _healthy_pair(tmp_path / "logs")
+    text = _trace(tmp_path / "copy.jsonl", 1).read_text()
+    (folder / name).write_text(text.replace('"rank": 1,', f'"rank": {rank},', 1))
+    run = load_run([folder])
+    report = diagnose(run)
+    assert report.verdict == "incomplete", (report.verdict, report.findings[:1])
+    assert not [f for f in report.findings if f.kind == "group_mismatch"]
+    assert any("outside the 2-rank world" in n for n in report.notes), report.notes
+    assert len(report.notes) < 10  # not one note per missing rank of a 131072-rank world
+
+
+def test_a_header_without_a_rank_is_unreadable_not_rank_minus_one(tmp_path: Path) -> None:
+    from ddpdoctor.trace.reader import TraceError, load_run
+
+    folder = _healthy_pair(tmp_path / "logs")
+    path = folder / "rank-1.jsonl"
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    del head["rank"]
+    path.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    with pytest.raises(TraceError, match="names no rank"):
+        load_run([folder])

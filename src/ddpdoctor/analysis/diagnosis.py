@@ -18,7 +18,7 @@ from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
-from ddpdoctor.analysis.report import CLEAN, RankSummary, Report, verdict_of
+from ddpdoctor.analysis.report import CLEAN, INCOMPLETE, RankSummary, Report, verdict_of
 from ddpdoctor.analysis.rules import RuleContext, recognise
 from ddpdoctor.analysis.terms import describe, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
@@ -157,7 +157,10 @@ def diagnose(run: Run) -> Report:
         found = [f for f in found if f.kind in INTERRUPT_PROOF]
     findings = order(found, states)
     explain(findings, RuleContext(run, alignment, states))
-    return Report(verdict=verdict_of(findings, states, run.world_size),
+    verdict = verdict_of(findings, states, run.world_size)
+    if run.damaged and verdict == CLEAN:
+        verdict = INCOMPLETE  # what was left out may have held what diverged
+    return Report(verdict=verdict,
                   world_size=run.world_size,
                   ranks=[RankSummary.of(s) for s in states.values()], findings=findings,
                   notes=_notes(run, states))

@@ -182,6 +182,8 @@ def _header(path: Path, line: bytes) -> dict:
     if version > schema.VERSION:
         raise TraceError(f"{path} has trace format version {version}; this ddpdoctor reads "
                          f"version {schema.VERSION} and older: upgrade ddpdoctor")
+    if "rank" not in head:
+        raise TraceError(f"{path}: the header names no rank (a damaged file)")
     for key in ("rank", "attempt", "round"):
         value = head.get(key, 0)
         if not is_int(value) or not 0 <= value < MAX_RANKS:
@@ -390,10 +392,24 @@ def _run_of(ranks: dict[int, RankTrace], notes: list[str], folders: set[Path]) -
         raise TraceError("traces of different runs are mixed: run ids "
                          + ", ".join(sorted(repr(r) for r in run_ids)))
     notes = list(notes)
-    sizes = {t.world_size for t in ranks.values() if is_int(t.world_size) and t.world_size > 0}
+    told = [t.world_size for t in ranks.values() if is_int(t.world_size) and t.world_size > 0]
+    sizes = set(told)
     if any(s > MAX_RANKS for s in sizes):
         notes.append(f"a world size beyond {MAX_RANKS} ranks was ignored (damaged header)")
         sizes = {s for s in sizes if s <= MAX_RANKS}
+    damaged = False
+    if sizes:
+        # The world most ranks recorded: a file naming a rank outside it is damaged or stray
+        # (a copy, another job's), never a rank of this job that the others disagree with.
+        world = max(sizes, key=lambda s: (told.count(s), s))
+        for r in sorted(r for r in ranks if r >= world):
+            notes.append(f"{Path(ranks[r].path).name}: rank {r} is outside the {world}-rank "
+                         f"world the other ranks recorded (a damaged or stray file): ignored")
+            del ranks[r]
+            damaged = True
+        sizes = {s for s in sizes if s <= world} or {world}
+        if not ranks:
+            raise TraceError("; ".join(notes))
     world_size = max(sizes | {max(ranks) + 1})
     if len(sizes) > 1:
         notes.append(f"ranks disagree on the world size: {sorted(sizes)}")
@@ -411,4 +427,4 @@ def _run_of(ranks: dict[int, RankTrace], notes: list[str], folders: set[Path]) -
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
     return Run(ranks=ranks, world_size=world_size, notes=notes,
-               exit_codes=_exit_codes(ranks, folders))
+               exit_codes=_exit_codes(ranks, folders), damaged=damaged)
