@@ -185,3 +185,46 @@ def test_a_header_without_a_rank_is_unreadable_not_rank_minus_one(tmp_path: Path
     path.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
     with pytest.raises(TraceError, match="names no rank"):
         load_run([folder])
+
+
+def _dumps(folder: Path, change: dict) -> Path:
+    from .test_flight_recorder import _bucket, _dump
+
+    folder.mkdir()
+    _dump(folder / "nccl_trace_rank_0", [{**_bucket(s), **change} for s in range(1, 4)],
+          pickled=False)
+    _dump(folder / "nccl_trace_rank_1", [_bucket(s) for s in range(1, 4)], pickled=False)
+    return folder
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+DAMAGED_DUMPS = [{"collective_seq_id": "abc"}, {"input_sizes": [["x"]]},
+                 {"time_created_ns": [1]}, {"input_dtypes": 5}, {"p2p_seq_id": "x"},
+                 {"input_sizes": [[[4160]]]}]
+
+
+@pytest.mark.parametrize("change", DAMAGED_DUMPS, ids=[next(iter(c)) for c in DAMAGED_DUMPS])
+def test_a_dump_with_fields_of_other_types_is_a_message_not_a_traceback(
+        tmp_path: Path, change: dict) -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    result = CliRunner().invoke(app, ["diff", str(_dumps(tmp_path / "logs", change))])
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    assert result.exit_code in (1, 2) and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name", ["job.json", "exits-1.json", "nccl_trace_rank_0"])
+def test_json_nested_100000_deep_is_a_message_not_a_traceback(tmp_path: Path, name: str) -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+
+    folder = _healthy_pair(tmp_path / "logs")
+    (folder / name).write_text(DEEP)
+    result = CliRunner().invoke(app, ["diff", str(folder)])
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        repr(result.exception)
+    assert result.exit_code in (0, 1, 2)

@@ -14,7 +14,7 @@ from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, wr
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
-from ddpdoctor.trace.reader import TraceError, load_rounds, load_run
+from ddpdoctor.trace.reader import TraceError, load_rounds, load_run, unreadable
 
 
 @app.command(cls=HelpCommand,
@@ -29,10 +29,11 @@ def diff(
         with reading_progress() as on_file:
             runs = load_rounds([str(p) for p in paths], on_file)
         report = diagnose_rounds(runs)
-    except TraceError as exc:
+    except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback
+        message = str(exc) if isinstance(exc, TraceError) else unreadable(exc)
         if json_out:  # a script reading --json gets JSON, errors included
-            sys.stdout.write(json.dumps({"error": str(exc), "exit_code": EXIT_USAGE}) + "\n")
-        fail(str(exc))
+            sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
+        fail(message)
     if json_out:
         sys.stdout.write(render(JsonReporter(), report))
     else:

@@ -44,7 +44,7 @@ from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import nested_launch, redact, schema
 from ddpdoctor.trace.model import Run
-from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run
+from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run, unreadable
 
 
 class Launcher(str, Enum):
@@ -354,6 +354,8 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
         report = diagnose(Run(ranks={}, world_size=0, notes=[_no_rank_note(opts, job, logdir)]))
     except TraceError as exc:
         read_error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback
+        read_error = unreadable(exc)
     return outcome_of(job, report, read_error, opts.ci_mode, changes)
 
 

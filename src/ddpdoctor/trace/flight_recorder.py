@@ -59,7 +59,9 @@ class _NoGlobals(pickle.Unpickler):
 def rank_of(path: Path) -> int | None:
     """The rank a dump's file name ends with (``nccl_trace_rank_3``, ``fr-rank-3.json``)."""
     found = _RANK_IN_NAME.search(path.name)
-    return int(found.group(1)) if found else None
+    if not found or len(found.group(1)) > 6:  # no job has a million ranks: a damaged name
+        return None
+    return int(found.group(1))
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -143,9 +145,19 @@ def _collective(rank: int, entry: dict, index: int) -> Collective:
 
 
 def read_dump(path: Path, rank: int | None = None) -> RankTrace:
-    """One rank's dump as a :class:`RankTrace` (raises :class:`DumpError`). Only the last
-    collective of each group keeps a state other than completed: a dump lists what was issued,
-    and gloo's records never say completed."""
+    """One rank's dump as a :class:`RankTrace` (raises :class:`DumpError`, also for a dump
+    whose fields are not of the types torch writes)."""
+    try:
+        return _read_dump(path, rank)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, OverflowError,
+            RecursionError) as exc:
+        raise DumpError(f"{path}: a damaged flight-recorder dump ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})") from None
+
+
+def _read_dump(path: Path, rank: int | None) -> RankTrace:
+    """:func:`read_dump`. Only the last collective of each group keeps a state other than
+    completed: a dump lists what was issued, and gloo's records never say completed."""
     dump = load(path)
     rank = rank if rank is not None else rank_of(path)
     if rank is None:

@@ -246,7 +246,7 @@ def _small_json(path: Path, limit: int = 1 << 20) -> dict:
         if not path.is_file() or path.stat().st_size > limit:
             return {}
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError):
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -334,6 +334,13 @@ def _ending_text(trace: RankTrace) -> str:
     if isinstance(trace.exit, dict):
         return f"ended: {str(trace.exit.get('status', '?'))[:40]}"
     return "ended without an exit record (stopped by torchrun)"
+
+
+def unreadable(exc: BaseException) -> str:
+    """What to say of an error the reader did not foresee in some input (a field of another
+    type, nesting too deep): damaged input is a message, never a traceback."""
+    return (f"the traces could not be read ({type(exc).__name__}: {str(exc)[:300]}): a file "
+            f"in the log folder is damaged")
 
 
 def load_run(paths: Iterable[str | os.PathLike],
