@@ -388,3 +388,25 @@ def test_a_timeout_outside_any_collective_stays_the_root_beside_a_torn_down_rank
     report = diagnose(make_run(*bs, exit_codes={0: 1, 1: -15}))
     root = report.root
     assert root.kind == "rank_crashed" and not root.follow_on and 0 in root.ranks, root
+
+
+def test_a_rank_inside_an_unrecorded_distributed_call_gets_no_cause() -> None:
+    """Rank 0's stack at the hang is inside a torch.distributed call with nothing recorded as
+    pending (a call the record misses): 'iterations 3 vs 4' is then no uneven-inputs story."""
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(3)
+    bs[1].step().pend_last()
+    c10d = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    bs[0].trace.hang = {"kind": "hang", "t": 2000.0, "pending": [], "threads": [
+        {"thread": "MainThread", "main": True, "frames": [
+            {"file": "/job/train.py", "line": 20, "function": "main"},
+            {"file": "/job/train.py", "line": 9, "function": "save_best"},
+            {"file": c10d, "line": 4800, "function": "new_thing"},
+            {"file": c10d, "line": 4900, "function": "_wait"}]}]}
+    report = diagnose(make_run(*bs, stopped_for_hang=True))
+    root = report.root
+    assert root.kind == "missing_collective" and root.cause is None, (root.kind, root.cause)
+    assert "torch.distributed.distributed_c10d.new_thing()" in root.evidence[0]
+    assert any("inside torch.distributed.distributed_c10d.new_thing()" in n
+               for n in report.notes)

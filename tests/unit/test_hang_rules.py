@@ -98,3 +98,16 @@ def test_before_the_timeout_nothing_is_stopped() -> None:
     for states in CASES:
         ranks = {r: _rank(r, s) for r, s in enumerate(states)}
         assert decide(ranks, {}, TIMEOUT, 600.0, T0 + TIMEOUT - 1).stop is None, states
+
+
+@pytest.mark.parametrize("path, name", [
+    ("/root/.pyenv/versions/3.11.7/lib/python3.11/queue.py", "queue.get()"),
+    ("/usr/lib/python3.11/multiprocessing/queues.py", "multiprocessing.queues.get()"),
+    ("/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py",
+     "torch.distributed.distributed_c10d.get()"),
+    ("/home/me/mylib.py", "mylib.get()"),
+])
+def test_a_blocking_call_is_named_by_its_module(path: str, name: str) -> None:
+    from ddpdoctor.trace.model import call_name
+
+    assert call_name(path, "get") == name

@@ -128,6 +128,10 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
                    "the rank could not write it (a full disk or a file-size limit)")
             notes.append(f"rank {r}: its trace is cut{after}: {why}, so nothing after that "
                          f"point is compared")
+    for r, s in states.items():
+        if s.unrecorded_call:
+            notes.append(f"rank {r}: at the hang its main thread was inside "
+                         f"{s.unrecorded_call}, which the trace does not record")
     interrupted = [r for r, s in states.items() if s.status == rs.INTERRUPTED]
     if interrupted:
         notes.append(f"the run was interrupted (Ctrl-C, or the job was stopped) while "

@@ -17,7 +17,15 @@ from typing import Final, Literal
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.index import index_of
-from ddpdoctor.trace.model import Collective, RankTrace, Run, Site, is_internal_file, site_from
+from ddpdoctor.trace.model import (
+    Collective,
+    RankTrace,
+    Run,
+    Site,
+    call_name,
+    is_internal_file,
+    site_from,
+)
 
 FINISHED: Final = "finished"
 EXCEPTION: Final = "exception"
@@ -64,6 +72,9 @@ class RankState:
     cut: bool = False  # the trace ends early: the rank could not write it (full disk)
     exc_iteration: int | None = None  # the DDP iteration an exception was raised in
     torn_down: bool = False  # SIGTERMed by the launcher after another rank failed first
+    # At the hang, inside a torch.distributed call with nothing recorded as pending: a call
+    # the record does not hold (its name), whatever the rank waited for there.
+    unrecorded_call: str | None = None
 
     @property
     def waiting(self) -> Collective | None:
@@ -130,6 +141,21 @@ def _hang_stack(hang: dict | None) -> list[Site]:
     return []
 
 
+_DISTRIBUTED = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+
+
+def distributed_call(hang: dict | None) -> str | None:
+    """'torch.distributed.distributed_c10d.monitored_barrier()' when the main thread's
+    stack at the hang was inside torch.distributed (the outermost such frame: the call the
+    user's code made), else None."""
+    for thread in (hang or {}).get("threads") or []:
+        if isinstance(thread, dict) and thread.get("main"):
+            for site in _sites(thread.get("frames") or []):
+                if _DISTRIBUTED.search(site.file):
+                    return call_name(site.file, site.function)
+    return None
+
+
 def _sites(frames: object) -> list[Site]:
     """The well-formed frame records among ``frames``, as sites."""
     out = []
@@ -181,6 +207,8 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     # is an async op never waited for, not where the rank is.
     state.pending = index_of(colls).incomplete(PENDING_WINDOW)
     state.hang_stack = _hang_stack(trace.hang)
+    if not state.pending:
+        state.unrecorded_call = distributed_call(trace.hang)
     if run.interrupted or code == -2 or \
             (trace.exception or {}).get("type") == "KeyboardInterrupt":
         state.status = INTERRUPTED  # the user stopped the job: no rank crashed

@@ -496,6 +496,14 @@ def recognise(f: Finding, ctx: RuleContext) -> tuple[str | None, list[str]]:
     """The id of the first cause whose rule matches ``f``, with its evidence."""
     if f.cause is not None:
         return f.cause, f.evidence
+    holes = [r for r in f.ranks if r in ctx.states and ctx.states[r].unrecorded_call
+             and f.ranks[r].op is None]
+    if holes:
+        # A rank the finding says issued nothing here was inside a torch.distributed call
+        # the record does not hold: any cause would rest on a premise the evidence denies.
+        return None, [f"rank {r} was inside {ctx.states[r].unrecorded_call} at the hang, a call "
+                      f"ddpdoctor's record does not hold: what it waited for there is not "
+                      f"known, so no cause is given" for r in holes]
     for cause_id, rule in RULES:
         evidence = rule(f, ctx)
         if evidence is not None:

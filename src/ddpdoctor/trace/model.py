@@ -21,7 +21,8 @@ _INTERNAL_FILE = re.compile(
     r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
 
 
-_MODULE_PATH = re.compile(r"(?:[/\\](?:site|dist)-packages[/\\]|[/\\]lib[/\\]python3[.\d]*[/\\])"
+_MODULE_PATH = re.compile(r"(?:[/\\](?:site|dist)-packages[/\\]"
+                          r"|[/\\]lib[/\\]python3[.\d]*[/\\](?!(?:site|dist)-packages))"
                           r"(.+?)(?:[/\\]__init__)?\.py$")
 
 
