@@ -28,6 +28,9 @@ MAX_CACHED_STACKS = 4096
 _NO_RULE = ()
 
 
+_GENERATED = ("<frozen", "<eval_with_key>")
+
+
 class StackLabeler:
     """Classifies code objects once and labels each call from its frames."""
 
@@ -51,7 +54,9 @@ class StackLabeler:
         """``()`` for user code, else (rules, api, backward) for an internal code object."""
         filename = code.co_filename
         self._codes[id(code)] = code
-        if not (filename.startswith(self.internal) or filename.startswith("<frozen")):
+        # Frozen modules, and the code torch.fx generates for compiled graphs (compiled
+        # autograd's backward): not where the user called from.
+        if not (filename.startswith(self.internal) or filename.startswith(_GENERATED)):
             self._kinds[id(code)] = _NO_RULE
             return _NO_RULE
         norm = filename.replace(os.sep, "/")
