@@ -85,3 +85,23 @@ def test_when_every_rank_failed_the_headline_says_so() -> None:
     one = ranks(2)
     one[0].raise_("ValueError", "boom", line=3)
     assert "left waiting" in ReportView(diagnose(make_run(*one))).verdict_text
+
+
+def test_a_stuck_rank_is_not_said_to_have_failed() -> None:
+    from ddpdoctor.trace.schema import Stop
+
+    from .factories import ranks
+
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(2)
+    bs[1].forward().pend_last()
+    bs[0].trace.hang = {"kind": "hang", "t": 2000.0, "pending": [], "threads": [
+        {"thread": "MainThread", "main": True, "frames": [
+            {"file": "/job/train.py", "line": 20, "function": "main"}]}]}
+    run = make_run(*bs, stopped_for_hang=True)
+    run.stop = Stop.STUCK
+    view = ReportView(diagnose(run))
+    assert view.report is not None and view.report.root is not None
+    assert view.report.root.kind == "rank_stuck"
+    assert view.verdict_text.startswith("a rank stayed blocked"), view.verdict_text

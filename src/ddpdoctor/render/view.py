@@ -58,6 +58,8 @@ class ReportView:
         if report.verdict == rp.CRASHED and report.ranks and \
                 all(r.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED) for r in report.ranks):
             return "every rank failed"  # none was left waiting: no rank still ran
+        if report.root is not None and report.root.kind == "rank_stuck":
+            return "a rank stayed blocked in its own code, and the others waited for it"
         return rp.VERDICT_TEXT.get(report.verdict, "")
 
     @property
