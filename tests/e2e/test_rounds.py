@@ -38,3 +38,29 @@ def test_a_divergence_in_the_second_round_is_that_rounds_diagnosis(tmp_path: Pat
     lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
     assert lines.get(0) == marker_line(SCRIPT, "rank0_all_reduce"), root
     assert any("this report is round 2's; round 1 clean" in n for n in job.report["notes"])
+
+
+REINIT = SCRIPTS / "reinit_rounds.py"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("bad", [0, 2], ids=["healthy", "second-round-diverges"])
+def test_a_process_group_made_again_in_the_same_processes_is_a_round(
+        tmp_path: Path, bad: int) -> None:
+    """Before, the second group's collectives reused the first one's numbers and were
+    dropped: a divergence there was reported CLEAN."""
+    job = run_job(tmp_path, REINIT, "--bad-round", str(bad), timeout=120, hang_timeout=5)
+    names = sorted(p.name for p in job.logdir.glob("rank-*.jsonl"))
+    assert names == ["rank-0.jsonl", "rank-0.round-1.jsonl", "rank-1.jsonl",
+                     "rank-1.round-1.jsonl"]
+    notes = " ".join(job.report["notes"])
+    if not bad:
+        assert job.returncode == 0 and job.report["verdict"] == "clean", job.stderr[-3000:]
+        assert "2 times (rounds" in notes and "round 1 clean" in notes
+        return
+    assert job.returncode in (1, 3), job.stderr[-3000:]
+    assert job.report["verdict"] in ("diverged", "crashed")
+    root = job.report["findings"][0]
+    lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
+    assert lines.get(0) == marker_line(REINIT, "metric"), root
+    assert "this report is round 2's; round 1 clean" in notes

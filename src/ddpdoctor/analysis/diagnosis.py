@@ -180,7 +180,8 @@ def diagnose_rounds(runs: list[Run]) -> Report:
     shown = next((i for i, r in enumerate(reports) if r.verdict != CLEAN), len(reports) - 1)
     report = reports[shown]
     others = ", ".join(f"round {i + 1} {r.verdict}" for i, r in enumerate(reports) if i != shown)
-    report.notes.insert(0, f"the script made its process group {len(reports)} times (rounds, "
-                           f"e.g. one mp.spawn each): this report is round {shown + 1}'s; "
+    report.notes.insert(0, f"the script made its process group {len(reports)} times (rounds: "
+                           f"one mp.spawn each, or init_process_group again after "
+                           f"destroy_process_group): this report is round {shown + 1}'s; "
                            f"{others}")
     return report

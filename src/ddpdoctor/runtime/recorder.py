@@ -61,6 +61,7 @@ class Recorder:
         self.started = _now()
         self.flight_recorder = False  # a group ddpdoctor does not record: dump PyTorch's on a hang
         self.group_ready = False  # init_process_group returned (torch is then fully imported)
+        self.watchdog: Watchdog | None = None
         self._early: list[dict] = []
         # (site, bucketed) by the static fields of a collective and the places of its caller's
         # frames (StackLabeler.places): one lookup per collective once a call site is known.
@@ -116,7 +117,8 @@ class Recorder:
             for rec in self._early:
                 self.writer.put(rec)
             self._early.clear()
-            self.watchdog = Watchdog(self, self.logdir, rank)
+            if self.watchdog is None:  # one per process, whatever the rounds
+                self.watchdog = Watchdog(self, self.logdir, rank)
         elif backend is not None:
             self.writer.put(self._process_start(rank, world_size, backend))
 
@@ -131,6 +133,22 @@ class Recorder:
                 "backend": backend, "cpu_mode": os.environ.get(env.CPU) == "1",
                 "argv": redact.mask_args(list(sys.argv)),
                 "env": {k: os.environ[k] for k in ENV_ALLOW_LIST if k in os.environ}}
+
+    def next_round(self) -> None:
+        """The process makes its process group again (after ``destroy_process_group``): the
+        round recorded so far ends as finished, and what follows is recorded as the next
+        round, in a trace file of its own (``start`` opens it), numbered from 1 again as the
+        new group numbers its collectives."""
+        if self.writer is None:
+            return
+        self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": schema.EXIT_FINISHED,
+                            "code": 0, "round_end": True}])
+        self.writer = None
+        self.iteration = 0
+        self.bucket_index = 0
+        self._sites.clear()
+        self._ddp_count = 0
+        self.group_ready = False
 
     def init_started(self, backend: str | None) -> None:
         self.emit({"kind": schema.INIT, "t": _now(), "state": schema.PENDING,

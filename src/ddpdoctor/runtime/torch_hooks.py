@@ -245,6 +245,8 @@ def _wrap_init(real: Callable) -> Callable:
             # watchdog dumps it into the log folder on a hang (read back by ``diff``).
             os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
             _recorder.flight_recorder = True
+        if _recorder.group_ready:  # made again after destroy_process_group: a new round
+            _recorder.next_round()
         rank = kwargs.get("rank", -1)
         if rank is None or rank < 0:
             rank = int(os.environ.get("RANK", "-1"))
