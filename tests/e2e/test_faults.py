@@ -74,12 +74,15 @@ def test_full_disk_stops_recording_not_the_job_and_the_report_says_incomplete(
     def small_files() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
+    # Outside CI mode (as a user runs it; in CI mode an incomplete run exits 4).
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(logdir),
              "--json", str(tmp_path / "report.json"), "--hang-timeout", "10",
              str(SCRIPTS / "long_loop.py")],
-            capture_output=True, text=True, timeout=100, cwd=REPO, preexec_fn=small_files)
+            capture_output=True, text=True, timeout=100, cwd=REPO, preexec_fn=small_files,
+            env=env)
     finally:
         leftovers = kill_job_processes(logdir)
     assert not leftovers
