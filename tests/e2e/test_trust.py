@@ -242,10 +242,7 @@ def test_a_restarted_job_reports_its_last_attempt_and_what_the_earlier_did(
     assert job.returncode == 1, job.stderr[-3000:]
     root = _root(job)
     assert root["kind"] == "rank_crashed" and not root["follow_on"], root
-    # gloo's restart sometimes fails to connect the ranks again (plain torchrun too, about 1
-    # run in 4): then that is attempt 1's failure, and the attempt-0 note is the same.
-    if "connectFullMesh" not in job.stderr:
-        assert _lines(root)[1] == ("restart_fails.py", marker_line(path, "second_failure"))
+    assert _lines(root)[1] == ("restart_fails.py", marker_line(path, "second_failure"))
     notes = " ".join(job.report["notes"])
     assert "this report is attempt 1's; in attempt 0, " in notes, notes
     assert (f"rank 1 raised OSError: shard-00003 unreadable at restart_fails.py:"
