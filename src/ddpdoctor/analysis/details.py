@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.finding import RankDetail
-from ddpdoctor.analysis.ranks import RankState, short_message
+from ddpdoctor.analysis.ranks import RankState, frame_sites, short_message
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, site_text
 from ddpdoctor.trace.model import Collective
 
@@ -67,10 +67,8 @@ def blocked_text(state: RankState) -> str:
     """Where a rank that the launcher tore down was: its last activity record (outside any
     collective, where, how much CPU), then the teardown."""
     act = (state.trace.activity if state.trace is not None else None) or {}
-    frames = act.get("frames") if isinstance(act.get("frames"), list) else []
-    site = frames[0] if frames and isinstance(frames[0], dict) else None
-    at = (f" at {str(site.get('file', '?')).replace(chr(92), '/').rsplit('/', 1)[-1]}:"
-          f"{site.get('line', '?')} in {site.get('function', '?')}()" if site else "")
+    sites = frame_sites(act.get("frames"))
+    at = f" at {site_text(sites[0])}" if sites else ""
     rate = act.get("cpu_rate")
     cpu = ""
     if isinstance(rate, (int, float)) and not isinstance(rate, bool):
@@ -84,10 +82,8 @@ def thread_error_texts(state: RankState) -> list[str]:
     """'rank 0's thread "prefetch" died: ValueError: ... at data.py:26 in producer()'."""
     out = []
     for rec in (state.trace.thread_errors if state.trace is not None else [])[:4]:
-        frames = [f for f in rec.get("frames") or [] if isinstance(f, dict)]
-        last = frames[-1] if frames else None
-        at = (f" at {str(last.get('file', '?')).replace(chr(92), '/').rsplit('/', 1)[-1]}:"
-              f"{last.get('line', '?')} in {last.get('function', '?')}()" if last else "")
+        sites = frame_sites(rec.get("frames"))
+        at = f" at {site_text(sites[-1])}" if sites else ""
         out.append(f"rank {state.rank}'s thread \"{str(rec.get('thread', '?'))[:80]}\" died: "
                    f"{rec.get('type', 'Exception')}: {short_message(rec.get('message'))}{at}")
     return out

@@ -112,7 +112,7 @@ def user_frame(frames: list[dict], user_files: set[str]) -> Site | None:
     """The innermost frame of user code in an exception's frames (outermost first): outside
     torch, installed libraries and the standard library; else the innermost frame of a file
     that issued collectives (``user_files``); else the innermost frame."""
-    sites = _sites(frames)
+    sites = frame_sites(frames)
     for site in reversed(sites):
         if not is_internal_file(site.file):
             return site
@@ -136,7 +136,7 @@ def _hang_stack(hang: dict | None) -> list[Site]:
         return []
     for thread in hang.get("threads") or []:
         if isinstance(thread, dict) and thread.get("main"):
-            sites = _sites(thread.get("frames") or [])
+            sites = frame_sites(thread.get("frames") or [])
             return [s for s in reversed(sites) if not is_internal_file(s.file)]
     return []
 
@@ -150,13 +150,13 @@ def distributed_call(hang: dict | None) -> str | None:
     user's code made), else None."""
     for thread in (hang or {}).get("threads") or []:
         if isinstance(thread, dict) and thread.get("main"):
-            for site in _sites(thread.get("frames") or []):
+            for site in frame_sites(thread.get("frames") or []):
                 if _DISTRIBUTED.search(site.file):
                     return call_name(site.file, site.function)
     return None
 
 
-def _sites(frames: object) -> list[Site]:
+def frame_sites(frames: object) -> list[Site]:
     """The well-formed frame records among ``frames``, as sites."""
     out = []
     for f in frames if isinstance(frames, list) else []:
