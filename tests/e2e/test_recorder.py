@@ -167,7 +167,7 @@ def test_syntax_error_in_script_is_reported_before_anything_starts(tmp_path: Pat
 
 
 @pytest.mark.timeout(120)
-def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) -> None:
+def test_every_op_kind_is_recorded_with_root_peer_reduce_op_and_amounts(tmp_path: Path) -> None:
     job = run_job(tmp_path, SCRIPTS / "all_ops.py")
     assert job.returncode == 0, job.stderr[-3000:]
     assert job.report["verdict"] == "clean"
@@ -178,7 +178,8 @@ def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) 
             ("all_gather", "all_gather"), ("all_gather_into_tensor", "all_gather_into_tensor"),
             ("reduce_scatter_tensor", "reduce_scatter_tensor"),
             ("all_gather_into_tensor_coalesced", None), ("reduce_scatter_tensor_coalesced", None),
-            ("all_to_all_single", "all_to_all_single"), ("gather", "gather"),
+            ("all_to_all_single", "all_to_all_single"), ("all_to_all", "all_to_all"),
+            ("gather", "gather"),
             ("scatter", "scatter"), ("barrier", "barrier"),
             ("send" if rank == 0 else "recv", "send" if rank == 0 else "recv"),
             ("all_gather", "all_gather_object"), ("all_gather", "all_gather_object")]
@@ -187,7 +188,15 @@ def test_every_op_kind_is_recorded_with_root_peer_and_reduce_op(tmp_path: Path) 
         assert by_op["reduce"].reduce_op == "SUM" and by_op["scatter"].root == 0
         p2p = by_op["send" if rank == 0 else "recv"]
         assert p2p.seq is None and p2p.p2p_seq == 1 and p2p.peer == 1 - rank
-        assert [c.seq for c in trace.collectives if c.seq is not None] == list(range(1, 15))
+        assert [c.seq for c in trace.collectives if c.seq is not None] == list(range(1, 16))
+        # What decides a match beyond the tensors: amounts per peer, and the tag.
+        assert p2p.tag == 5
+        a2a = by_op["all_to_all_single"]
+        assert (a2a.sends, a2a.recvs, a2a.row) == ((2, 2), (2, 2), 1)
+        assert (by_op["all_to_all"].sends, by_op["all_to_all"].recvs) == ((2, 2), (2, 2))
+        assert by_op["gather"].sends == (4, 0) and by_op["scatter"].recvs == (4, 0)
+        assert (by_op["gather"].recvs, by_op["scatter"].sends) == \
+            (((4, 4), (4, 4)) if rank == 0 else (None, None))
         # The coalesced ops (gloo binds them in C++ only: the recorder once broke FSDP2 jobs
         # there) ran, and their site is the script's line, not contextlib's __exit__.
         coalesced = [c for c in trace.collectives if c.op.endswith("_coalesced")]

@@ -121,6 +121,10 @@ def test_groups_and_point_to_point(job: Path) -> None:
     run = _assert_same(job)
     assert isinstance(run.ranks[0].collectives, CollectiveLog)
     assert {c.op for c in run.ranks[0].collectives} >= {"send", "all_reduce", "broadcast"}
+    # What decides a match beyond the tensors reads back on both paths (format 7).
+    a2a = next(c for c in run.ranks[1].collectives if c.op == "all_to_all_single")
+    assert (a2a.sends, a2a.recvs, a2a.row) == ((4, 4), (4, 4), 4)
+    assert next(c for c in run.ranks[0].collectives if c.op == "send").tag == 7
 
 
 def _mutate(src: Path, dst: Path, rank: int, change) -> Path:

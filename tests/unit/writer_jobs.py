@@ -59,9 +59,10 @@ class WriterRank:
     def coll(self, op: str, label: str, numel: int, stack: tuple, *, dtype: str = "float32",
              reduce_op: str | None = None, root: int | None = None, bucket: int | None = None,
              done: bool = True, api: str | None = None, group: str = "0",
-             peer: int | None = None) -> None:
+             peer: int | None = None, meta: tuple = ()) -> None:
         """One collective (a send/recv when ``peer`` is given), numbered as the recording
-        process group numbers it."""
+        process group numbers it; ``meta``: split sizes or a tag, as the recording group
+        passes them."""
         self.id += 1
         self.t += 0.001
         if peer is None:
@@ -71,7 +72,7 @@ class WriterRank:
             self.p2p_seq += 1
             seq, p2p_seq = None, self.p2p_seq
         site = self.writer.site(group, op, label, api, (((numel,), f"torch.{dtype}"),),
-                                reduce_op, root, peer, stack)
+                                reduce_op, root, peer, stack, meta)
         cid = self.writer.write_at(site, seq, p2p_seq, bucket, self.iteration, self.t)
         assert cid == self.id
         work = self.writer.works[cid] = _Work(done)
@@ -100,8 +101,8 @@ def writer_job(folder: Path, max_bytes: int | None, world: int = 3, iterations: 
                eval_rank: int | None = 1, eval_at: int = 300, hang: bool = False,
                extras: bool = False) -> Path:
     """A DDP-like job on ``world`` ranks; ``eval_rank`` alone evaluates once (seed 000).
-    ``extras``: every 10 steps an all-reduce on a second group of ranks 0 and 1, and a
-    send from rank 0 to rank 1."""
+    ``extras``: every 10 steps an all-reduce and an all_to_all_single (with its split sizes)
+    on a second group of ranks 0 and 1, and a send from rank 0 to rank 1 (tagged)."""
     folder.mkdir(parents=True, exist_ok=True)
     ranks = [WriterRank(folder / f"rank-{r}.jsonl", r, world, max_bytes) for r in range(world)]
     if extras:
@@ -121,8 +122,14 @@ def writer_job(folder: Path, max_bytes: int | None, world: int = 3, iterations: 
             if extras and it % 10 == 0 and r.writer.rank < 2:
                 r.coll("all_reduce", "user", 8, LOG, reduce_op="SUM", group="1",
                        api="all_reduce")
+                # rows to / from ranks 0 and 1: what one sends the other expects
+                rows = tuple(n * 4 for n in ((2, it % 3) if r.writer.rank == 0 else (it % 3, 1)))
+                r.coll("all_to_all_single", "user", sum(rows), LOG, group="1",
+                       api="all_to_all_single",
+                       meta=(("sends", rows), ("recvs", rows), ("row", 4)))
                 r.coll("send" if r.writer.rank == 0 else "recv", "user", 4, LOG,
-                       peer=1 - r.writer.rank, api="send" if r.writer.rank == 0 else "recv")
+                       peer=1 - r.writer.rank, api="send" if r.writer.rank == 0 else "recv",
+                       meta=(("tag", 7),))
             if it % 5 == 0:
                 r.drain()
     for r in ranks:

@@ -44,6 +44,7 @@ from ddpdoctor.analysis.signature import (
     site_key,
     soft_difference,
 )
+from ddpdoctor.analysis.splits import first_split_mismatch
 from ddpdoctor.analysis.terms import REDUCING_OPS
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Collective, Run
@@ -378,25 +379,57 @@ def _align_p2p(name: str, ops: dict[int, list[Collective]], members: list[int],
     first: Divergence | None = None
     for (src, dst), (sends, recvs) in mine.items():
         pairs[(name, src, dst)] = (sends, recvs)
-        found = None
-        for k in range(min(len(sends), len(recvs))):
-            s, r = sends[k], recvs[k]
-            if s.shapes != r.shapes or s.numel != r.numel:
-                found = Divergence(fk.SHAPE_MISMATCH, name, None, {src: s, dst: r}, SHAPE)
-            elif s.dtypes != r.dtypes:
-                found = Divergence(fk.DTYPE_MISMATCH, name, None, {src: s, dst: r}, DTYPE)
-            if found:
-                break
-        if found is None and len(sends) != len(recvs):
-            k = min(len(sends), len(recvs))
-            at = {src: sends[k] if k < len(sends) else None,
-                  dst: recvs[k] if k < len(recvs) else None}
-            found = Divergence(fk.MISSING_COLLECTIVE, name, None, at, "missing")
+        found = _pair_mismatch(name, src, dst, sends, recvs)
         if found is not None:
             found.p2p = True
             if first is None or found.t < first.t:
                 first = found
     return first
+
+
+def _pair_mismatch(name: str, src: int, dst: int, sends: list[Collective],
+                   recvs: list[Collective]) -> Divergence | None:
+    """The first mismatch between ``src``'s sends to ``dst`` and ``dst``'s receives from
+    ``src``: a send and a receive meet when their tags agree, in order within a tag (as the
+    backends match them). Sizes differ; a receive waits for a tag no send used; or one side
+    has ops the other never matched."""
+    by_tag: dict[int, tuple[list[Collective], list[Collective]]] = {}
+    for c in sends:
+        by_tag.setdefault(c.tag or 0, ([], []))[0].append(c)
+    for c in recvs:
+        by_tag.setdefault(c.tag or 0, ([], []))[1].append(c)
+    left_sends: list[Collective] = []
+    left_recvs: list[Collective] = []
+    for tag_sends, tag_recvs in by_tag.values():
+        for s, r in zip(tag_sends, tag_recvs):
+            if s.shapes != r.shapes or s.numel != r.numel:
+                return Divergence(fk.SHAPE_MISMATCH, name, None, {src: s, dst: r}, SHAPE)
+            if s.dtypes != r.dtypes:
+                return Divergence(fk.DTYPE_MISMATCH, name, None, {src: s, dst: r}, DTYPE)
+        k = min(len(tag_sends), len(tag_recvs))
+        left_sends += tag_sends[k:]
+        left_recvs += tag_recvs[k:]
+    if not left_sends and not left_recvs:
+        return None
+    s = min(left_sends, key=lambda c: c.id) if left_sends else None
+    r = min(left_recvs, key=lambda c: c.id) if left_recvs else None
+    if s is not None and r is not None:  # each waits for the other under another tag
+        return Divergence(fk.TAG_MISMATCH, name, None, {src: s, dst: r}, "tag")
+    return Divergence(fk.MISSING_COLLECTIVE, name, None, {src: s, dst: r}, "missing")
+
+
+def _check_splits(run: Run, g: GroupAlignment, traced: list[int]) -> None:
+    """An all_to_all, gather or scatter whose amounts disagree before the group's first error
+    becomes that error (its tensors are not compared: they differ by design)."""
+    found = first_split_mismatch(run, g, g.first_error.seq if g.first_error else None)
+    if found is None:
+        return
+    seq, at = found
+    context = {r: c for r, c in _position(g, seq - 2, traced).items() if c is not None} \
+        if seq > 1 else {}
+    g.first_error = Divergence(fk.SPLIT_MISMATCH, g.name, seq, at, "splits", context)
+    if g.first_warning is not None and (g.first_warning.seq or 0) >= seq:
+        g.first_warning = None
 
 
 def align(run: Run) -> Alignment:
@@ -417,6 +450,7 @@ def align(run: Run) -> Alignment:
                 g.membership.setdefault(r, [])
         traced = [r for r in members if r in run.ranks]
         _align_group(g, ids.get(name, {}), traced, join_sites)
+        _check_splits(run, g, traced)
         if name in p2p:
             d = _align_p2p(name, p2p[name], members, result.pairs)
             if d is not None:

@@ -4,6 +4,7 @@ causes -> report. Pure: it reads a loaded :class:`~ddpdoctor.trace.model.Run` an
 
 from __future__ import annotations
 
+from ddpdoctor.analysis import backend_words
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment, align
 from ddpdoctor.analysis.endings import (
@@ -36,6 +37,9 @@ GENERIC_ADVICE = {
     fk.DTYPE_MISMATCH: "Make the tensor the same dtype on every rank before the collective.",
     fk.REDUCE_OP_MISMATCH: "Use the same reduce op on every rank.",
     fk.ROOT_MISMATCH: "Pass the same src/dst rank on every rank.",
+    fk.SPLIT_MISMATCH: "Make each rank's output split for a peer equal that peer's input split "
+                       "for it: exchange the split sizes first.",
+    fk.TAG_MISMATCH: "Use the same tag on both sides of each send/recv pair.",
     fk.GROUP_MISMATCH: "Call new_group() on every rank, in the same order, with the same rank "
                        "list (every rank of the world must call it, members or not).",
     fk.MISSING_COLLECTIVE: "Find why the ranks that never issued it did not reach that line "
@@ -89,6 +93,10 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
     """Attach cause, evidence and advice; consequences of the root share its cause."""
     for f in findings:
         f.cause, f.evidence = recognise(f, ctx)
+        if not f.follow_on:
+            f.evidence = f.evidence + backend_words.evidence(
+                {r: ctx.states[r].backend_words for r in f.ranks
+                 if r in ctx.states and ctx.states[r].backend_words})
     root = findings[0] if findings else None
     for f in findings[1:]:
         if root is None or root.cause is None or f.kind == fk.TEARDOWN_ABORT:

@@ -30,6 +30,8 @@ class FindingKind(str, Enum):
     DTYPE_MISMATCH = "dtype_mismatch"
     REDUCE_OP_MISMATCH = "reduce_op_mismatch"
     ROOT_MISMATCH = "root_mismatch"
+    SPLIT_MISMATCH = "split_mismatch"  # all_to_all / gather / scatter amounts disagree
+    TAG_MISMATCH = "tag_mismatch"  # a receive waits for a tag its sender did not use
     GROUP_MISMATCH = "group_mismatch"
     MISSING_COLLECTIVE = "missing_collective"
     CALLSITE_DIVERGENCE = "callsite_divergence"
@@ -43,7 +45,8 @@ class FindingKind(str, Enum):
 
 MISMATCH_KINDS = (FindingKind.OP_MISMATCH, FindingKind.SHAPE_MISMATCH,
                   FindingKind.DTYPE_MISMATCH, FindingKind.REDUCE_OP_MISMATCH,
-                  FindingKind.ROOT_MISMATCH)
+                  FindingKind.ROOT_MISMATCH, FindingKind.SPLIT_MISMATCH,
+                  FindingKind.TAG_MISMATCH)
 # Findings at one position of a group's sequence (a later one there follows from the first).
 POSITION_KINDS = MISMATCH_KINDS + (FindingKind.MISSING_COLLECTIVE,
                                    FindingKind.CALLSITE_DIVERGENCE)

@@ -14,6 +14,7 @@ from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import LABEL, path_key
+from ddpdoctor.analysis.splits import disagreements
 from ddpdoctor.analysis.terms import describe, group_text, op_text, rank_list, site_text
 from ddpdoctor.analysis.waits import Wait
 from ddpdoctor.trace import schema
@@ -136,6 +137,48 @@ def _callsite(d: Divergence, g: GroupAlignment | None,
                    t=d.t)
 
 
+def _amounts(c: Collective) -> str:
+    """'sends [2, 3] rows, expects [2, 2] rows': what a rank passed to an op of ops.SPLITS."""
+    def shown(counts: tuple[int, ...]) -> str:
+        if c.row and all(n % c.row == 0 for n in counts):
+            return f"{[n // c.row for n in counts]} rows"
+        return f"{list(counts)} elements"
+    parts = []
+    if c.sends is not None and any(c.sends):
+        parts.append(f"sends {shown(c.sends)}")
+    if c.recvs is not None and any(c.recvs):
+        parts.append(f"expects {shown(c.recvs)}")
+    return ", ".join(parts) + " (per rank of the group)" if parts else ""
+
+
+def _split(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]) -> Finding:
+    members = g.members if g else sorted(d.at)
+    found = disagreements(d.at, members)
+    c = next(c for c in d.at.values() if c is not None)
+    shown = "; ".join(x.text() for x in found[:_MAX_PARTS])
+    if len(found) > _MAX_PARTS:
+        shown += f"; and {len(found) - _MAX_PARTS} more pairs"
+    summary = (f"At {_position_text(d, members)} the ranks' split sizes disagree in "
+               f"{describe(c)} ({op_text(c)}) at {site_text(c.site)}: {shown}.")
+    details = _details(d, states)
+    for r, at in d.at.items():
+        if at is not None:
+            details[r].note = _amounts(at)
+    return Finding(fk.SPLIT_MISMATCH, ERROR, d.group, d.seq, summary, details, t=d.t)
+
+
+def _tag(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]) -> Finding:
+    (src, s), (dst, r) = [(rank, c) for rank, c in d.at.items() if c is not None]
+    members = g.members if g else []
+    summary = (f"In {_position_text(d, members)} rank {dst} waits to receive from rank {src} "
+               f"with tag {r.tag or 0} at {site_text(r.site)}, but rank {src} sent to rank "
+               f"{dst} with tag {s.tag or 0} at {site_text(s.site)}: a receive only matches a "
+               f"send of the same tag.")
+    details = _details(d, states)
+    details[src].note, details[dst].note = f"tag {s.tag or 0}", f"tag {r.tag or 0}"
+    return Finding(fk.TAG_MISMATCH, ERROR, d.group, None, summary, details, p2p=True, t=d.t)
+
+
 def divergence_finding(d: Divergence, alignment: Alignment,
                        states: dict[int, RankState]) -> Finding:
     """The finding for one first divergence, with the last matched collective as context."""
@@ -144,6 +187,10 @@ def divergence_finding(d: Divergence, alignment: Alignment,
         f = _missing(d, g, states)
     elif d.kind == fk.CALLSITE_DIVERGENCE:
         f = _callsite(d, g, states)
+    elif d.kind == fk.SPLIT_MISMATCH:
+        f = _split(d, g, states)
+    elif d.kind == fk.TAG_MISMATCH:
+        f = _tag(d, g, states)
     else:
         f = _mismatch(d, g, states)
     f.context = {r: collective_detail(c) for r, c in sorted(d.context.items())}

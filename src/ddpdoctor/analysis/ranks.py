@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from ddpdoctor.analysis.backend_words import explaining_lines
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.index import index_of
@@ -75,6 +76,9 @@ class RankState:
     # At the hang, inside a torch.distributed call with nothing recorded as pending: a call
     # the record does not hold (its name), whatever the rank waited for there.
     unrecorded_call: str | None = None
+    # The lines of its stderr tail that explain its end (analysis/backend_words.py), with the
+    # rank of their pattern; only for a rank that did not finish.
+    backend_words: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def waiting(self) -> Collective | None:
@@ -244,6 +248,8 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     if state.crash_site is None and state.crashed:
         where = state.where
         state.crash_site = where.site if where else None
+    if trace.stderr_tail:
+        state.backend_words = explaining_lines(trace.stderr_tail)
     return state
 
 
@@ -253,8 +259,46 @@ def rank_states(run: Run) -> dict[int, RankState]:
     files = _user_files(run) if needs_files else set()
     ranks = sorted(set(range(run.world_size)) | set(run.ranks))
     states = {r: rank_state(run.ranks.get(r), r, run, files) for r in ranks}
+    _settle_by_peers(run, states)
     _mark_torn_down(states)
     return states
+
+
+_PEERS_ASKED = 4  # members asked whether they completed a position (any one settles it)
+
+
+def _settle_by_peers(run: Run, states: dict[int, RankState]) -> None:
+    """A rank killed before its writer thread reported completions shows every collective
+    pending, and would be placed in its first one. One that a peer completed at the same
+    position, and after which the rank issued more, is not where the rank waits: dropped
+    from its pending list (its last one always stays)."""
+    for s in states.values():
+        if len(s.pending) < 2 or s.last is None:
+            continue
+        last, before = s.last, s.pending[0]
+        s.pending = [c for c in s.pending
+                     if c.id == last.id or c.seq is None or not _peer_completed(run, s.rank, c)]
+        if s.crashed and s.crash_site is before.site and s.pending:
+            s.crash_site = s.pending[0].site  # it was placed where it waited
+
+
+def _peer_completed(run: Run, rank: int, c: Collective) -> bool:
+    asked = 0
+    for r, trace in run.ranks.items():
+        if r == rank:
+            continue
+        positions = index_of(trace.collectives).by_group().get(c.group)
+        if positions is None or c.seq is None:
+            continue
+        theirs = positions.collectives[c.seq - 1] if c.seq <= len(positions.collectives) \
+            else None
+        if theirs is not None and theirs.op == c.op:
+            if theirs.state == schema.COMPLETED:
+                return True
+            asked += 1
+            if asked >= _PEERS_ASKED:
+                return False
+    return False
 
 
 _TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.I)

@@ -488,6 +488,8 @@ RULES: list[tuple[str, Rule]] = [
     ("rank_dependent_shape", _rank_dependent_shape),
     ("ddp_model_mismatch", _ddp_model_mismatch),
     ("broadcast_root_mismatch", _broadcast_root_mismatch),
+    ("rank_dependent_split_sizes", _kind(fk.SPLIT_MISMATCH)),
+    ("p2p_tag_mismatch", _kind(fk.TAG_MISMATCH)),
     ("rank_dependent_reduce_op", _rank_dependent_reduce_op),
 ]
 

@@ -44,7 +44,14 @@ from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import nested_launch, redact, schema
 from ddpdoctor.trace.model import Run
-from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run, unreadable
+from ddpdoctor.trace.reader import (
+    NoTraces,
+    TraceError,
+    load_rounds,
+    load_run,
+    unreadable,
+    wait_for_tails,
+)
 
 
 class Launcher(str, Enum):
@@ -343,6 +350,7 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
     """Run the job under instrumentation and diagnose what its ranks recorded."""
     expected = _expected_schedule(opts.expect_schedule) if opts.expect_schedule else None
     job = run_job(opts, logdir, on_status, on_output)
+    wait_for_tails(str(logdir))
     report, read_error, changes = None, None, []
     try:
         rounds = load_rounds([str(logdir)])

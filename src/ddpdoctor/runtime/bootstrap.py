@@ -237,6 +237,7 @@ def boot() -> None:
     _boot_pid = os.getpid()
     _die_with_parent()
     _recorder = Recorder(logdir, os.environ.get(env.RUN_ID, ""))
+    _recorder.keep_stderr = True
     # torch warns once per process when numpy is missing (which a job that uses no numpy
     # does not mind): with a dozen processes that is a dozen copies of one line.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")

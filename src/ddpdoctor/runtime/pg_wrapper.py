@@ -11,6 +11,7 @@ collective: recording is switched off with one warning and the call goes through
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import warnings
@@ -126,16 +127,84 @@ def group_of(backend: Any, rank: int, size: int) -> Any:
     return group
 
 
+def _row(t: Any) -> int:
+    """Elements per row (along dim 0) of tensor ``t``."""
+    return math.prod(t.shape[1:]) if t.dim() else 1
+
+
+def _split_elements(splits: Any, t: Any, size: int) -> tuple[int, ...]:
+    """Elements per rank of ``t`` split along dim 0 by ``splits`` (rows; empty: even)."""
+    row = _row(t)
+    if splits:
+        return tuple(int(n) * row for n in splits)
+    rows = t.shape[0] if t.dim() else 1
+    return (rows // size * row,) * size
+
+
+def _all_to_all_single_meta(args: tuple, size: int, root: int | None) -> tuple:
+    out, inp = args[0], args[1]
+    meta: tuple = (("sends", _split_elements(args[3], inp, size)),
+                   ("recvs", _split_elements(args[2], out, size)))
+    if _row(inp) == _row(out):
+        meta += (("row", _row(inp)),)
+    return meta
+
+
+def _all_to_all_meta(args: tuple, size: int, root: int | None) -> tuple:
+    return (("sends", tuple(t.numel() for t in args[1])),
+            ("recvs", tuple(t.numel() for t in args[0])))
+
+
+def _gather_meta(args: tuple, size: int, root: int | None) -> tuple:
+    outputs, inputs = args[0], args[1]
+    meta: tuple = (("sends", tuple(inputs[0].numel() if j == root else 0
+                                   for j in range(size))),)
+    if outputs and outputs[0]:  # the root's gather list
+        meta += (("recvs", tuple(t.numel() for t in outputs[0])),)
+    return meta
+
+
+def _scatter_meta(args: tuple, size: int, root: int | None) -> tuple:
+    outputs, inputs = args[0], args[1]
+    meta: tuple = ()
+    if inputs and inputs[0]:  # the root's scatter list
+        meta = (("sends", tuple(t.numel() for t in inputs[0])),)
+    return meta + (("recvs", tuple(outputs[0].numel() if j == root else 0
+                                   for j in range(size))),)
+
+
+# What each op of ops.SPLITS sends to and expects from every rank of the group.
+_META: dict[str, Callable[[tuple, int, int | None], tuple]] = {
+    "all_to_all_single": _all_to_all_single_meta, "all_to_all": _all_to_all_meta,
+    "gather": _gather_meta, "scatter": _scatter_meta,
+}
+
+
+def _tag_meta(tag: Any) -> tuple:
+    """The ``tag`` field of a point-to-point op; nothing for the default tag 0."""
+    return (("tag", tag),) if type(tag) is int and tag else ()
+
+
 def _forwarded(op: str, method: str, tensors: int, opts: int | None = None,
                reduce: bool = False, root: bool = False) -> Callable[..., Any]:
     """A method that records ``op`` and forwards its arguments to the backend's ``method``:
     the tensors are argument ``tensors``; the options (argument ``opts``) give the reduce op
-    and the root when ``reduce`` / ``root``."""
+    and the root when ``reduce`` / ``root``; an op of ops.SPLITS records its amounts."""
+    describe = _META.get(op)
+
     def forward(self: RecordingProcessGroup, *args: Any) -> Any:
         options = args[opts] if opts is not None and len(args) > opts else None
+        root_rank = getattr(options, "rootRank", None) if root else None
+        meta: tuple = ()
+        size = self._issuer.size
+        if describe is not None and size <= ops.MAX_SPLIT_RANKS:
+            try:
+                meta = describe(args, size, root_rank)
+            except (AttributeError, IndexError, TypeError, ValueError):
+                meta = ()  # arguments torch itself will refuse: recorded without
         return self._issue(op, method, args, args[tensors],
-                           _reduce_op(options) if reduce else None,
-                           getattr(options, "rootRank", None) if root else None, None, False)
+                           _reduce_op(options) if reduce else None, root_rank, None, False,
+                           meta)
 
     forward.__name__ = forward.__qualname__ = op
     return forward
@@ -146,12 +215,13 @@ class _Issuer:
     instance of a pybind11 class's Python subclass costs about three times a plain object's
     to read, and every collective reads a dozen."""
 
-    __slots__ = ("recorder", "name", "seq", "p2p_seq", "enabled", "calls", "bind")
+    __slots__ = ("recorder", "name", "size", "seq", "p2p_seq", "enabled", "calls", "bind")
 
-    def __init__(self, recorder: Recorder, name: str,
+    def __init__(self, recorder: Recorder, name: str, size: int,
                  bind: Callable[[str], Callable[..., Any]]) -> None:
         self.recorder = recorder
         self.name = name
+        self.size = size
         self.seq = 0
         self.p2p_seq = 0
         self.enabled = True
@@ -159,9 +229,10 @@ class _Issuer:
         self.bind = bind
 
     def issue(self, op: str, method: str, args: tuple, tensors: Any, reduce_op: Any,
-              root: int | None, peer: int | None, p2p: bool) -> Any:
+              root: int | None, peer: int | None, p2p: bool, meta: tuple = ()) -> Any:
         """Record ``op``, then run ``method`` of the wrapped backend with ``args``. (Arguments
-        by position, and no call that can be avoided: this runs for every collective.)"""
+        by position, and no call that can be avoided: this runs for every collective.)
+        ``meta``: ((field, value), ...) recorded beyond the tensors (split sizes, a tag)."""
         cid = None
         recorder = self.recorder
         if self.enabled and recorder.writer is not None:
@@ -189,7 +260,7 @@ class _Issuer:
                 except ValueError:
                     caller = None
                 cid = recorder.record(self.name, seq, p2p_seq, op, shapes, reduce_op, root, peer,
-                                      caller)
+                                      caller, meta)
             except Exception as exc:  # never let recording break the user's collective
                 self.enabled = False
                 message = (f"recording stopped for group {self.name}: "
@@ -225,7 +296,7 @@ class RecordingProcessGroup(dist.ProcessGroup):
         self._inner = inner
         self._recorder = recorder
         self._direct: Any = None  # see _bound
-        self._issuer = _Issuer(recorder, name, self._bound)
+        self._issuer = _Issuer(recorder, name, size, self._bound)
         self._issue = self._issuer.issue
         global _failure_check_chosen
         if not _failure_check_chosen:
@@ -290,15 +361,18 @@ class RecordingProcessGroup(dist.ProcessGroup):
         self._issue("monitored_barrier", _MONITORED, (), None, None, None, None, False)
 
     # -- point to point ---------------------------------------------------------------------
+    # (tensors, peer, tag); recv_anysource: (tensors, tag).
     def send(self, *args: Any) -> Any:
-        return self._issue("send", "send", args, args[0], None, None, args[1], True)
+        return self._issue("send", "send", args, args[0], None, None, args[1], True,
+                           _tag_meta(args[2]) if len(args) > 2 else ())
 
     def recv(self, *args: Any) -> Any:
-        return self._issue("recv", "recv", args, args[0], None, None, args[1], True)
+        return self._issue("recv", "recv", args, args[0], None, None, args[1], True,
+                           _tag_meta(args[2]) if len(args) > 2 else ())
 
     def recv_anysource(self, *args: Any) -> Any:
         return self._issue("recv_anysource", "recv_anysource", args, args[0], None, None, None,
-                           True)
+                           True, _tag_meta(args[1]) if len(args) > 1 else ())
 
     # -- coalescing brackets: forwarded, not recorded ----------------------------------------
     def _start_coalescing(self, *args: Any) -> Any:

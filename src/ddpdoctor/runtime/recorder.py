@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from ddpdoctor.runtime import env, user_code
+from ddpdoctor.runtime import env, stderr_tail, user_code
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import MAX_SITES, Site, TraceWriter
@@ -47,6 +47,7 @@ class Recorder:
     def __init__(self, logdir: str, run_id: str) -> None:
         self.logdir = logdir
         self.run_id = run_id
+        self.keep_stderr = False  # the rank's stderr tail goes to the log folder (bootstrap)
         self.labeler = StackLabeler([os.path.dirname(os.path.dirname(__file__))])
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self._start_afresh()
@@ -119,6 +120,8 @@ class Recorder:
             self._early.clear()
             if self.watchdog is None:  # one per process, whatever the rounds
                 self.watchdog = Watchdog(self, self.logdir, rank)
+                if self.keep_stderr:
+                    stderr_tail.start(self.logdir)
         elif backend is not None:
             self.writer.put(self._process_start(rank, world_size, backend))
 
@@ -169,23 +172,25 @@ class Recorder:
     # -- hot path ---------------------------------------------------------------------------
     def record(self, group: str, seq: int | None, p2p_seq: int | None, op: str,
                tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
-               frame: Any) -> int | None:
+               frame: Any, meta: tuple = ()) -> int | None:
         """Write the line of one collective about to be issued, and return its id (the caller
         stores the ``Work`` under it in the writer's ``works``); None before the trace is open.
-        ``tensors``: ((shape, dtype), ...)."""
+        ``tensors``: ((shape, dtype), ...); ``meta``: ((field, value), ...) beyond them."""
         writer = self.writer
         if writer is None:
             return None
         if frame is None:  # the site follows the main thread (describe): not cached
-            site, bucketed = self._site(writer, group, op, tensors, reduce_op, root, peer, None)
+            site, bucketed = self._site(writer, group, op, tensors, reduce_op, root, peer, None,
+                                        meta)
         else:
-            key = (group, op, reduce_op, root, peer, tensors, self.labeler.places(frame)[0])
+            key = (group, op, reduce_op, root, peer, tensors, self.labeler.places(frame)[0],
+                   meta)
             known = self._sites.get(key)
             if known is None:
                 if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
                     self._sites.clear()
                 known = self._sites[key] = self._site(writer, group, op, tensors, reduce_op,
-                                                      root, peer, frame)
+                                                      root, peer, frame, meta)
             site, bucketed = known
         bucket = None
         if bucketed:
@@ -195,7 +200,8 @@ class Recorder:
         return writer.write_at(site, seq, p2p_seq, bucket, self.iteration, t)
 
     def _site(self, writer: TraceWriter, group: str, op: str, tensors: tuple, reduce_op: Any,
-              root: int | None, peer: int | None, frame: Any) -> tuple[Site, bool]:
+              root: int | None, peer: int | None, frame: Any,
+              meta: tuple = ()) -> tuple[Site, bool]:
         """The site of a collective called from ``frame``, labelled, and whether each of its
         calls counts as the next gradient bucket of the iteration."""
         label, api, stack = self.labeler.describe(frame)
@@ -205,8 +211,8 @@ class Recorder:
                 label = UNUSED_PARAMS
             else:
                 bucketed = True
-        return writer.site(group, op, label, api, tensors, reduce_op, root, peer, stack), \
-            bucketed
+        return writer.site(group, op, label, api, tensors, reduce_op, root, peer, stack,
+                           meta), bucketed
 
     # -- DDP --------------------------------------------------------------------------------
     def next_iteration(self) -> None:

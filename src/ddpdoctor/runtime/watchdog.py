@@ -28,7 +28,7 @@ import traceback
 from collections import deque
 from typing import Any
 
-from ddpdoctor.runtime import peers, source_capture, user_code
+from ddpdoctor.runtime import peers, source_capture, stderr_tail, user_code
 from ddpdoctor.trace import handshake, schema
 from ddpdoctor.trace.model import call_name
 
@@ -91,8 +91,11 @@ def tree_usage() -> tuple[float, int] | None:
     except (OSError, KeyError, ValueError, IndexError):
         return None
     todo, seen = _children(str(os.getpid())), 0
+    helper = str(stderr_tail.helper_pid)
     while todo and seen < MAX_TREE:
         pid = todo.pop()
+        if pid == helper:  # ddpdoctor's copier of the rank's stderr, not the user's work
+            continue
         seen += 1
         try:
             cpu += _cpu_of(pid)

@@ -44,14 +44,15 @@ class Site:
     label, tensors, call stack, ...) and their encoding in the trace line, made once."""
 
     __slots__ = ("group", "op", "label", "api", "tensors", "reduce_op", "root", "peer", "stack",
-                 "text")
+                 "meta", "text")
 
     def __init__(self, group: str, op: str, label: str, api: str | None,
                  tensors: Sequence[tuple[Any, Any]], reduce_op: Any, root: int | None,
-                 peer: int | None, stack: tuple) -> None:
+                 peer: int | None, stack: tuple, meta: tuple = ()) -> None:
         self.group, self.op, self.label, self.api = group, op, label, api
         self.tensors, self.reduce_op, self.root, self.peer = tensors, reduce_op, root, peer
         self.stack = stack
+        self.meta = meta  # ((field, value), ...): sends, recvs, row, tag (schema version 7)
         self.text = ""  # the static part of the line (the writer fills it in)
 
 
@@ -209,20 +210,22 @@ class TraceWriter:
 
     # -- caller side -------------------------------------------------------------------------
     def site(self, group: str, op: str, label: str, api: str | None, tensors: tuple,
-             reduce_op: Any, root: int | None, peer: int | None, stack: tuple) -> Site:
+             reduce_op: Any, root: int | None, peer: int | None, stack: tuple,
+             meta: tuple = ()) -> Site:
         """The :class:`Site` of these static fields: the same object for the same fields (its
         line encoded once). ``tensors``: ((shape, dtype), ...); ``stack``: the labeler's cached
-        tuple for a call stack (same places, same object)."""
+        tuple for a call stack (same places, same object); ``meta``: ((field, value), ...) of
+        the fields that decide a match beyond the tensors (split sizes, a tag)."""
         # Keyed by id(stack): the labeler hands out one tuple per call stack and the site keeps
         # it alive, so the id cannot be reused while the key exists.
-        key = (group, op, label, api, reduce_op, root, peer, id(stack), tensors)
+        key = (group, op, label, api, reduce_op, root, peer, id(stack), tensors, meta)
         with self._lock:
             site = self._sites.get(key)
             if site is None:
                 if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
                     self._sites.clear()
                 site = self._sites[key] = Site(group, op, label, api, tensors, reduce_op, root,
-                                               peer, stack)
+                                               peer, stack, meta)
             return site
 
     def write_at(self, site: Site, seq: int | None, p2p_seq: int | None, bucket: int | None,
@@ -428,6 +431,7 @@ class TraceWriter:
             value = getattr(site, name)
             if value is not None:
                 out[name] = value
+        out.update(site.meta)
         return json.dumps(out)[1:-1]
 
     def _write(self, text: str) -> None:

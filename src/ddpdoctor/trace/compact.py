@@ -63,10 +63,11 @@ from ddpdoctor.trace.records import (
 # How a collective line begins, before its id: formats 4 and 5 (the same lines), and format 3.
 _PREFIX_V4 = b'{"id": %d, "kind": "collective", '
 # Versions 4 to 6 have the same collective lines.
-_PREFIXES = {6: _PREFIX_V4, 5: _PREFIX_V4, 4: _PREFIX_V4,
-             3: b'{"kind": "collective", "id": %d, '}
-_HEADS = {6: list(schema.COLLECTIVE_HEAD), 5: list(schema.COLLECTIVE_HEAD),
-          4: list(schema.COLLECTIVE_HEAD), 3: list(schema.COLLECTIVE_HEAD_V3)}
+# Format 4 and every later one share the line layout of version 4.
+_PREFIXES = {3: b'{"kind": "collective", "id": %d, ',
+             **{v: _PREFIX_V4 for v in range(4, schema.VERSION + 1)}}
+_HEADS = {3: list(schema.COLLECTIVE_HEAD_V3),
+          **{v: list(schema.COLLECTIVE_HEAD) for v in range(4, schema.VERSION + 1)}}
 _PREFIX_LEN = len(b'{"id": ')  # the ``"state"`` of a line's tail lies past this in both
 STATE_MARK = b'"state": "'
 _STATE_PREFIX = b'{"kind": "state", "id": '
@@ -402,7 +403,7 @@ class CollectiveLog(Sequence[Collective]):
             c = Collective(rank=self.rank, id=ordinal + 1, group=p.group, seq=None, op=p.op,
                            label=p.label, shapes=p.shapes, dtypes=p.dtypes, numel=p.numel,
                            reduce_op=p.reduce_op, root=p.root, peer=p.peer, api=p.api,
-                           stack=p.stack)
+                           stack=p.stack, sends=p.sends, recvs=p.recvs, row=p.row, tag=p.tag)
         ids = self._state_ids
         i = bisect_right(ids, c.id)
         if i and ids[i - 1] == c.id:

@@ -69,7 +69,7 @@ class ListIndex:
             key = (c.group, c.op, c.label,
                    tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
                    dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, c.reduce_op,
-                   c.root, c.peer, c.api, id(c.stack))
+                   c.root, c.peer, c.api, id(c.stack), c.sends, c.recvs, c.row, c.tag)
             code = keys.get(key)
             if code is None:
                 code = keys[key] = len(protos)

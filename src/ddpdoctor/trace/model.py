@@ -110,6 +110,13 @@ class Collective:
     state: str = "completed"
     t_end: float | None = None
     stack: list[Site] = field(default_factory=list)
+    # What decides a match beyond the tensors (format 7; None where not recorded): elements
+    # sent to / expected from each rank of the group by group rank, elements per row of an
+    # all_to_all_single, and a point-to-point tag.
+    sends: tuple[int, ...] | None = None
+    recvs: tuple[int, ...] | None = None
+    row: int | None = None
+    tag: int | None = None
 
     @property
     def site(self) -> Site | None:
@@ -206,6 +213,7 @@ class RankTrace:
     cap: dict | None = None  # the ``cap`` record: the trace reached DDPDOCTOR_MAX_TRACE_MB
     warnings: list[str] = field(default_factory=list)
     thread_errors: list[dict] = field(default_factory=list)  # threads that died of an exception
+    stderr_tail: str = ""  # the last bytes the rank's process wrote to its stderr
     damaged_lines: int = 0
     truncated: bool = False
 

@@ -20,8 +20,10 @@ class Op:
     names besides ``name``; where the tensors and the options are among the call's
     arguments (``tensors``, ``opts``; None where the method is written by hand); and what
     the op is: ``reduces`` (a reduce op), ``rooted`` (a src/dst rank), ``p2p`` (between two
-    ranks), ``uneven`` (sizes may differ per rank: split sizes, an any-source receive);
-    ``since``: the torch release that added it, where that is newer than 2.6."""
+    ranks), ``uneven`` (sizes may differ per rank: split sizes, an any-source receive),
+    ``splits`` (each rank's amounts to and from every other rank are recorded, ``sends`` and
+    ``recvs``: they must agree pairwise); ``since``: the torch release that added it, where
+    that is newer than 2.6."""
 
     name: str
     methods: tuple[str, ...]
@@ -33,6 +35,7 @@ class Op:
     rooted: bool = False
     p2p: bool = False
     uneven: bool = False
+    splits: bool = False
     since: tuple[int, int] = (2, 6)
 
 
@@ -64,14 +67,15 @@ OPS: tuple[Op, ...] = (
     Op("reduce_scatter_tensor_coalesced",
        ("reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced"),
        "reduce_scatter_tensor_coalesced", 1, 2, reduces=True),
-    Op("all_to_all", ("alltoall",), "alltoall", 1, fr_names=("alltoall",), uneven=True),
+    Op("all_to_all", ("alltoall",), "alltoall", 1, fr_names=("alltoall",), uneven=True,
+       splits=True),
     Op("all_to_all_single", ("all_to_all_single", "alltoall_base"), "alltoall_base", 1,
-       fr_names=("alltoall_base",), uneven=True),
-    Op("gather", ("gather",), "gather", 1, 2, rooted=True),
+       fr_names=("alltoall_base",), uneven=True, splits=True),
+    Op("gather", ("gather",), "gather", 1, 2, rooted=True, splits=True),
     # torch 2.15: one input tensor gathered into one output tensor on the root.
     Op("gather_into_tensor", ("gather_single", "gather_into_tensor"), "gather_single", 1, 2,
        fr_names=("gather_single",), rooted=True, since=(2, 15)),
-    Op("scatter", ("scatter",), "scatter", 0, 2, rooted=True),
+    Op("scatter", ("scatter",), "scatter", 0, 2, rooted=True, splits=True),
 )
 
 BY_NAME = {op.name: op for op in OPS}
@@ -81,6 +85,9 @@ REDUCING = frozenset(op.name for op in OPS if op.reduces)
 ROOTED = frozenset(op.name for op in OPS if op.rooted)
 P2P = frozenset(op.name for op in OPS if op.p2p)
 UNEVEN = frozenset(op.name for op in OPS if op.uneven)
+SPLITS = frozenset(op.name for op in OPS if op.splits)
+# Groups larger than this record no split sizes: a line would carry two lists of this length.
+MAX_SPLIT_RANKS = 1024
 
 # ProcessGroup methods the recording group leaves to torch, and why. Every other public
 # method of torch's ProcessGroup must be recorded (one of OPS' methods).

@@ -14,10 +14,12 @@ both paths build the same collectives.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import stat
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -46,6 +48,7 @@ class NoTraces(TraceError):
 
 # Files of a log folder that are ddpdoctor's own, never flight-recorder dumps.
 _OWN_FILES = re.compile(r"^(rank-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*|fault-\d+\.txt"
+                        r"|stderr-\d+\.txt"
                         r"|\.write-test|\.lock)$")
 
 
@@ -273,6 +276,55 @@ def _exit_codes(ranks: dict[int, RankTrace], folders: set[Path]) -> dict[int, in
     return codes
 
 
+STDERR_READ = 64 * 1024  # the most of a rank's stderr tail that is read
+
+
+def _read_stderr_tails(ranks: dict[int, RankTrace]) -> None:
+    """Each rank's last stderr bytes (``stderr-<pid>.txt`` next to its trace), as text."""
+    for trace in ranks.values():
+        pid = (trace.process or {}).get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            continue
+        path = Path(trace.path).parent / schema.stderr_file(pid)
+        try:
+            if not stat.S_ISREG(path.stat().st_mode):
+                continue
+            with open(path, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - STDERR_READ))
+                trace.stderr_tail = fh.read(STDERR_READ).decode("utf-8", "replace")
+        except OSError:
+            continue
+
+
+def wait_for_tails(logdir: str, timeout: float = 2.0) -> None:
+    """Once the job has ended, give the ranks' stderr copiers (``runtime/stderr_tail.py``, each
+    holding a lock on its file while it runs) up to ``timeout`` seconds in all to write the
+    last bytes their ranks wrote: a rank's death is their end of input, and they may still be
+    copying what it said while dying."""
+    deadline = time.monotonic() + timeout
+    try:
+        names = [n for n in os.listdir(logdir) if n.startswith("stderr-") and n.endswith(".txt")]
+    except OSError:
+        return
+    for name in names:
+        try:
+            fd = os.open(os.path.join(logdir, name), os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        return
+                    time.sleep(0.02)
+        finally:
+            os.close(fd)
+
+
 def _job_records(folders: set[Path]) -> tuple[schema.Stop | None, str, int, bool]:
     """What the launchers wrote (``job.json``): why one stopped the job (hang, deadlock or
     stuck), the number of nodes of the job, and whether the user interrupted it."""
@@ -433,5 +485,6 @@ def _run_of(ranks: dict[int, RankTrace], notes: list[str], folders: set[Path]) -
                          f"while writing); skipped")
         if trace.damaged_lines:
             notes.append(f"rank {trace.rank}: {trace.damaged_lines} damaged line(s) skipped")
+    _read_stderr_tails(ranks)
     return Run(ranks=ranks, world_size=world_size, notes=notes,
                exit_codes=_exit_codes(ranks, folders), damaged=damaged)

@@ -231,7 +231,20 @@ def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Coll
         root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
         api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
         t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
-        stack=stacks.get(rec.get("stack", -1), []))
+        stack=stacks.get(rec.get("stack", -1), []), sends=_counts(rec.get("sends")),
+        recvs=_counts(rec.get("recvs")), row=_count(rec.get("row")), tag=_count(rec.get("tag")))
+
+
+def _count(value: object) -> int | None:
+    """An int field of format 7 (``row``, ``tag``); None when absent or not an int."""
+    return value if type(value) is int else None
+
+
+def _counts(value: object) -> tuple[int, ...] | None:
+    """``sends`` / ``recvs`` as a tuple of ints; None when absent or malformed."""
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        return None
+    return tuple(value)
 
 
 def is_p2p(c: Collective) -> bool:
@@ -265,7 +278,8 @@ def run_member(rank: int, rec: dict, off: int, src: Collective,
         seq=rec["seq"] + off, op=src.op, label=src.label, shapes=src.shapes, dtypes=src.dtypes,
         numel=src.numel, reduce_op=src.reduce_op, root=src.root, peer=src.peer, api=src.api,
         bucket=src.bucket, iteration=iteration, t=t0 + (t1 - t0) * off / (n - 1) if n > 1 else t0,
-        state=schema.COMPLETED, stack=src.stack)
+        state=schema.COMPLETED, stack=src.stack, sends=src.sends, recvs=src.recvs, row=src.row,
+        tag=src.tag)
 
 
 def expand_repeat(rank: int, rec: dict, fold: Fold) -> bool:

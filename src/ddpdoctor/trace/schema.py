@@ -26,7 +26,11 @@ FORMAT = "ddpdoctor-trace"
 # 6: ``thread_exception`` records (a thread of the rank died of an exception); a header may
 #    carry ``round`` (the script made its process group again: rank-N.round-K.jsonl).
 #    Versions 3 to 5 are read as before.
-VERSION = 6
+# 7: a collective's static part may carry what decides a match beyond its tensors: ``sends`` /
+#    ``recvs`` (elements to and from each rank of the group: the split sizes of all_to_all,
+#    the lists of gather and scatter), ``row`` (elements per row of all_to_all_single) and
+#    ``tag`` (a point-to-point op's tag, when not 0). Versions 3 to 6 are read as before.
+VERSION = 7
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
 # damaged, not padded.
 PAD_MAX = 256 * 1024
@@ -65,7 +69,7 @@ RANK_RECORD = b'{"kind": '
 ISSUED = "issued"  # in a ``done`` record: [[first id, [issue time, ...]], ...]
 COLLECTIVE_VARIABLE = ("state", "p2p_seq", "bucket")
 COLLECTIVE_STATIC = ("group", "op", "label", "shapes", "dtypes", "numel", "stack", "reduce_op",
-                     "api", "root", "peer")
+                     "api", "root", "peer", "sends", "recvs", "row", "tag")
 
 # Collective states.
 PENDING = "pending"
@@ -119,6 +123,11 @@ def flight_recorder_file(rank: int) -> str:
     """PyTorch's flight-recorder dump of a rank ddpdoctor did not record itself (JSON, with
     the source of each frame captured by the rank)."""
     return f"fr-rank-{rank}.json"
+
+
+def stderr_file(pid: int) -> str:
+    """The last bytes process ``pid`` wrote to its stderr (``runtime/stderr_tail.py``)."""
+    return f"stderr-{pid}.txt"
 
 
 def fault_file(pid: int) -> str:

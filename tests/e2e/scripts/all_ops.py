@@ -19,13 +19,14 @@ with dist._coalescing_manager():
     dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world))
     dist.reduce_scatter_tensor(torch.empty(1), torch.ones(world))
 dist.all_to_all_single(torch.empty(4), torch.ones(4))
+dist.all_to_all([torch.empty(2) for _ in range(world)], [torch.ones(2) for _ in range(world)])
 dist.gather(t, [torch.empty(4) for _ in range(world)] if rank == 0 else None, dst=0)
 dist.scatter(torch.empty(4), [torch.ones(4) for _ in range(world)] if rank == 0 else None, src=0)
 dist.barrier()
 if rank == 0:
-    dist.send(torch.ones(3), dst=1)
+    dist.send(torch.ones(3), dst=1, tag=5)
 else:
-    dist.recv(torch.empty(3), src=0)
+    dist.recv(torch.empty(3), src=0, tag=5)
 objs = [None] * world
 dist.all_gather_object(objs, rank)
 dist.destroy_process_group()
