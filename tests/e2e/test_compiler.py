@@ -1,6 +1,6 @@
-"""Do no harm under the compiler: ``torch.compile(DDP(model))``, compiled autograd and FSDP2
-run under ddpdoctor as under plain torchrun, their collectives are recorded, and a
-divergence in them is found."""
+"""Do no harm under the compiler: ``torch.compile(DDP(model))``, compiled autograd, FSDP2 and
+DTensor tensor parallelism run under ddpdoctor as under plain torchrun, their collectives are
+recorded, and a divergence in them is found."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ MODES = {  # the ops each mode's steps must have recorded, by label
     "ddp": {("all_reduce", "ddp.bucket")},
     "autograd": {("all_reduce", "ddp.bucket")},  # DDP's Python reducer in the compiled graph
     "fsdp2": {("all_gather_into_tensor", "user"), ("reduce_scatter_tensor", "user")},
+    "dtensor": {("all_reduce", "user")},  # RowwiseParallel's forward all-reduce
 }
 
 
@@ -65,7 +66,7 @@ def test_a_compiled_or_sharded_job_runs_as_under_torchrun_and_is_recorded(
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("mode", ["ddp", "autograd", "fsdp2"])
+@pytest.mark.parametrize("mode", ["ddp", "autograd", "fsdp2", "dtensor"])
 def test_an_uneven_compiled_or_sharded_job_is_diagnosed_at_the_users_line(
         tmp_path: Path, mode: str) -> None:
     _skip_unrunnable(mode)
@@ -78,5 +79,5 @@ def test_an_uneven_compiled_or_sharded_job_is_diagnosed_at_the_users_line(
     assert Path(site["file"]).name == "compiled.py"
     if mode != "fsdp2":
         assert root["cause"] == "uneven_inputs"
-        marker = "backward_ca" if mode == "autograd" else "backward"
+        marker = {"autograd": "backward_ca", "dtensor": "forward"}.get(mode, "backward")
         assert site["line"] == marker_line(SCRIPT, marker)  # not the code torch.fx generated

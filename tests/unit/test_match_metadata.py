@@ -179,9 +179,11 @@ def test_nccl_lines_and_lost_peers() -> None:
     assert "NCCL INFO" not in " ".join(lines)
     lost = explaining_lines(PEER_LOST)
     assert [kind for kind, _ in lost] == [CONSEQUENCE]
-    # A lost peer is quoted only where no rank has words of a cause.
-    assert evidence({0: lost}) == [f'rank 0\'s stderr: "{lost[0][1]}"']
-    both = evidence({0: lost, 1: explaining_lines(GLOO_ABORT)})
+    # A lost peer is quoted only for a rank killed by a signal (no exception of its own says
+    # it), and only where no rank has words of a cause.
+    assert evidence({0: lost}, {0}) == [f'rank 0\'s stderr: "{lost[0][1]}"']
+    assert evidence({0: lost}) == []
+    both = evidence({0: lost, 1: explaining_lines(GLOO_ABORT)}, {0, 1})
     assert len(both) == 1 and both[0].startswith("rank 1's stderr: \"gloo pair.cc:456")
 
 

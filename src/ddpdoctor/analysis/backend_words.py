@@ -65,9 +65,12 @@ def explaining_lines(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def evidence(lines_by_rank: dict[int, list[tuple[int, str]]]) -> list[str]:
-    """'rank 1's stderr: "..."' for each quoted line: the ranks' words of a cause, or, where no
-    rank has any, their words of a lost peer or timeout."""
+def evidence(lines_by_rank: dict[int, list[tuple[int, str]]],
+             silent: frozenset[int] | set[int] = frozenset()) -> list[str]:
+    """'rank 1's stderr: "..."' for each quoted line: the ranks' words of a cause; where no
+    rank has any, the words of a lost peer or a timeout of the ``silent`` ranks (killed by a
+    signal: no exception of theirs says it)."""
     causes = any(kind < CONSEQUENCE for lines in lines_by_rank.values() for kind, _ in lines)
     return [f'rank {rank}\'s stderr: "{text}"' for rank, lines in sorted(lines_by_rank.items())
-            for kind, text in lines if kind < CONSEQUENCE or not causes]
+            for kind, text in lines
+            if kind < CONSEQUENCE or (not causes and rank in silent)]

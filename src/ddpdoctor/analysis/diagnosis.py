@@ -94,9 +94,10 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
     for f in findings:
         f.cause, f.evidence = recognise(f, ctx)
         if not f.follow_on:
-            f.evidence = f.evidence + backend_words.evidence(
-                {r: ctx.states[r].backend_words for r in f.ranks
-                 if r in ctx.states and ctx.states[r].backend_words})
+            words = {r: ctx.states[r].backend_words for r in f.ranks
+                     if r in ctx.states and ctx.states[r].backend_words}
+            killed = {r for r in words if ctx.states[r].status == rs.KILLED}
+            f.evidence = f.evidence + backend_words.evidence(words, killed)
     root = findings[0] if findings else None
     for f in findings[1:]:
         if root is None or root.cause is None or f.kind == fk.TEARDOWN_ABORT:

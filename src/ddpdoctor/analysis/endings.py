@@ -170,7 +170,11 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     first = states[early[0]]
     who = rank_list(early).capitalize()
     its = "its script" if len(early) == 1 else "their scripts"
-    ended = (f"finished {its} after {iteration_text(first.iterations)}"
+    # A rank that built no DDP model has no iterations: its collectives say how far it got.
+    trained = first.iterations or (first.trace is not None and first.trace.ddp)
+    ended = (f"finished {its} after "
+             + (iteration_text(first.iterations) if trained else
+                f"{first.collectives} collective{'s' if first.collectives != 1 else ''}")
              if first.max_steps is None else max_steps_text(first.max_steps))
     summary = (f"{who} {ended} while "
                f"{rank_list(waiting)} still {'waits' if len(waiting) == 1 else 'wait'} in "

@@ -34,7 +34,6 @@ def _pipe_like() -> tuple[int, int]:
     """(read end, write end) for the rank's stderr: a pseudo-terminal when fd 2 is one."""
     if not os.isatty(2):
         return os.pipe()
-    import fcntl
     import termios
 
     master, slave = os.openpty()

@@ -2,7 +2,9 @@
 
 ``--mode ddp``: ``torch.compile(DDP(model))`` (DDPOptimizer's bucketed graphs);
 ``--mode autograd``: the same with compiled autograd and DDP's Python reducer;
-``--mode fsdp2``: ``fully_shard`` on each layer and the model, run eagerly.
+``--mode fsdp2``: ``fully_shard`` on each layer and the model, run eagerly;
+``--mode dtensor``: tensor parallelism with DTensor (``parallelize_module`` on a 1-D device
+mesh: column-wise then row-wise, one all-reduce per forward), run eagerly.
 ``--uneven``: the last rank runs one step more than the others (a divergence).
 Prints a checksum of the weights after every step, to compare with plain torchrun.
 """
@@ -14,7 +16,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", choices=["ddp", "autograd", "fsdp2"], required=True)
+parser.add_argument("--mode", choices=["ddp", "autograd", "fsdp2", "dtensor"], required=True)
 parser.add_argument("--uneven", action="store_true")
 args = parser.parse_args()
 
@@ -33,6 +35,16 @@ if args.mode == "fsdp2":
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     step_model = fully_shard(model)
+elif args.mode == "dtensor":
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world,))
+    step_model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
 else:
     step_model = torch.compile(DDP(model), backend="aot_eager")
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -45,7 +57,7 @@ for step in range(steps):
             loss = step_model(x).sum()
             loss.backward()  # ddpdoctor: backward_ca
     else:
-        loss = step_model(x).sum()
+        loss = step_model(x).sum()  # ddpdoctor: forward
         loss.backward()  # ddpdoctor: backward
     opt.step()
     opt.zero_grad()
