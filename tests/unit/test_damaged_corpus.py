@@ -154,3 +154,37 @@ def test_log_folder_files_are_private(tmp_path: Path) -> None:
                 f"make_logdir({str(path)!r})")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         raise UsageError(proc.stderr.strip().splitlines()[-1])
+
+
+# -- the generated corpus: every damage of tests/unit/damage.py on four real writer logs -------
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("base", ["healthy", "capped", "diverged", "crashed"])
+def test_no_damage_invents_a_verdict_or_raises(tmp_path: Path, base: str) -> None:
+    import resource
+    import time
+
+    from ddpdoctor.trace.reader import TraceError
+
+    from .damage import ALLOWED, make_base, variants
+
+    folder = make_base(base, tmp_path / "base")
+    assert diagnose(load_run([folder])).verdict == {"healthy": "clean", "capped": "clean"}.get(
+        base, base)
+    wrong, slow, seen = [], [], 0
+    for name, variant in variants(folder, tmp_path / "variants"):
+        seen += 1
+        start = time.monotonic()
+        try:
+            report = diagnose(load_run([variant]))
+            render(ConsoleReporter(), report, RunInfo(name="damaged"))  # and it renders
+            verdict = report.verdict
+        except TraceError:
+            verdict = "error"
+        if verdict not in ALLOWED[base]:
+            wrong.append((name, verdict, report.findings[0].summary[:160]))
+        if time.monotonic() - start > 10:
+            slow.append(name)
+    assert seen > 700
+    assert not wrong, wrong[:5]
+    assert not slow
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 500 * 1024  # KB on Linux

@@ -67,7 +67,7 @@ def test_op_mismatch_names_ranks_ops_lines_and_iterations() -> None:
     bs[0].pend_last()
     bs[1].step(buffers=False)  # rank 1 has one more batch
     bs[1].pend_last()
-    report = diag(*bs)
+    report = diag(*bs, stopped_for_hang=True)
     root = report.root
     assert report.verdict == "diverged"
     assert root.kind == "op_mismatch" and root.severity == "error" and root.group == "0"
@@ -135,7 +135,7 @@ def test_rank_exited_early_alone_when_the_waiter_is_in_a_group_it_belongs_to() -
     bs[0].finish()
     for r in (1, 2):
         bs[r].user("barrier", group="1", line=60).pend_last()
-    report = diag(*bs)
+    report = diag(*bs, stopped_for_hang=True)
     assert report.root.kind == "missing_collective"
     assert [f.kind for f in report.findings[1:]] == ["rank_exited_early"]
     assert report.findings[1].ranks[0].state == "finished"

@@ -141,6 +141,8 @@ def writer_job(folder: Path, max_bytes: int | None, world: int = 3, iterations: 
         else:
             r.writer.close([{"kind": schema.EXIT, "t": r.t + 1, "status": "finished",
                              "code": 0}])
+    if hang:  # the launcher stopped the job (a trace with no ending is otherwise cut)
+        (folder / schema.JOB_FILE).write_text('{"stopped": "hang", "reason": "", "nnodes": 1}')
     return folder
 
 

@@ -134,6 +134,9 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
             after = f" after collective #{last.seq} ({describe(last)})" if last else ""
             why = (f"the rank stopped recording ({s.trace.lost})"
                    if s.trace is not None and s.trace.lost else
+                   "it ends with no exit record, no exit code and no hang record (the file "
+                   "was cut, or the job still runs, or it was killed with its launcher)"
+                   if s.unended else
                    "the rank could not write it (a full disk or a file-size limit)")
             notes.append(f"rank {r}: its trace is cut{after}: {why}, so nothing after that "
                          f"point is compared")
@@ -160,8 +163,10 @@ def diagnose(run: Run) -> Report:
     """Diagnose a loaded run: what diverged or crashed first, where on each rank, and why."""
     states = rank_states(run)
     alignment = align(run)
-    # Findings that rest on records a cut trace, or another node's folder, does not hold.
-    cut = {r for r, s in states.items() if s.cut or s.status == rs.REMOTE}
+    # Findings that rest on records a cut trace, a damaged one (a lost line may have been a
+    # collective, or a run of them), or another node's folder does not hold.
+    cut = {r for r, s in states.items() if s.cut or s.status == rs.REMOTE
+           or (s.trace is not None and s.trace.damaged_lines)}
     found = [f for f in collect_findings(run, alignment, states)
              if not (cut and _beyond_cut(f, cut))]
     if any(s.status == rs.INTERRUPTED for s in states.values()):

@@ -71,6 +71,7 @@ class RankState:
     hang_stack: list[Site] = field(default_factory=list)
     max_steps: int | None = None  # stopped by --max-steps after this many DDP iterations
     cut: bool = False  # the trace ends early: the rank could not write it (full disk)
+    unended: bool = False  # cut with no ending at all: no exit record, exit code or hang
     exc_iteration: int | None = None  # the DDP iteration an exception was raised in
     torn_down: bool = False  # SIGTERMed by the launcher after another rank failed first
     # At the hang, inside a torch.distributed call with nothing recorded as pending: a call
@@ -213,6 +214,13 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     state.hang_stack = _hang_stack(trace.hang)
     if not state.pending:
         state.unrecorded_call = distributed_call(trace.hang)
+    if code is None and not (trace.exit or trace.exception or trace.hang) and \
+            not (run.stopped_for_hang or run.interrupted):
+        # Nothing says how the rank ended: no exit record, no exit code from its launcher,
+        # no evidence of a hang. The file was cut (damage), or the job still runs, or it was
+        # killed with its launcher: what the rank did after its last line is unknown.
+        state.cut = state.unended = True
+        return state
     if run.interrupted or code == -2 or \
             (trace.exception or {}).get("type") == "KeyboardInterrupt":
         state.status = INTERRUPTED  # the user stopped the job: no rank crashed

@@ -49,6 +49,7 @@ from ddpdoctor.trace import schema
 from ddpdoctor.trace.issue_times import IssueTimes
 from ddpdoctor.trace.model import Collective, Completion, GroupPositions, RankTrace, Site
 from ddpdoctor.trace.records import (
+    MAX_RUN_MEMBERS,
     Fold,
     apply_record,
     collective_from,
@@ -610,8 +611,8 @@ class LineReader:
         head = self.head
         if (not isinstance(tail_rec, dict) or list(rec)[:len(head)] != head
                 or list(rec)[len(head):] != list(tail_rec)
-                or not set(tail_rec) <= _TAIL_FIELDS or rec.get("stack") not in self.stacks
-                and "stack" in rec
+                or not set(tail_rec) <= _TAIL_FIELDS
+                or "stack" in rec and not (is_int(rec["stack"]) and rec["stack"] in self.stacks)
                 or tail_rec.get("state") not in (schema.PENDING, schema.COMPLETED,
                                                  schema.FAILED)):
             raise NotCompact("collective line outside the writer's layout")
@@ -659,10 +660,10 @@ class LineReader:
             else:
                 self._damaged(line)
             return 0
-        if kind == schema.STACK and rec.get("id") in self.stacks:
-            raise NotCompact("stack redefined")
+        if kind == schema.STACK and (not is_int(rec.get("id")) or rec["id"] in self.stacks):
+            raise NotCompact("stack redefined, or a stack id that is not a number")
         if kind == schema.REPEAT:
-            if repeat_fields(rec) is None:
+            if repeat_fields(rec) is None or self.members + rec["n"] > MAX_RUN_MEMBERS:
                 self._damaged(line)
                 return 0
             self.runs.append((count, rec))
@@ -695,6 +696,8 @@ class LineReader:
             return False
         t, upto_text, pending, first_text = m.group(1, 2, 3, 4)
         upto, first = int(upto_text), int(first_text)
+        if not (0 <= upto <= count + self.members + 1 and 1 <= first):
+            return False  # ids never written: read as a record (and found damaged)
         if upto >= self.best_upto:
             self.best_upto, self.best_pending = upto, pending
         fold, clock = self.fold, self.clock

@@ -76,6 +76,8 @@ class Site:
 def site_from(frame: dict) -> Site:
     """A :class:`Site` from a frame record of a trace, its fields type-checked (raises
     TypeError or ValueError on a malformed one)."""
+    if not isinstance(frame, dict):
+        raise TypeError("a frame is not an object")
     indent = frame.get("indent")
     blocks = frame.get("blocks") or []
     return Site(str(frame.get("file", "?")), int(frame.get("line", 0) or 0),

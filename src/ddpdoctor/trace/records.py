@@ -11,6 +11,7 @@ way. :func:`line_chunks` is how both read a file (bounded memory, damage-toleran
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, TypeGuard
@@ -137,19 +138,33 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             target.state = str(rec.get("state"))
             target.t_end = rec.get("t")
         elif kind == schema.STACK:
-            stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
+            frames = rec.get("frames", [])
+            if not is_int(rec["id"]) or not isinstance(frames, list):
+                return False
+            stacks[rec["id"]] = [site_from(f) for f in frames]
         elif kind == schema.GROUP:
-            trace.groups[str(rec["group"])] = Group(str(rec["group"]), str(rec.get("desc", "")),
-                                                     [int(r) for r in rec.get("ranks", [])])
+            members = rec.get("ranks", [])
+            if not isinstance(rec["group"], str) or not isinstance(members, list) or \
+                    not all(is_int(r) and 0 <= r < MAX_RANKS for r in members):
+                return False
+            trace.groups[rec["group"]] = Group(rec["group"], str(rec.get("desc", "")), members)
         elif kind == schema.PROCESS_START:
+            if not all(rec.get(k) is None or is_int(rec[k]) and 0 <= rec[k] < MAX_ID
+                       for k in ("pid", "world_size", "rank", "local_rank")):
+                return False
             trace.process = rec
         elif kind == schema.DDP_INIT:
             trace.ddp.append(rec)
         elif kind == schema.EXCEPTION:
+            if not _timed(rec) or not isinstance(rec.get("frames", []), list):
+                return False
             trace.exception = rec
         elif kind == schema.HANG:
             trace.hang = rec
         elif kind == schema.EXIT:
+            if not _timed(rec) or not isinstance(rec.get("status"), str) or \
+                    not (rec.get("code") is None or is_int(rec["code"])):
+                return False
             trace.exit = rec
         elif kind == schema.WARNING:
             trace.warnings.append(str(rec.get("message", "")))
@@ -175,6 +190,12 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
     return True
 
 
+def _timed(rec: dict) -> bool:
+    """Whether a record's ``t``, when it has one, is a number."""
+    t = rec.get("t", 0)
+    return type(t) in _NUMBER_TYPES
+
+
 _CLOCK_KINDS = frozenset({schema.DONE, schema.ACTIVITY, schema.PROCESS_START})
 
 
@@ -193,8 +214,8 @@ def clock_time(rec: dict) -> float | None:
 def issued_run(run: object) -> tuple[int, list[float]] | None:
     """One entry of a ``done`` record's ``issued``, ``(first id, issue times)``; None when
     malformed."""
-    if isinstance(run, list) and len(run) == 2 and is_int(run[0]) and isinstance(run[1], list) \
-            and set(map(type, run[1])) <= _NUMBER_TYPES:
+    if isinstance(run, list) and len(run) == 2 and is_int(run[0]) and 0 < run[0] < MAX_ID \
+            and isinstance(run[1], list) and set(map(type, run[1])) <= _NUMBER_TYPES:
         return run[0], list(map(float, run[1]))
     return None
 
@@ -213,16 +234,64 @@ def issued_of(rec: dict) -> list[tuple[int, list[float]]]:
 def completion_of(rec: dict) -> Completion:
     """The :class:`Completion` a ``done`` record states (raises TypeError or ValueError)."""
     upto, pending, start = rec["upto"], rec.get("pending", []), rec.get("pending_from")
-    if not isinstance(upto, int) or not isinstance(pending, list) or \
-            not all(isinstance(i, int) for i in pending) or \
-            not (start is None or isinstance(start, int)):
+    if not is_int(upto) or not isinstance(pending, list) or \
+            not all(is_int(i) and 0 < i < MAX_ID for i in pending) or \
+            not (start is None or is_int(start) and 0 < start < MAX_ID) or \
+            not 0 <= upto < MAX_ID:
         raise TypeError("malformed done record")
     return Completion(upto, frozenset(pending), start)
 
 
+MAX_ID = 1 << 53  # ids, sequence numbers and counts beyond this are damage, not a long job
+MAX_RANKS = 1 << 24  # a rank number beyond this is damage
+# Collectives a trace's repeat runs may stand for, in all (a list of codes of this length is
+# 256 MB; the record-by-record reader builds an object per member and stops at a 16th of it).
+MAX_RUN_MEMBERS = 1 << 25
+_MAX_TENSORS = 1 << 16  # tensors in one collective's list
+
+
+def _optional_count(rec: dict, name: str, least: int = 0) -> None:
+    value = rec.get(name)
+    if value is not None and not (is_int(value) and least <= value < MAX_ID):
+        raise ValueError(f"{name}: {value!r}")
+
+
+def check_collective(rec: dict) -> None:
+    """Raise TypeError or ValueError when a ``collective`` record's fields are not of their
+    types and ranges (a damaged line, never a collective that seems to differ): a known op,
+    names that are strings, counts that are ints in range, shapes of non-negative ints whose
+    element count is ``numel``."""
+    if rec.get("op") not in ops.BY_NAME:
+        raise ValueError(f"op: {rec.get('op')!r}")
+    for name in ("group", "label"):
+        if not isinstance(rec.get(name, ""), str):
+            raise TypeError(name)
+    for name in ("reduce_op", "api"):
+        if rec.get(name) is not None and not isinstance(rec[name], str):
+            raise TypeError(name)
+    for name in ("seq", "p2p_seq"):
+        _optional_count(rec, name, least=1)
+    for name in ("id", "iteration", "bucket", "root", "peer", "stack"):
+        _optional_count(rec, name)
+    shapes, dtypes = rec.get("shapes", []), rec.get("dtypes", [])
+    if not isinstance(shapes, list) or not isinstance(dtypes, list) or \
+            len(shapes) > _MAX_TENSORS or len(dtypes) != len(shapes):
+        raise TypeError("shapes")
+    total = 0
+    for shape in shapes:
+        if not isinstance(shape, list) or len(shape) > 64 or \
+                not all(is_int(d) and 0 <= d < MAX_ID for d in shape):
+            raise TypeError("shape")
+        total += math.prod(shape)
+    if not all(isinstance(d, str) for d in dtypes) or rec.get("numel", total) != total:
+        raise ValueError("numel")
+
+
 def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:
     """A :class:`Collective` from a decoded ``collective`` record (raises KeyError, TypeError or
-    ValueError on a malformed one). The one place both reading paths build collectives."""
+    ValueError on a malformed one, see :func:`check_collective`). The one place both reading
+    paths build collectives."""
+    check_collective(rec)
     return Collective(
         rank=rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
         op=str(rec["op"]), label=str(rec.get("label", "user")),
@@ -263,7 +332,12 @@ def repeat_fields(rec: dict) -> tuple[str, int, int, int, int] | None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
         return None
     _, seq, n, back, _ = fields
-    return fields if n >= 1 and 1 <= back < seq else None
+    span = float(rec["t_last"]) - float(rec["t"])
+    # A run's members were issued one by one: no faster than one a microsecond (a damaged n
+    # of 10**12 would otherwise be expanded), and no more than MAX_RUN_MEMBERS in a trace.
+    if not (1 <= n <= min(MAX_RUN_MEMBERS, span * 1e6 + 1) and 1 <= back < seq < MAX_ID):
+        return None
+    return fields
 
 
 def run_member(rank: int, rec: dict, off: int, src: Collective,
@@ -289,6 +363,8 @@ def expand_repeat(rank: int, rec: dict, fold: Fold) -> bool:
     if fields is None or fold.collectives is None:
         return False
     name, seq, n, back, delta = fields
+    if len(fold.collectives) + n > MAX_RUN_MEMBERS // 16:
+        return False
     lst = fold.by_group.get(name)
     if lst is None or len(lst) != seq - 1 or \
             any(c is None for c in lst[seq - 1 - back:seq - 1 - back + min(n, back)]):
