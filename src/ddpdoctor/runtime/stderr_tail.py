@@ -78,12 +78,17 @@ def start(logdir: str) -> None:
 
 
 def _copy(path: str) -> None:
-    """The helper: stdin to stdout, the last TAIL_BYTES also to ``path``."""
+    """The helper: stdin to stdout, the last TAIL_BYTES also to ``path``. It must outlive
+    its rank whatever happens to the file (a full disk): a copier that died would turn the
+    rank's next write to stderr into a broken pipe."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    # Held until the last byte is in: readers wait for it (trace.reader.wait_for_tails).
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # Held until the last byte is in: readers wait for it (trace.reader.wait_for_tails).
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        fd = -1
     tail = b""
     out_ok = True
     while True:
@@ -100,15 +105,22 @@ def _copy(path: str) -> None:
                     view = view[os.write(1, view):]
             except OSError:  # the terminal went away: keep the tail all the same
                 out_ok = False
+        if fd < 0:
+            continue
         tail += data
-        if len(tail) > 2 * TAIL_BYTES:
-            tail = tail[-TAIL_BYTES:]
-            os.lseek(fd, 0, os.SEEK_SET)
-            os.ftruncate(fd, 0)
-            os.write(fd, tail)
-        else:
-            os.write(fd, data)
-    os.close(fd)
+        try:
+            if len(tail) > 2 * TAIL_BYTES:
+                tail = tail[-TAIL_BYTES:]
+                os.lseek(fd, 0, os.SEEK_SET)
+                os.ftruncate(fd, 0)
+                os.write(fd, tail)
+            else:
+                os.write(fd, data)
+        except OSError:  # a full disk, a file-size limit: the copying goes on
+            os.close(fd)
+            fd = -1
+    if fd >= 0:
+        os.close(fd)
 
 
 if __name__ == "__main__":
