@@ -120,3 +120,26 @@ def test_the_nodes_of_a_multi_node_job_share_one_run_id() -> None:
     c10d = [torchrun.read(["--nnodes=1:2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1",
                            "--rdzv-id=job7"], "t.py", []).run_id() for _ in range(2)]
     assert c10d[0] == c10d[1] is not None
+
+
+@pytest.mark.parametrize("rest, typer_tail", [
+    # After --, a .py file is still the script (run under torchrun), as it always was.
+    (["--", "t.py", "--lr", "1"], ["--", "t.py", "--lr", "1"]),
+    # Anything else is the user's own launch command, run as it is.
+    (["--", "accelerate", "launch", "--num_processes", "2", "t.py"],
+     ["--launcher", "command", "--", "accelerate", "launch", "--num_processes", "2", "t.py"]),
+    (["--", "srun", "python", "t.py"], ["--launcher", "command", "--", "srun", "python", "t.py"]),
+    (["--", "bash", "launch.sh"], ["--launcher", "command", "--", "bash", "launch.sh"]),
+])
+def test_a_launch_command_after_the_double_dash(rest: list[str], typer_tail: list[str]) -> None:
+    typer_argv, torchrun_args = split_run_args(["run", "--hang-timeout", "7", *rest])
+    assert typer_argv == ["run", "--hang-timeout", "7", *typer_tail] and torchrun_args == []
+    if typer_tail[0] == "--launcher":
+        opts = RunOptions(script=typer_tail[3], args=typer_tail[4:], launcher="command")
+        check_options(opts)
+        assert build_command(opts) == typer_tail[3:]
+
+
+def test_torchrun_options_before_a_launch_command_are_refused() -> None:
+    with pytest.raises(UsageError, match="torchrun option"):
+        split_run_args(["run", "--nproc-per-node", "2", "--", "accelerate", "launch", "t.py"])

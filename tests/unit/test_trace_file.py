@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import errno
 import json
-import shutil
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys

@@ -411,11 +411,11 @@ def _pair_mismatch(name: str, src: int, dst: int, sends: list[Collective],
         left_recvs += tag_recvs[k:]
     if not left_sends and not left_recvs:
         return None
-    s = min(left_sends, key=lambda c: c.id) if left_sends else None
-    r = min(left_recvs, key=lambda c: c.id) if left_recvs else None
-    if s is not None and r is not None:  # each waits for the other under another tag
-        return Divergence(fk.TAG_MISMATCH, name, None, {src: s, dst: r}, "tag")
-    return Divergence(fk.MISSING_COLLECTIVE, name, None, {src: s, dst: r}, "missing")
+    send = min(left_sends, key=lambda c: c.id) if left_sends else None
+    recv = min(left_recvs, key=lambda c: c.id) if left_recvs else None
+    if send is not None and recv is not None:  # each waits for the other under another tag
+        return Divergence(fk.TAG_MISMATCH, name, None, {src: send, dst: recv}, "tag")
+    return Divergence(fk.MISSING_COLLECTIVE, name, None, {src: send, dst: recv}, "missing")
 
 
 def _check_splits(run: Run, g: GroupAlignment, traced: list[int]) -> None:

@@ -57,6 +57,7 @@ from ddpdoctor.trace.reader import (
 class Launcher(str, Enum):
     torchrun = "torchrun"
     python = "python"
+    command = "command"
 
 
 RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rdzv-*, "
@@ -85,7 +86,10 @@ def run_command(
         Launcher.torchrun, "--launcher", metavar="torchrun|python",
         help="torchrun, or python for scripts that start their own workers (mp.spawn, "
              "multiprocessing.Process); such a script run under torchrun is stopped where it "
-             "starts them (its workers where they call init_process_group) with this advice."),
+             "starts them (its workers where they call init_process_group) with this advice. "
+             "Any other launcher: put its whole command after -- (ddpdoctor run -- accelerate "
+             "launch train.py; -- srun python train.py; -- bash launch.sh): every Python "
+             "process below it that creates a process group is recorded."),
     logdir: Optional[Path] = typer.Option(
         None, "--logdir", metavar="DIR",
         help="Where the per-rank traces go (default: ./ddpdoctor-logs/<date>-<time>-<pid> in "
@@ -151,6 +155,10 @@ def run_command(
       ddpdoctor run --standalone --nproc_per_node=4 main.py --batch-size 32
 
       ddpdoctor run --launcher python spawn_script.py
+
+      ddpdoctor run --hang-timeout 60 -- accelerate launch --num_processes 2 train.py
+
+      ddpdoctor run -- bash launch.sh
 
       ddpdoctor run --cpu --max-steps 2 --junit junit.xml train_on_gpus.py
     """
@@ -423,5 +431,10 @@ def split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
                                                       if not a.startswith("-")), len(rest))]):
         return argv, []
     parts = torchrun.split(rest, _run_own_options())
+    if parts.command:  # ddpdoctor run [options] -- LAUNCH COMMAND
+        if parts.torchrun:
+            raise UsageError(f"{parts.torchrun[0]} is a torchrun option: with a launch command "
+                             f"after --, give the launcher's options in that command")
+        return [*argv[:at + 1], *parts.own, "--launcher", "command", "--", *parts.command], []
     tail = ["--", parts.script, *parts.args] if parts.script is not None else []
     return [*argv[:at + 1], *parts.own, *tail], parts.torchrun

@@ -1,7 +1,8 @@
 """The job's command line, its environment and its log folder.
 
 The command is torchrun (``python -m torch.distributed.run`` with the user's torchrun options,
-verbatim) or, for scripts that start their own workers with ``mp.spawn``, plain ``python``.
+verbatim), or, for scripts that start their own workers with ``mp.spawn``, plain ``python``,
+or the user's own launch command as given (``ddpdoctor run -- accelerate launch ...``).
 Injection is a ``sitecustomize`` directory put first on ``PYTHONPATH``, so every Python process
 of the job, however started, loads the runtime.
 """
@@ -38,7 +39,7 @@ _GPU_WORDS = re.compile(r"""["']nccl["']|\.cuda\(|["']cuda|cuda\.device_count|de
 def needs_cpu_mode(opts: RunOptions) -> bool:
     """Whether the script asks for CUDA or NCCL on a machine without a GPU, run without
     ``--cpu``: it will fail, and the hint is worth saying before the ranks' tracebacks."""
-    if opts.cpu or _visible_gpus() > 0:
+    if opts.cpu or _visible_gpus() > 0 or opts.launcher == "command":
         return False
     try:
         with open(opts.script, encoding="utf-8", errors="replace") as fh:
@@ -163,6 +164,8 @@ def run_id(opts: RunOptions) -> str:
 def build_command(opts: RunOptions) -> list[str]:
     """The job's command line: torchrun with the user's options (and ddpdoctor's defaults for
     the processes per node and a free port), or plain python."""
+    if opts.launcher == "command":
+        return [opts.script, *opts.args]
     if opts.launcher == "python":
         target = ["-m", opts.script] if opts.module else [opts.script]
         return [sys.executable, *target, *opts.args]

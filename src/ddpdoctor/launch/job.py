@@ -126,7 +126,7 @@ def run_job(opts: RunOptions, logdir: Path,
                 on_status(progress, "status")
                 next_status = now + opts.status_every
         if proc.poll() is None:
-            result.killed = _stop(proc, opts)
+            result.killed = _stop(proc, opts, logdir)
         try:
             proc.wait(timeout=opts.grace + 5)
         except subprocess.TimeoutExpired:
@@ -160,18 +160,34 @@ def write_job_record(logdir: Path, result: JobResult) -> None:
         pass
 
 
-def _stop(proc: subprocess.Popen, opts: RunOptions) -> list[int]:
+def _stop(proc: subprocess.Popen, opts: RunOptions, logdir: Path) -> list[int]:
     """End the job: the ranks get SIGTERM, then SIGKILL after the grace period.
 
     torchrun's agent is ours, not the user's: it is killed outright, so that it does not print
-    its own traceback over the diagnosis; its workers live in their own sessions and are
-    re-parented to us, found through the snapshot taken first.
+    its own traceback over the diagnosis, as is an agent inside a launch command of the
+    user's; its workers live in their own sessions and are re-parented to us, found through
+    the snapshot taken first.
     """
     workers = proctree.descendants(proc.pid)
     if opts.launcher == "torchrun":
         proctree.signal_all([proc.pid], signal.SIGKILL)
         return proctree.terminate(workers, opts.grace, exclude=proc.pid)
-    return proctree.terminate([proc.pid, *workers], opts.grace, exclude=proc.pid)
+    everyone = [proc.pid, *workers]
+    agents = _agents(logdir, everyone) if opts.launcher == "command" else []
+    if agents:  # torchrun agents in a launch command of the user's (accelerate launch)
+        proctree.signal_all(agents, signal.SIGKILL)
+    return proctree.terminate([p for p in everyone if p not in agents], opts.grace,
+                              exclude=proc.pid)
+
+
+def _agents(logdir: Path, workers: list[int]) -> list[int]:
+    """The torchrun agents among ``workers`` (they named themselves in the log folder)."""
+    named = set()
+    for path in logdir.glob(f"{schema.AGENT_PREFIX}*"):
+        pid = path.name[len(schema.AGENT_PREFIX):]
+        if pid.isdigit():
+            named.add(int(pid))
+    return [p for p in workers if p in named]
 
 
 def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Popen,

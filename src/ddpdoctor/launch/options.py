@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +23,8 @@ class RunOptions:
     script: str
     args: list[str] = field(default_factory=list)
     torchrun_args: list[str] = field(default_factory=list)  # torchrun's options, verbatim
-    launcher: str = "torchrun"
+    launcher: str = "torchrun"  # or python (the script spawns), or command (SCRIPT ARGS is
+    # the user's own launch command: accelerate launch ..., srun ..., bash launch.sh)
     logdir: str | None = None
     backend: str | None = None
     hang_timeout: float = 30.0
@@ -62,7 +64,12 @@ class RunOptions:
 
 
 def check_script(opts: RunOptions) -> None:
-    """Refuse a missing or syntactically broken script before starting anything."""
+    """Refuse a missing or syntactically broken script (or a launch command that is not there)
+    before starting anything."""
+    if opts.launcher == "command":
+        if shutil.which(opts.script) is None:
+            raise UsageError(f"command not found: {opts.script}")
+        return
     if opts.module or (opts.launcher == "torchrun" and opts.torchrun.no_python):
         return
     path = Path(opts.script)
@@ -86,7 +93,11 @@ def check_options(opts: RunOptions) -> None:
                          f"{opts.backend}")
     if opts.max_steps is not None and opts.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
-    if opts.launcher == "python":
+    if opts.launcher == "command":
+        if opts.torchrun_args:
+            raise UsageError(f"torchrun option {opts.torchrun_args[0]} has no meaning with a "
+                             f"launch command (give it in the command)")
+    elif opts.launcher == "python":
         other = [t for t in opts.torchrun_args if t not in ("-m", "--module")]
         if other:
             raise UsageError(f"torchrun option {other[0]} has no meaning with --launcher "

@@ -40,18 +40,21 @@ def _takes_value(action: argparse.Action) -> bool:
 @dataclass
 class Split:
     """``ddpdoctor run``'s arguments, sorted: ddpdoctor's own options, torchrun's, the script
-    and the script's arguments (``script`` None when there is none)."""
+    and the script's arguments (``script`` None when there is none), or, after ``--``, a
+    launch command of the user's (``command``: ``accelerate launch train.py``)."""
 
     own: list[str] = field(default_factory=list)
     torchrun: list[str] = field(default_factory=list)
     script: str | None = None
     args: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
 
 
 def split(argv: list[str], own: dict[str, bool]) -> Split:
     """Sort ``argv`` (what follows ``ddpdoctor run``); ``own`` maps each of ddpdoctor's option
     strings to whether it takes a value. The first argument that is neither an option nor an
-    option's value is the script; everything after it belongs to the script."""
+    option's value is the script; everything after it belongs to the script. After ``--``,
+    a ``.py`` file is the script too; anything else is a launch command, run as it is."""
     actions = parser()._option_string_actions
     out = Split()
     i = 0
@@ -59,7 +62,10 @@ def split(argv: list[str], own: dict[str, bool]) -> Split:
         token = argv[i]
         if token == "--":
             if i + 1 < len(argv):
-                out.script, out.args = argv[i + 1], argv[i + 2:]
+                if argv[i + 1].endswith(".py"):
+                    out.script, out.args = argv[i + 1], argv[i + 2:]
+                else:  # a launch command of the user's: accelerate launch ..., srun ...
+                    out.command = argv[i + 1:]
             return out
         name, eq, _ = token.partition("=")
         if name in own:

@@ -24,6 +24,8 @@ from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
 _recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
+# The module a torchrun agent runs its workers with (torchrun, accelerate launch, ...).
+AGENT_MODULE = "torch.distributed.elastic.multiprocessing.api"
 _boot_pid: int | None = None  # the process boot() ran in (a forked child has another pid)
 
 
@@ -61,10 +63,15 @@ def _is_top_process() -> bool:
 def _on_torch_imported() -> None:
     from ddpdoctor.runtime import torch_hooks
 
-    if _is_top_process():
+    launcher = os.environ.get(env.LAUNCHER, "torchrun")
+    if _is_top_process() and launcher != "command":
         from ddpdoctor.runtime import exit_codes
 
-        exit_codes.install(os.environ[env.LOGDIR], os.environ.get(env.LAUNCHER, "torchrun"))
+        exit_codes.install(os.environ[env.LOGDIR], launcher)
+    elif launcher == "command" and _is_top_process():
+        from ddpdoctor.runtime import exit_codes
+
+        exit_codes.install(os.environ[env.LOGDIR], "python")  # a script that spawns
 
     try:
         torch_hooks.install(_recorder, os.environ.get(env.BACKEND) or None)
@@ -84,6 +91,23 @@ def _on_dynamo_imported() -> None:
     except Exception as exc:
         sys.stderr.write(f"ddpdoctor: could not hide its code from torch.compile "
                          f"({type(exc).__name__}: {exc})\n")
+
+
+def _on_agent_imported() -> None:
+    """Under a launch command of the user's (``ddpdoctor run -- accelerate launch ...``), this
+    process may be a torchrun agent, wherever it sits in the tree: it records its workers'
+    exit codes, and its workers know it as the process that started them (TOP_PID, as the
+    job's top process is under torchrun)."""
+    try:
+        from ddpdoctor.runtime import exit_codes
+
+        os.environ[env.TOP_PID] = str(os.getpid())
+        exit_codes.install(os.environ[env.LOGDIR], "torchrun")
+        path = os.path.join(os.environ[env.LOGDIR], schema.agent_file(os.getpid()))
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    except Exception as exc:
+        sys.stderr.write(f"ddpdoctor: could not follow a torchrun agent ({type(exc).__name__}: "
+                         f"{exc})\n")
 
 
 def _is_torchrun_worker() -> bool:
@@ -241,8 +265,10 @@ def boot() -> None:
     # torch warns once per process when numpy is missing (which a job that uses no numpy
     # does not mind): with a dozen processes that is a dozen copies of one line.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    sys.meta_path.insert(0, _PostImportHook({"torch": _on_torch_imported,
-                                             "torch._dynamo": _on_dynamo_imported}))
+    watched = {"torch": _on_torch_imported, "torch._dynamo": _on_dynamo_imported}
+    if os.environ.get(env.LAUNCHER) == "command":
+        watched[AGENT_MODULE] = _on_agent_imported
+    sys.meta_path.insert(0, _PostImportHook(watched))
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook
     sys.exit = _recording_exit

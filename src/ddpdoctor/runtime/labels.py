@@ -23,7 +23,12 @@ from ddpdoctor.trace.ddp_sites import BUCKET, USER
 from ddpdoctor.trace.ddp_sites import RULES as _RULES
 
 STACK_DEPTH = 6
+# Frames of an installed library (Accelerate's gather, Lightning's strategy, a trainer) that
+# may come before the user's first frame without using up STACK_DEPTH: the user's line that
+# led into the library is then in the record.
+MAX_LIBRARY_FRAMES = 24
 MAX_CACHED_STACKS = 4096
+_LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 _NO_RULE = ()
 
@@ -41,6 +46,7 @@ class StackLabeler:
         # put their training loops). _codes keeps every keyed code object alive: no id reuse.
         self._codes: dict[int, CodeType] = {}
         self._kinds: dict[int, tuple] = {}
+        self._library: dict[int, bool] = {}  # id(code) -> in an installed library
         self._line_rules: dict[tuple[int, int], tuple] = {}
         # Call stacks by where each frame is: (id(code), f_lasti) per frame, flattened. A
         # frame's f_lineno is computed by scanning its code's line table up to the current
@@ -85,7 +91,8 @@ class StackLabeler:
         """(label, api, stack) for a collective whose caller's frame is ``frame``.
 
         ``stack`` is a tuple of (file, line, function) from the first frame outside torch and
-        ddpdoctor outwards, at most :data:`STACK_DEPTH` frames; empty when no user frame.
+        ddpdoctor outwards, :data:`STACK_DEPTH` frames at most besides those of an installed
+        library before the user's first (see :meth:`places`); empty when no user frame.
         ``frame`` None: C++ called the collective with no Python frame above it, as DDP's
         Reducer does from the autograd engine's device thread when gradients are on a GPU;
         the site is then where the main thread is (its ``loss.backward()``).
@@ -107,9 +114,11 @@ class StackLabeler:
 
     def places(self, frame: FrameType) -> tuple[tuple[int, ...], FrameType | None, int]:
         """(key, user frame, n): the places of the ``n`` internal frames (torch's,
-        ddpdoctor's) from ``frame`` outwards, then of up to :data:`STACK_DEPTH` user frames
-        from the first one, each as (id(code), instruction), flattened into ``key``. The same
-        key, the same (label, api, stack): what :meth:`describe` returns is cached by it."""
+        ddpdoctor's) from ``frame`` outwards, then of up to :data:`STACK_DEPTH` frames from
+        the first one after them (frames of an installed library before the user's first one
+        not counted, up to :data:`MAX_LIBRARY_FRAMES`), each as (id(code), instruction),
+        flattened into ``key``. The same key, the same (label, api, stack): what
+        :meth:`describe` returns is cached by it."""
         kinds = self._kinds
         where: list[int] = []
         f: FrameType | None = frame
@@ -124,9 +133,19 @@ class StackLabeler:
             where.append(f.f_lasti)
             f = f.f_back
         user, internal = f, len(where) // 2
-        while f is not None and len(where) < 2 * (internal + STACK_DEPTH):
-            where.append(id(f.f_code))
+        depth, library = STACK_DEPTH, self._library
+        while f is not None and len(where) < 2 * (internal + depth):
+            code = f.f_code
+            where.append(id(code))
             where.append(f.f_lasti)
+            in_library = library.get(id(code))
+            if in_library is None:
+                self._codes[id(code)] = code
+                in_library = library[id(code)] = code.co_filename.startswith("<") is False \
+                    and any(d in code.co_filename for d in _LIBRARY_DIRS)
+            if in_library and depth < STACK_DEPTH + MAX_LIBRARY_FRAMES and \
+                    len(where) == 2 * (internal + depth - STACK_DEPTH + 1):
+                depth += 1  # still in the library, before any frame of the user's
             f = f.f_back
         return tuple(where), user, internal
 
@@ -153,16 +172,16 @@ class StackLabeler:
         return label, api
 
     def _stack_from(self, frame: FrameType | None, key: tuple[int, ...]) -> tuple:
-        """(file, line, function) of ``frame`` and the frames outwards, at most
-        :data:`STACK_DEPTH`, whose places are ``key``; the same tuple object for the same
-        places, whatever torch function was called there (cached)."""
+        """(file, line, function) of ``frame`` and the frames outwards whose places are
+        ``key`` (:meth:`places`); the same tuple object for the same places, whatever torch
+        function was called there (cached)."""
         stack = self._stacks.get(key)
         if stack is None:
             if len(self._stacks) >= MAX_CACHED_STACKS:  # a program that never repeats a stack
                 self._stacks.clear()
             frames: list[tuple[str, int, str]] = []
             f = frame
-            while f is not None and len(frames) < STACK_DEPTH:
+            while f is not None and len(frames) < len(key) // 2:
                 code = f.f_code
                 self._codes[id(code)] = code
                 frames.append((code.co_filename, f.f_lineno, code.co_name))

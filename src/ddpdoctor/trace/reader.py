@@ -48,7 +48,7 @@ class NoTraces(TraceError):
 
 # Files of a log folder that are ddpdoctor's own, never flight-recorder dumps.
 _OWN_FILES = re.compile(r"^(rank-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*|fault-\d+\.txt"
-                        r"|stderr-\d+\.txt"
+                        r"|stderr-\d+\.txt|agent-\d+"
                         r"|\.write-test|\.lock)$")
 
 

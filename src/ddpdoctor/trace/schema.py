@@ -130,6 +130,16 @@ def stderr_file(pid: int) -> str:
     return f"stderr-{pid}.txt"
 
 
+def agent_file(pid: int) -> str:
+    """An empty file naming process ``pid`` a torchrun agent found under a launch command of
+    the user's (``ddpdoctor run -- accelerate launch ...``): stopped outright, as torchrun's
+    agent is, so that it prints no traceback over the diagnosis."""
+    return f"agent-{pid}"
+
+
+AGENT_PREFIX = "agent-"
+
+
 def fault_file(pid: int) -> str:
     """Python's faulthandler output of process ``pid`` (a fatal signal's Python stack)."""
     return f"fault-{pid}.txt"

@@ -1,0 +1,81 @@
+"""``ddpdoctor run -- <launch command>``: jobs started by the user's own launcher — a shell
+wrapper around torchrun, a Slurm-shaped launch (processes told their place by SLURM_*
+variables), Hugging Face Accelerate's ``accelerate launch`` — are recorded, watched and
+diagnosed as under torchrun, healthy and diverged, at the user's line."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .jobs import SCRIPTS, marker_line, run_job
+
+ANY = SCRIPTS / "any_launcher.py"
+ACCELERATE = SCRIPTS / "accelerate_job.py"
+
+
+def _command(tmp_path: Path, *command: str):
+    return run_job(tmp_path, "--", *command, hang_timeout=10)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("wrapper", ["launch_torchrun.sh", "launch_slurm.sh"])
+@pytest.mark.parametrize("uneven", [False, True], ids=["healthy", "uneven"])
+def test_a_wrapper_script_launch_is_diagnosed(tmp_path: Path, wrapper: str, uneven: bool) -> None:
+    job = _command(tmp_path, "bash", str(SCRIPTS / wrapper), *(["--uneven"] if uneven else []))
+    assert job.report is not None, job.stderr[-3000:]
+    assert len(job.report["ranks"]) == 2
+    if not uneven:
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert job.report["verdict"] == "clean"
+        assert "rank 0 of 2 done" in job.stdout and "rank 1 of 2 done" in job.stdout
+        return
+    root = job.report["findings"][0]
+    assert (job.report["verdict"], root["kind"], root["cause"]) == \
+        ("diverged", "missing_collective", "uneven_inputs"), root["summary"]
+    site = root["ranks"]["1"]["site"]
+    assert (Path(site["file"]).name, site["line"]) == ("any_launcher.py",
+                                                       marker_line(ANY, "backward"))
+    if wrapper == "launch_torchrun.sh":  # the agent inside the wrapper recorded exit codes
+        assert list(job.logdir.glob("exits-*.json"))
+
+
+ACCELERATE_LAUNCH = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2",
+                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(importlib.util.find_spec("accelerate") is None or
+                    shutil.which("accelerate") is None,
+                    reason="accelerate is in the test extras")
+@pytest.mark.parametrize("diverge", [False, True], ids=["healthy", "rank0-gather"])
+def test_accelerate_launch_is_diagnosed_at_the_users_line(tmp_path: Path, diverge: bool) -> None:
+    job = _command(tmp_path, *ACCELERATE_LAUNCH, str(ACCELERATE),
+                   *(["--rank0-gather"] if diverge else []))
+    assert job.report is not None, job.stderr[-3000:]
+    if not diverge:
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert job.report["verdict"] == "clean"
+        return
+    assert "Traceback" not in job.stderr  # the agent inside accelerate was stopped outright
+    root = job.report["findings"][0]
+    assert (root["kind"], root["cause"]) == ("op_mismatch", "rank_conditional_collective")
+    # accelerator.gather() reaches all_gather six frames deep in Accelerate: the line shown
+    # is the user's call, not the library's.
+    site = root["ranks"]["0"]["site"]
+    assert (Path(site["file"]).name, site["line"]) == ("accelerate_job.py",
+                                                       marker_line(ACCELERATE, "gather"))
+
+
+@pytest.mark.timeout(60)
+def test_a_launch_command_that_is_not_there_is_one_line(tmp_path: Path) -> None:
+    from .jobs import ddpdoctor
+
+    proc = ddpdoctor("run", "--logdir", str(tmp_path / "logs"), "--", "no-such-launcher",
+                     "train.py")
+    assert proc.returncode == 2
+    assert "command not found: no-such-launcher" in proc.stderr
+    assert "Traceback" not in proc.stderr
