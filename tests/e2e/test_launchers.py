@@ -1,12 +1,14 @@
 """``ddpdoctor run -- <launch command>``: jobs started by the user's own launcher — a shell
 wrapper around torchrun, a Slurm-shaped launch (processes told their place by SLURM_*
-variables), Hugging Face Accelerate's ``accelerate launch`` — are recorded, watched and
-diagnosed as under torchrun, healthy and diverged, at the user's line."""
+variables), Hugging Face Accelerate's ``accelerate launch``, a Lightning Trainer that starts
+its ranks itself — are recorded, watched and diagnosed as under torchrun, healthy and
+diverged, at the user's line."""
 
 from __future__ import annotations
 
 import importlib.util
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from .jobs import SCRIPTS, marker_line, run_job
 
 ANY = SCRIPTS / "any_launcher.py"
 ACCELERATE = SCRIPTS / "accelerate_job.py"
+LIGHTNING = SCRIPTS / "lightning_job.py"
 
 
 def _command(tmp_path: Path, *command: str):
@@ -68,6 +71,30 @@ def test_accelerate_launch_is_diagnosed_at_the_users_line(tmp_path: Path, diverg
     site = root["ranks"]["0"]["site"]
     assert (Path(site["file"]).name, site["line"]) == ("accelerate_job.py",
                                                        marker_line(ACCELERATE, "gather"))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
+                    reason="pytorch-lightning is in the test extras")
+@pytest.mark.parametrize("diverge", [False, True], ids=["healthy", "rank0-callback"])
+def test_a_lightning_trainer_is_diagnosed_at_the_users_line(tmp_path: Path,
+                                                            diverge: bool) -> None:
+    job = _command(tmp_path, sys.executable, str(LIGHTNING),
+                   *(["--rank0-callback"] if diverge else []))
+    assert job.report is not None, job.stderr[-3000:]
+    assert len(job.report["ranks"]) == 2  # the rank Lightning started itself is recorded
+    if not diverge:
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert job.report["verdict"] == "clean"
+        assert "trained" in job.stdout
+        return
+    root = job.report["findings"][0]
+    assert (root["kind"], root["cause"]) == ("op_mismatch", "rank_conditional_collective")
+    # The callback's line, thirty frames of Lightning below the user's trainer.fit().
+    site = root["ranks"]["0"]["site"]
+    assert (Path(site["file"]).name, site["line"]) == ("lightning_job.py",
+                                                       marker_line(LIGHTNING, "callback"))
+    assert Path(root["context"]["ranks"]["1"]["site"]["file"]).name == "lightning_job.py"
 
 
 @pytest.mark.timeout(60)

@@ -95,7 +95,8 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
         f.cause, f.evidence = recognise(f, ctx)
         if not f.follow_on:
             words = {r: ctx.states[r].backend_words for r in f.ranks
-                     if r in ctx.states and ctx.states[r].backend_words}
+                     if r in ctx.states and ctx.states[r].backend_words
+                     and ctx.states[r].status != rs.FINISHED}
             killed = {r for r in words if ctx.states[r].status == rs.KILLED}
             f.evidence = f.evidence + backend_words.evidence(words, killed)
     root = findings[0] if findings else None

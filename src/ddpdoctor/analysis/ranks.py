@@ -186,6 +186,8 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     colls = trace.collectives
     state = RankState(rank, trace, UNFINISHED, exit_code=code, collectives=len(colls),
                       cut=trace.cut)
+    if trace.stderr_tail:
+        state.backend_words = explaining_lines(trace.stderr_tail)
     if colls:
         state.last = colls[-1]
         # The DDP forward count only grows: the last collectives carry the highest.
@@ -256,8 +258,6 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     if state.crash_site is None and state.crashed:
         where = state.where
         state.crash_site = where.site if where else None
-    if trace.stderr_tail:
-        state.backend_words = explaining_lines(trace.stderr_tail)
     return state
 
 

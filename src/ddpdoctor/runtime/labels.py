@@ -23,10 +23,10 @@ from ddpdoctor.trace.ddp_sites import BUCKET, USER
 from ddpdoctor.trace.ddp_sites import RULES as _RULES
 
 STACK_DEPTH = 6
-# Frames of an installed library (Accelerate's gather, Lightning's strategy, a trainer) that
+# Frames of an installed library (Accelerate's gather, Lightning's loops: 30 deep) that
 # may come before the user's first frame without using up STACK_DEPTH: the user's line that
 # led into the library is then in the record.
-MAX_LIBRARY_FRAMES = 24
+MAX_LIBRARY_FRAMES = 64
 MAX_CACHED_STACKS = 4096
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
