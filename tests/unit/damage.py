@@ -59,8 +59,10 @@ def _write(path: Path, lines: list[bytes]) -> None:
     path.write_bytes(b"\n".join(lines))
 
 
-def _each_rank(change: Callable[[Path], None]) -> Change:
-    return change
+def _drop_exit_codes(folder: Path) -> None:
+    """Remove what the launcher recorded of the ranks' exit codes."""
+    for p in folder.glob("exits-*.json"):
+        p.unlink()
 
 
 def _truncate_lines(rank: int, keep: int, drop_exits: bool) -> Change:
@@ -68,8 +70,7 @@ def _truncate_lines(rank: int, keep: int, drop_exits: bool) -> Change:
         path = folder / f"rank-{rank}.jsonl"
         _write(path, _lines(path)[:keep] + [b""])
         if drop_exits:
-            for p in folder.glob("exits-*.json"):
-                p.unlink()
+            _drop_exit_codes(folder)
     return change
 
 
@@ -141,8 +142,7 @@ def _drop_records(rank: int, kinds: tuple[str, ...], drop_exits: bool) -> Change
         _write(path, [ln for ln in _lines(path)
                       if not any(f'"kind": "{k}"'.encode() in ln[:40] for k in kinds)])
         if drop_exits:
-            for p in folder.glob("exits-*.json"):
-                p.unlink()
+            _drop_exit_codes(folder)
     return change
 
 
