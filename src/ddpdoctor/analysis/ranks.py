@@ -77,8 +77,8 @@ class RankState:
     # At the hang, inside a torch.distributed call with nothing recorded as pending: a call
     # the record does not hold (its name), whatever the rank waited for there.
     unrecorded_call: str | None = None
-    # The lines of its stderr tail that explain its end (analysis/backend_words.py), with the
-    # rank of their pattern; only for a rank that did not finish.
+    # The lines of its stderr tail that explain how it ended (analysis/backend_words.py),
+    # each with the rank of its pattern; reports quote those of ranks that did not finish.
     backend_words: list[tuple[int, str]] = field(default_factory=list)
 
     @property

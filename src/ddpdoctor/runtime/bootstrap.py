@@ -63,15 +63,14 @@ def _is_top_process() -> bool:
 def _on_torch_imported() -> None:
     from ddpdoctor.runtime import torch_hooks
 
-    launcher = os.environ.get(env.LAUNCHER, "torchrun")
-    if _is_top_process() and launcher != "command":
+    if _is_top_process():
         from ddpdoctor.runtime import exit_codes
 
-        exit_codes.install(os.environ[env.LOGDIR], launcher)
-    elif launcher == "command" and _is_top_process():
-        from ddpdoctor.runtime import exit_codes
-
-        exit_codes.install(os.environ[env.LOGDIR], "python")  # a script that spawns
+        # Under a launch command the top process may be a script that spawns (or anything:
+        # torchrun agents below it are found by _on_agent_imported).
+        launcher = os.environ.get(env.LAUNCHER, "torchrun")
+        exit_codes.install(os.environ[env.LOGDIR],
+                           "python" if launcher == "command" else launcher)
 
     try:
         torch_hooks.install(_recorder, os.environ.get(env.BACKEND) or None)

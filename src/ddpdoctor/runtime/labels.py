@@ -141,8 +141,8 @@ class StackLabeler:
             in_library = library.get(id(code))
             if in_library is None:
                 self._codes[id(code)] = code
-                in_library = library[id(code)] = code.co_filename.startswith("<") is False \
-                    and any(d in code.co_filename for d in _LIBRARY_DIRS)
+                in_library = library[id(code)] = any(d in code.co_filename
+                                                     for d in _LIBRARY_DIRS)
             if in_library and depth < STACK_DEPTH + MAX_LIBRARY_FRAMES and \
                     len(where) == 2 * (internal + depth - STACK_DEPTH + 1):
                 depth += 1  # still in the library, before any frame of the user's
