@@ -1,7 +1,7 @@
 """``ddpdoctor run -- <launch command>``: jobs started by the user's own launcher — a shell
 wrapper around torchrun, a Slurm-shaped launch (processes told their place by SLURM_*
 variables), Hugging Face Accelerate's ``accelerate launch``, a Lightning Trainer that starts
-its ranks itself — are recorded, watched and diagnosed as under torchrun, healthy and
+its ranks itself, the ``deepspeed`` launcher — are recorded, watched and diagnosed as under torchrun, healthy and
 diverged, at the user's line."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from .jobs import SCRIPTS, marker_line, run_job
 ANY = SCRIPTS / "any_launcher.py"
 ACCELERATE = SCRIPTS / "accelerate_job.py"
 LIGHTNING = SCRIPTS / "lightning_job.py"
+DEEPSPEED = SCRIPTS / "deepspeed_job.py"
 
 
 def _command(tmp_path: Path, *command: str):
@@ -95,6 +96,26 @@ def test_a_lightning_trainer_is_diagnosed_at_the_users_line(tmp_path: Path,
     assert (Path(site["file"]).name, site["line"]) == ("lightning_job.py",
                                                        marker_line(LIGHTNING, "callback"))
     assert Path(root["context"]["ranks"]["1"]["site"]["file"]).name == "lightning_job.py"
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None or
+                    shutil.which("deepspeed") is None, reason="deepspeed is in the test extras")
+@pytest.mark.parametrize("uneven", [False, True], ids=["healthy", "uneven"])
+def test_the_deepspeed_launcher_is_diagnosed(tmp_path: Path, uneven: bool) -> None:
+    job = _command(tmp_path, "deepspeed", "--num_gpus", "2", str(DEEPSPEED),
+                   *(["--uneven"] if uneven else []))
+    assert job.report is not None, job.stderr[-3000:]
+    assert len(job.report["ranks"]) == 2
+    if not uneven:
+        assert job.returncode == 0, job.stderr[-3000:]
+        assert job.report["verdict"] == "clean"
+        return
+    root = job.report["findings"][0]
+    assert (root["kind"], root["cause"]) == ("missing_collective", "uneven_inputs"), root
+    site = root["ranks"]["1"]["site"]  # the user's engine.backward(), not DeepSpeed's
+    assert (Path(site["file"]).name, site["line"]) == ("deepspeed_job.py",
+                                                       marker_line(DEEPSPEED, "backward"))
 
 
 @pytest.mark.timeout(60)

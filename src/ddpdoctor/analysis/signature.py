@@ -88,11 +88,13 @@ class Interner:
         self.site_cache: dict[int, tuple[list, SiteKey | None]] = {}
 
     def site(self, c: Collective) -> SiteKey | None:
+        """The site key of ``c.site`` (the user's line: past any library frames before it),
+        cached per stack object."""
         stack = c.stack
         hit = self.site_cache.get(id(stack))
         if hit is not None and hit[0] is stack:
             return hit[1]
-        key = site_key(stack[0]) if stack else None
+        key = site_key(c.site)
         self.site_cache[id(stack)] = (stack, key)
         return key
 
