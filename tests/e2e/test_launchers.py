@@ -1,8 +1,8 @@
 """``ddpdoctor run -- <launch command>``: jobs started by the user's own launcher — a shell
 wrapper around torchrun, a Slurm-shaped launch (processes told their place by SLURM_*
 variables), Hugging Face Accelerate's ``accelerate launch``, a Lightning Trainer that starts
-its ranks itself, the ``deepspeed`` launcher — are recorded, watched and diagnosed as under torchrun, healthy and
-diverged, at the user's line."""
+its ranks itself, the ``deepspeed`` launcher — are recorded, watched and diagnosed as under
+torchrun, healthy and diverged, at the user's line."""
 
 from __future__ import annotations
 
@@ -100,7 +100,8 @@ def test_a_lightning_trainer_is_diagnosed_at_the_users_line(tmp_path: Path,
 
 @pytest.mark.timeout(240)
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None or
-                    shutil.which("deepspeed") is None, reason="deepspeed is in the test extras")
+                    shutil.which("deepspeed") is None,
+                    reason="deepspeed is not installed (it compiles ops: not in the test extras)")
 @pytest.mark.parametrize("uneven", [False, True], ids=["healthy", "uneven"])
 def test_the_deepspeed_launcher_is_diagnosed(tmp_path: Path, uneven: bool) -> None:
     job = _command(tmp_path, "deepspeed", "--num_gpus", "2", str(DEEPSPEED),
