@@ -17,7 +17,6 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import subprocess
 import sys
 
 if __name__ != "__main__":  # the helper runs as a script, with nothing but the standard library
@@ -59,6 +58,8 @@ def start(logdir: str) -> None:
         read_end, write_end = _pipe_like()
     except OSError:
         return
+    import subprocess  # here, not at boot: every process of the job imports this module
+
     path = os.path.join(logdir, schema.stderr_file(os.getpid()))
     try:
         sys.stderr.flush()

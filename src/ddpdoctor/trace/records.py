@@ -11,13 +11,20 @@ way. :func:`line_chunks` is how both read a file (bounded memory, damage-toleran
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO, TypeGuard
 
 from ddpdoctor.trace import ops, schema
-from ddpdoctor.trace.model import Collective, Completion, Group, RankTrace, Site, site_from
+from ddpdoctor.trace.model import (
+    Collective,
+    Completion,
+    Group,
+    RankTrace,
+    Site,
+    numel,
+    site_from,
+)
 
 STATES = frozenset({schema.PENDING, schema.COMPLETED, schema.FAILED})
 
@@ -277,12 +284,11 @@ def check_collective(rec: dict) -> None:
     if not isinstance(shapes, list) or not isinstance(dtypes, list) or \
             len(shapes) > _MAX_TENSORS or len(dtypes) != len(shapes):
         raise TypeError("shapes")
-    total = 0
     for shape in shapes:
         if not isinstance(shape, list) or len(shape) > 64 or \
                 not all(is_int(d) and 0 <= d < MAX_ID for d in shape):
             raise TypeError("shape")
-        total += math.prod(shape)
+    total = numel(shapes)
     if not all(isinstance(d, str) for d in dtypes) or rec.get("numel", total) != total:
         raise ValueError("numel")
 
