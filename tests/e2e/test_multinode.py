@@ -1,6 +1,6 @@
 """Two nodes on one machine: two ``ddpdoctor run --nnodes 2`` processes with two ranks each
-(as real nodes have several), static and c10d rendezvous: one run id, merged ``diff``, and
-hang detection over both nodes."""
+(as real nodes have several), static and c10d rendezvous: one run id, hang detection over
+both nodes, each node's own report the whole job's diagnosis, and merged ``diff``."""
 
 from __future__ import annotations
 
@@ -82,17 +82,29 @@ def test_a_healthy_two_node_job_is_clean_per_node_and_merged(tmp_path: Path, kin
 @pytest.mark.parametrize("kind", ["static", "c10d"])
 def test_a_mismatch_across_nodes_is_caught_by_both_nodes(tmp_path: Path, kind: str) -> None:
     nodes = _two_nodes(tmp_path, kind, "mismatch", hang_timeout=60)
-    for proc, _logdir, _report in nodes:
+    barrier, extra = marker_line(SCRIPT, "barrier"), marker_line(SCRIPT, "extra_step")
+
+    def both_sides(report: dict) -> None:
+        root = report["findings"][0]
+        assert root["kind"] == "op_mismatch" and root["cause"] == \
+            "rank_conditional_collective", report["findings"]
+        lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
+        assert lines[0] == barrier, lines
+        assert lines.keys() - {0} and all(lines[r] == extra for r in lines.keys() - {0}), lines
+
+    for proc, logdir, report in nodes:
         assert proc.returncode == 3, proc.stderr[-3000:]
         assert "can never match" in proc.stderr
-    # Each node collected its own rank's stack; merged, the folders give the diagnosis.
+        # Each node's own report is the whole job's: the node without ranks 0 and 1 gets the
+        # end of their traces through the store (a c10d rendezvous numbers nodes as they come).
+        both_sides(report)
+        if not (logdir / "rank-0.jsonl").exists():
+            assert {p.name for p in logdir.glob("remote-*.jsonl")} == \
+                {"remote-0.jsonl", "remote-1.jsonl"}
+    # Merged, the folders give the same diagnosis from every rank's own trace.
     code, merged = _diff(nodes[0][1], nodes[1][1])
     assert code == 1
-    root = merged["findings"][0]
-    lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
-    extra = marker_line(SCRIPT, "extra_step")
-    assert lines[0] == marker_line(SCRIPT, "barrier")
-    assert lines.keys() - {0} and all(lines[r] == extra for r in lines.keys() - {0}), lines
+    both_sides(merged)
     stacks = {int(r): s["hang_stack"] for r, s in merged["ranks"].items()}
     assert len(stacks) == 2 * PER_NODE and all(stacks.values()), stacks
 

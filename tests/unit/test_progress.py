@@ -168,26 +168,6 @@ def test_a_rank_whose_trace_is_cut_is_never_taken_for_waiting(tmp_path: Path) ->
     assert job.verdict(30, None, T0 + 31) is None
 
 
-def test_another_nodes_rank_known_only_from_an_old_summary_stops_nothing(tmp_path: Path) -> None:
-    job = JobProgress(str(tmp_path))
-    r1 = Rank(tmp_path, 1)
-    r1.coll("barrier", 0)
-    waiting = {"t": T0, "status": "running", "world_size": 2, "issued": {"0": 1},
-               "completed": 0, "pending": [{"id": 1, "group": "0", "seq": 1, "op": "barrier",
-                                            "label": "user", "shapes": [[0]],
-                                            "dtypes": ["float32"], "numel": 0, "t": T0}],
-               "activity": {"t": T0, "cpu_rate": 0.0, "frames": []}}
-    r1._write({"kind": "peers", "t": T0, "ranks": {"0": waiting}})
-    job.poll(T0)
-    r1.activity(T0 + 1, 0.0)
-    job.poll(T0 + 1)
-    assert job.ranks[0].remote and job.verdict(3, None, T0 + 4) == HANG
-    # Rank 1 (ours) ends; rank 0's summary grows old: nothing to stop, nothing to call.
-    r1._write({"kind": "exit", "status": "finished", "t": T0 + 5})
-    job.poll(T0 + 5)
-    assert job.verdict(3, None, T0 + 20) is None
-
-
 def _blocked_rank_job(tmp_path: Path, **activity: object) -> tuple[JobProgress, Rank, Rank]:
     """Rank 1 waits in a barrier; rank 0, outside collectives, reports ``activity``."""
     job, r0, r1 = _job(tmp_path)

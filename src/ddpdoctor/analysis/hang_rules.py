@@ -19,8 +19,8 @@ used neither at one place of its own code. :func:`decide` stops the job for
 
 A stack inside ``torch.distributed`` with nothing pending counts as waiting only where a group
 is not recorded by ddpdoctor (flight-recorder mode); elsewhere it is a hole in the record, and
-the rank is busy. In a job of several nodes the other nodes' ranks come from their summaries in
-the job's store; one known only from an old summary may be doing anything, and stops nothing.
+the rank is busy. In a job of several nodes the same rules run over node digests
+(:mod:`ddpdoctor.analysis.digest`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from ddpdoctor.trace.records import is_p2p
 from ddpdoctor.trace.schema import Stop
 
 SETTLE = 0.2  # seconds a provable deadlock must hold before it is called
-REMOTE_STALE = 5.0  # seconds after which a remote rank's last summary says nothing
 BUSY_CPU = 0.3  # share of one core above which a rank with a collective pending is computing
 STILL_CPU = 0.01  # share of one core below which a rank outside collectives is idle
 STILL_IO = 16 * 1024  # bytes/s of reads and writes below which it is idle (a download is not)
@@ -71,8 +70,6 @@ class RankProgress:
     still_since: float | None = None  # the activity's place and CPU unchanged since then
     world_size: int | None = None
     cut: bool = False  # the rank could no longer write its trace: what it does is unknown
-    remote: bool = False  # on another node: known from the peers records of local ranks
-    updated: float = 0.0  # when a peers record last described this remote rank
     round: int = 0  # the round of the process it follows (a second mp.spawn: round 1)
     hole: bool = False  # its main thread is inside torch.distributed with nothing recorded
 
@@ -132,8 +129,7 @@ def decide(ranks: dict[int, RankProgress], members: dict[str, list[int]], timeou
     """Whether to stop the job now, by the module's rules. ``members``: group -> its ranks
     (the world when a group is not listed)."""
     live = [p for p in ranks.values() if p.status == RUNNING]
-    known = not any(p.remote and now - p.updated > REMOTE_STALE for p in live) and \
-        any(not p.remote for p in live)
+    known = bool(live)
     if known and all(p.waiting for p in live):
         if all(p.blocked for p in live) and _provably_stuck(ranks, members, live):
             deadlock_since = deadlock_since or now

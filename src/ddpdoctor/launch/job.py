@@ -19,14 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddpdoctor.launch import proctree
+from ddpdoctor.analysis.digest import node_digest
+from ddpdoctor.launch import coordination, proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.trace import handshake, padding, schema
 from ddpdoctor.trace.schema import Stop
 
-MULTI_NODE_LINGER = 3.0  # seconds a node waits after its evidence before stopping its ranks
+# seconds a node that cannot reach the job's store waits after its evidence before stopping
+# its ranks (the others may still be collecting theirs)
+MULTI_NODE_LINGER = 3.0
 
 
 @dataclass
@@ -87,7 +90,9 @@ def run_job(opts: RunOptions, logdir: Path,
     ``on_output``: the job's output goes through it (line by line) instead of straight to
     ddpdoctor's own stdout and stderr."""
     cmd = build_command(opts)
-    environ = build_env(opts, logdir, run_id(opts))
+    run = run_id(opts)
+    environ = build_env(opts, logdir, run)
+    coord = coordination.for_job(opts.torchrun, run) if opts.launcher == "torchrun" else None
     proctree.become_subreaper()
     progress = JobProgress(str(logdir))
     started = time.time()
@@ -101,6 +106,8 @@ def run_job(opts: RunOptions, logdir: Path,
             raise UsageError(f"cannot start {cmd[0]}: {exc.strerror}") from None
         pumps = [_pump(proc.stdout, False, on_output), _pump(proc.stderr, True, on_output)] \
             if on_output else []
+        if coord is not None:
+            coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)
         while proc.poll() is None:
             # Poll faster once some rank waits: a provable deadlock is called within 2 s.
@@ -110,21 +117,30 @@ def run_job(opts: RunOptions, logdir: Path,
             if signals.received is not None:
                 result.interrupted = True
                 break
-            verdict = progress.verdict(opts.hang_timeout, opts.stuck_timeout, now)
+            named: tuple[int, ...] = ()
+            if coord is not None:
+                world = coord.watch(progress.ranks, opts.hang_timeout, opts.stuck_timeout, now)
+                verdict, progress.reason, named = world.stop, world.reason, world.named
+            else:
+                verdict = progress.verdict(opts.hang_timeout, opts.stuck_timeout, now)
             if verdict is not None:
                 result.hang, result.stop, result.reason = True, verdict, progress.reason
                 if on_status:
                     on_status(progress, "hang")
                 result.acks = _collect_evidence(logdir, progress, proc)
-                if result.nnodes > 1:
-                    # The other nodes see the same state a moment later (the store is read
-                    # once a second): let them collect their ranks' stacks before this node's
-                    # ranks go and theirs fail on the lost connection.
+                if coord is not None:
+                    # Every node gets the named ranks' details before any node's ranks go
+                    # (and the others' fail on the lost connection).
+                    coord.exchange(list(named), progress.paths(), logdir)
+                elif result.nnodes > 1:
                     time.sleep(MULTI_NODE_LINGER)
                 break
             if on_status and now >= next_status:
                 on_status(progress, "status")
                 next_status = now + opts.status_every
+        if coord is not None and not result.hang:
+            progress.poll()
+            coord.finish(node_digest(progress.ranks, time.time()))
         if proc.poll() is None:
             result.killed = _stop(proc, opts, logdir)
         try:
@@ -194,7 +210,7 @@ def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Pope
                       wait: float = 5.0) -> list[int]:
     """Ask every rank for its stacks and wait for their answers; returns the ranks that did."""
     handshake.request(logdir)
-    expected = [r for r, p in progress.ranks.items() if p.status == "running" and not p.remote]
+    expected = [r for r, p in progress.ranks.items() if p.status == "running"]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         acked = handshake.acknowledged(logdir, expected)

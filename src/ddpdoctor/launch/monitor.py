@@ -6,9 +6,8 @@ it issues no collective (the watchdog's ``activity`` records) and when it last m
 a :class:`~ddpdoctor.analysis.hang_rules.RankProgress`. Whether that is a hang is
 :func:`~ddpdoctor.analysis.hang_rules.decide`'s to say (:meth:`JobProgress.verdict`).
 
-In a job of several nodes the ranks of the other nodes are known from the ``peers`` records
-that local rank 0 copies from the job's c10d store (:mod:`ddpdoctor.runtime.peers`), so every
-node's launcher applies the rules to the whole world.
+In a job of several nodes this is one node's part: the nodes compare notes through the job's
+store (:mod:`ddpdoctor.launch.coordination`).
 """
 
 from __future__ import annotations
@@ -113,7 +112,6 @@ class JobProgress:
                         # A rank's next round (its process group made again) starts afresh.
                         prog = self.ranks[tail.rank] = RankProgress(
                             tail.rank, last_progress=now, round=tail.round)
-                    prog.remote = False
                 elif tail.rank is not None and tail.round == self.ranks[tail.rank].round:
                     try:
                         self._apply(self.ranks[tail.rank], tail, rec, now)
@@ -156,9 +154,6 @@ class JobProgress:
                 prog.world_size = rec["world_size"]
         elif kind == schema.ACTIVITY:
             self._activity(prog, rec)
-        elif kind == schema.PEERS:
-            for key, state in (rec.get("ranks") or {}).items():
-                self._peer(int(key), state, now)
         elif kind == schema.INIT:
             # Waiting in init_process_group counts as waiting in a collective (key 0).
             if rec.get("state") == schema.PENDING:
@@ -170,43 +165,6 @@ class JobProgress:
         elif kind == schema.EXIT:
             prog.status = str(rec.get("status", "finished"))
             prog.pending.clear()
-
-    def _peer(self, rank: int, state: dict, now: float) -> None:
-        """A rank of another node, as its last summary in the store describes it."""
-        prog = self.ranks.get(rank)
-        if prog is None:
-            prog = self.ranks[rank] = RankProgress(rank, last_progress=now, remote=True)
-        if not prog.remote:
-            return  # a local rank: its own trace is the better source
-        prog.updated = now
-        status = str(state.get("status", RUNNING))
-        prog.status = status
-        prog.iteration = int(state.get("iteration") or prog.iteration)
-        if isinstance(state.get("world_size"), int):
-            prog.world_size = state["world_size"]
-        completed = int(state.get("completed") or 0)
-        if completed > prog.completed:
-            prog.completed, prog.last_progress = completed, now
-        prog.issued = {str(g): int(q) for g, q in (state.get("issued") or {}).items()}
-        pending: dict[int, Pending] = {}
-        for item in state.get("pending") or []:
-            site = item.get("site")
-            c = Collective(rank=rank, id=int(item["id"]), group=str(item["group"]),
-                           seq=item.get("seq"), op=str(item["op"]),
-                           label=str(item.get("label", "user")), shapes=item.get("shapes", []),
-                           dtypes=item.get("dtypes", []), numel=int(item.get("numel", 0)),
-                           reduce_op=item.get("reduce_op"), root=item.get("root"),
-                           peer=item.get("peer"),
-                           stack=[Site(str(site[0]), int(site[1]), str(site[2]))] if site else [])
-            old = prog.pending.get(c.id)
-            pending[c.id] = Pending(old.seen if old else now, f"{c.op} ({c.label})"
-                                    + _site_text(c), c)
-        prog.pending = pending
-        activity = state.get("activity")
-        prog.activity = activity if isinstance(activity, dict) else None
-        prog.last_issue = 0.0  # the summary's activity is already the one after the last op
-        rate = (prog.activity or {}).get("cpu_rate")
-        prog.cpu_rate = float(rate) if isinstance(rate, (int, float)) else None
 
     @staticmethod
     def _complete(prog: RankProgress, now: float) -> None:
@@ -245,6 +203,12 @@ class JobProgress:
             prog.still_since = t if idle else None
         elif prog.still_since is None:
             prog.still_since = t
+
+    def paths(self) -> dict[int, Path]:
+        """Each rank's trace file (its latest round)."""
+        return {t.rank: t.path for t in self._tails.values()
+                if t.rank is not None and t.rank in self.ranks
+                and t.round == self.ranks[t.rank].round}
 
     # -- verdicts ----------------------------------------------------------------------------
     def last_progress(self) -> float:

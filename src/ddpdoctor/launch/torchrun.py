@@ -152,6 +152,25 @@ class Torchrun:
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
+    def store_address(self) -> tuple[str, int] | None:
+        """Where the job's rendezvous store listens (the static rendezvous' master address,
+        or the c10d rendezvous endpoint); None for other rendezvous backends."""
+        v = self.values
+        if v.rdzv_backend == "static":
+            return str(v.master_addr or "127.0.0.1"), int(v.master_port or 29500)
+        if v.rdzv_backend == "c10d" and v.rdzv_endpoint:
+            host, _, port = str(v.rdzv_endpoint).rpartition(":")
+            if not host or not port.isdigit():
+                host, port = str(v.rdzv_endpoint), "29400"
+            return host.strip("[]"), int(port)
+        return None
+
+    @property
+    def node_rank(self) -> int | None:
+        """This node's number where the command line fixes it (a static rendezvous)."""
+        return int(self.values.node_rank or 0) if self.values.rdzv_backend == "static" else None
+
+
 def read(tokens: list[str], script: str, args: list[str]) -> Torchrun:
     """torchrun's reading of ``tokens`` followed by the script (raises :class:`UsageError`)."""
     values = parser().parse_args([*tokens, script, *args])

@@ -28,14 +28,13 @@ import traceback
 from collections import deque
 from typing import Any
 
-from ddpdoctor.runtime import peers, source_capture, stderr_tail, user_code
+from ddpdoctor.runtime import source_capture, stderr_tail, user_code
 from ddpdoctor.trace import handshake, schema
 from ddpdoctor.trace.model import call_name
 
 POLL_SECONDS = 0.1
 QUIET_SECONDS = 0.3  # no collective issued for this long: the rank may be outside collectives
 ACTIVITY_SECONDS = 1.0  # then an activity record this often
-PEERS_SECONDS = 1.0  # a multi-node job shares every rank's state this often
 USER_FRAMES = 3
 
 
@@ -158,22 +157,8 @@ class Watchdog:
         # (time, (CPU, I/O bytes) of the process tree), read once per activity record: it
         # costs ~0.1 ms (a few /proc files per thread and child)
         self._tree: tuple[float, tuple[float, int]] | None = None
-        self._last_activity: dict | None = None
-        self._peers: peers.Peers | None = None
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-watchdog", daemon=True)
         self._thread.start()
-        if peers.multi_node():
-            # Its own thread: a store that stops answering must not hold up the hang evidence.
-            threading.Thread(target=self._share_loop, name="ddpdoctor-peers",
-                             daemon=True).start()
-
-    def _share_loop(self) -> None:
-        while not handshake.requested(self._logdir):
-            time.sleep(PEERS_SECONDS)
-            try:
-                self._share(time.time())
-            except Exception:  # the store is gone (a node ended): the traces remain
-                pass
 
     def _run(self) -> None:
         while not handshake.requested(self._logdir):
@@ -227,22 +212,7 @@ class Watchdog:
             # A group ddpdoctor does not record: a stack inside torch.distributed with nothing
             # pending may be a wait in it. Otherwise such a stack is a hole in the record.
             record["unrecorded"] = True
-        self._last_activity = record
         self._recorder.emit(record)
-
-    def _share(self, now: float) -> None:
-        """Multi-node jobs: publish this rank's state; local rank 0 records everyone's."""
-        if self._peers is None:
-            self._peers = peers.connect(self._recorder)
-            if self._peers is None:
-                return
-        activity = self._last_activity
-        if activity is not None and activity["t"] < self._recorder.last_issue:
-            activity = None
-        self._peers.publish(peers.summary(self._recorder, now, activity))
-        if self._peers.reader:
-            self._recorder.emit({"kind": schema.PEERS, "t": round(now, 3),
-                                 "ranks": self._peers.others()})
 
     @staticmethod
     def library_call(frame: Any) -> str | None:

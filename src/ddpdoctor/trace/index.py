@@ -14,7 +14,7 @@ from functools import cached_property
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.compact import CollectiveLog
 from ddpdoctor.trace.model import Collective, CollectiveIndex, GroupPositions, Site
-from ddpdoctor.trace.records import MAX_GAP
+from ddpdoctor.trace.records import MAX_POSITIONS
 
 
 def index_of(collectives: Sequence[Collective]) -> CollectiveIndex:
@@ -55,9 +55,10 @@ class ListIndex:
     def _built(self) -> tuple[list[Collective],
                               dict[str, tuple[list[int], list[Collective | None]]]]:
         """(prototypes, per group: codes and collectives by position). A seq already seen in
-        its group keeps the first collective; one far past the group's end is damage,
-        skipped; lost positions in between are None with code -1. This loop touches every
-        collective, so the static key is built inline."""
+        its group keeps the first collective; one beyond ``MAX_POSITIONS`` is damage, skipped
+        (the reader placed every collective it kept; a trace that starts mid-run, another
+        node's detail, has None before its first); lost positions in between are None with
+        code -1. This loop touches every collective, so the static key is built inline."""
         protos: list[Collective] = []
         keys: dict[tuple, int] = {}
         groups: dict[str, tuple[list[int], list[Collective | None]]] = {}
@@ -84,7 +85,7 @@ class ListIndex:
                 last_group = group
             n = len(lst)
             if seq != n + 1:
-                if seq <= n or seq > n + MAX_GAP:
+                if seq <= n or seq > MAX_POSITIONS:
                     continue
                 lst.extend([None] * (seq - 1 - n))
                 codes.extend([-1] * (seq - 1 - n))

@@ -218,6 +218,9 @@ class RankTrace:
     stderr_tail: str = ""  # the last bytes the rank's process wrote to its stderr
     damaged_lines: int = 0
     truncated: bool = False
+    # Another node's rank, read from its detail (trace/detail.py): the end of its trace only,
+    # its earlier positions unknown.
+    remote: bool = False
 
     @property
     def world_size(self) -> int | None:

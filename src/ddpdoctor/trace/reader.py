@@ -47,8 +47,8 @@ class NoTraces(TraceError):
 
 
 # Files of a log folder that are ddpdoctor's own, never flight-recorder dumps.
-_OWN_FILES = re.compile(r"^(rank-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*|fault-\d+\.txt"
-                        r"|stderr-\d+\.txt|agent-\d+"
+_OWN_FILES = re.compile(r"^((rank|remote)-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*"
+                        r"|fault-\d+\.txt|stderr-\d+\.txt|agent-\d+"
                         r"|\.write-test|\.lock)$")
 
 
@@ -77,6 +77,31 @@ def _inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]
     if not files and not dumps:
         raise TraceError("no trace files given")
     return files, dumps
+
+
+def _merge_remote(ranks: dict[int, RankTrace], folders: set[Path], notes: list[str]) -> None:
+    """Other nodes' ranks that this node fetched the detail of when the job was stopped
+    (``remote-<rank>.jsonl``), where no folder read holds their own trace."""
+    found = []
+    for folder in sorted(folders):
+        for path in sorted(folder.glob(schema.REMOTE_GLOB))[:MAX_REMOTE]:
+            try:
+                _regular(path)
+                with open(path, "rb") as fh:
+                    trace = _read_records(path, padding.open_data(fh))
+            except (TraceError, OSError):
+                continue
+            if trace.remote and 0 <= trace.rank < MAX_RANKS and trace.rank not in ranks \
+                    and trace.collectives:
+                ranks[trace.rank] = trace
+                found.append(trace.rank)
+    if found:
+        notes.append(f"{rank_list(sorted(found))} ran on other nodes: the end of their traces "
+                     f"came through the job's store when the job was stopped (earlier "
+                     f"collectives are in their own nodes' log folders)")
+
+
+MAX_REMOTE = 64  # other nodes' ranks read from their details
 
 
 def _merge_dumps(ranks: dict[int, RankTrace], dumps: list[Path], notes: list[str]) -> None:
@@ -154,7 +179,8 @@ def _read_records(path: Path, fh: BinaryIO) -> RankTrace:
     first, _ = next(lines, (b"", True))
     head = _header(path, first or b"")
     trace = _new_trace(path, head, False)
-    fold = Fold(collectives=[])
+    trace.remote = head.get("partial") is True
+    fold = Fold(collectives=[], partial=trace.remote)
     for raw, last in lines:
         trace.truncated = last  # no newline at the end: the rank was killed mid-write
         rec = parse_line(raw) if raw is not None else None
@@ -431,6 +457,7 @@ def load_rounds(paths: Iterable[str | os.PathLike],
     for number, ranks in rounds.items():
         final = number == last
         if final:
+            _merge_remote(ranks, folders, notes)
             _merge_dumps(ranks, dumps, notes)
         run = _run_of(ranks, notes if final else [], folders)
         run.sources = [str(f) for f in files + dumps]

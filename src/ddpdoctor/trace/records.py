@@ -90,6 +90,7 @@ class Fold:
     by_id: dict[int, Collective] = field(default_factory=dict)
     by_group: dict[str, list[Collective | None]] = field(default_factory=dict)
     last_t: float = 0.0  # the latest time known so far (see :func:`clock_time`)
+    partial: bool = False  # another node's detail (trace/detail.py): it starts mid-run
 
 
 MAX_THREAD_ERRORS = 16  # thread deaths kept per rank (a thread pool failing in a loop)
@@ -110,11 +111,11 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             if c.state not in STATES:
                 return False
             damaged = ("stack" in rec and rec["stack"] not in stacks) or \
-                (colls and c.id != colls[-1].id + 1)
+                (colls and c.id != colls[-1].id + 1 and not fold.partial)
             known = len(fold.by_group.get(c.group, ()))
-            if not place(fold.by_group, c):
+            if not place(fold.by_group, c, MAX_POSITIONS if fold.partial else MAX_GAP):
                 return False
-            damaged = damaged or (is_int(c.seq) and c.seq > known + 1)
+            damaged = damaged or (is_int(c.seq) and c.seq > known + 1 and not fold.partial)
             if damaged:  # a lost line before it, or a reference to nothing: kept, counted
                 trace.damaged_lines += 1
             colls.append(c)
@@ -386,16 +387,21 @@ def expand_repeat(rank: int, rec: dict, fold: Fold) -> bool:
 
 
 MAX_GAP = 1 << 16  # a sequence number this far past the collectives before it is damage
+# A position beyond this is damage even where a trace may start mid-run (another node's
+# detail): its positions before are held as None.
+MAX_POSITIONS = 1 << 24
 
 
-def place(by_group: dict[str, list[Collective | None]], c: Collective) -> bool:
+def place(by_group: dict[str, list[Collective | None]], c: Collective,
+          max_gap: int = MAX_GAP) -> bool:
     """Put ``c`` at its position in ``by_group`` (gaps None; a repeated seq keeps the first).
-    False for a seq far beyond the group's collectives so far: damage, not a position."""
+    False for a seq more than ``max_gap`` beyond the group's collectives so far: damage, not
+    a position."""
     seq = c.seq
     if seq is None or seq.__class__ is not int or seq < 1:
         return True
     lst = by_group.setdefault(c.group, [])
-    if seq > len(lst) + MAX_GAP:
+    if seq > len(lst) + max_gap or seq > MAX_POSITIONS:
         return False
     if seq > len(lst):
         lst.extend([None] * (seq - 1 - len(lst)))

@@ -83,6 +83,9 @@ EXIT_FAILED = "failed"  # sys.exit() with a non-zero code
 EXIT_MAX_STEPS = "max_steps"  # stopped by --max-steps at the start of iteration N+1
 
 TRACE_GLOB = "rank-*.jsonl"
+# Another node's rank, as much of its trace as the diagnosis needs (trace/detail.py): a rank
+# with a trace of its own in the folders read is read from that instead.
+REMOTE_GLOB = "remote-*.jsonl"
 CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full disk)
 
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
@@ -107,6 +110,11 @@ LOCK_FILE = ".lock"  # held by the one ddpdoctor run writing into the folder
 EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
 HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence
 NESTED_LAUNCH = "nested-launch.json"  # a torchrun rank was asked to spawn its own workers
+
+
+def remote_filename(rank: int) -> str:
+    """The file of another node's rank's detail (:data:`REMOTE_GLOB`)."""
+    return f"remote-{rank}.jsonl"
 
 
 def cut_marker(trace_path: str) -> str:

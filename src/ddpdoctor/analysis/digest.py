@@ -1,0 +1,252 @@
+"""Node digests: what one node's launcher tells the others, and the world verdict drawn from them.
+
+In a job of several nodes each node's launcher sees its own ranks only. Rather than every rank
+publishing its state to the job's store (traffic growing as nodes x ranks), each launcher
+publishes one compact *digest* of its ranks, merged with the digests of the nodes below it in
+a tree of fan-out :data:`FANOUT` (node ``k``'s children are ``16k+1 .. 16k+16``), so that a
+node reads at most 16 digests and node 0 holds the whole world's. Node 0 decides with
+:func:`decide_world` and publishes the verdict; every node reads it (``launch/coordination.py``
+moves the digests; docs/architecture.md has the arithmetic).
+
+A digest is a JSON object of counts and bounded lists, never per rank::
+
+    {"nodes": 3, "unknown": 0, "ranks": 6, "world": 6, "live": 6, "waiting": 6,
+     "blocked": 6, "quiet": 12.5, "wait": 11.9, "idle": null, "idle_count": 0,
+     "pending": [["0", 9, "3f1c...", 0, 1, "barrier (user) at train.py:30"], ...],
+     "issued": {"0": [9, 2]}, "ended": [[5, "finished"]]}
+
+``quiet``: seconds since any rank below last progressed; ``wait``: the shortest time any
+waiting rank has waited; ``pending``: ``[group, seq, signature, lowest rank, ranks, what]``
+per distinct pending collective, positions with two signatures (which can never match) and
+the lowest positions kept first. Ages are as of the moment a digest was written; a reader adds
+the time since it received it. Pure functions, no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ddpdoctor.analysis.hang_rules import RUNNING, SETTLE, RankProgress
+from ddpdoctor.analysis.signature import FREE_SHAPE_OPS, reduce_op_of
+from ddpdoctor.trace.model import Collective
+from ddpdoctor.trace.records import is_p2p
+from ddpdoctor.trace.schema import Stop
+
+FANOUT = 16
+MAX_PENDING = 12  # distinct pending collectives a digest lists
+MAX_ENDED = 4  # ended ranks a digest names
+MAX_GROUPS = 16  # groups whose lowest issued position a digest lists
+MAX_NAMED = 8  # ranks a verdict names (their details are fetched by every node)
+WHAT_CHARS = 100
+SETTLE_WORLD = max(SETTLE, 1.0)  # a provable deadlock seen this long in the world digest
+
+
+def parent(node: int) -> int | None:
+    """The node whose digest includes this node's (None for node 0)."""
+    return None if node <= 0 else (node - 1) // FANOUT
+
+
+def children(node: int, nnodes: int) -> list[int]:
+    """The nodes whose digests this node reads and merges."""
+    first = node * FANOUT + 1
+    return list(range(first, min(first + FANOUT, nnodes)))
+
+
+def subtree_size(node: int, nnodes: int) -> int:
+    """Nodes in the subtree of ``node``: itself and every node below it."""
+    return 1 + sum(subtree_size(c, nnodes) for c in children(node, nnodes))
+
+
+def signature(c: Collective) -> str:
+    """A short hash of what every member must agree on (two differ: they can never match)."""
+    shapes = "*" if c.op in FREE_SHAPE_OPS else f"{c.shapes}/{c.numel}"
+    text = f"{c.op}|{shapes}|{c.dtypes}|{reduce_op_of(c)}|{c.root}"
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
+    """The digest of one node's own ranks (``RankProgress`` as the launcher's monitor reads
+    them from the traces)."""
+    live = [p for p in ranks.values() if p.status == RUNNING]
+    waiting = [p for p in live if p.waiting]
+    pending: dict[tuple[str, int, str], list] = {}
+    issued: dict[str, list[int]] = {}
+    for p in live:
+        for pend in p.pending.values():
+            c = pend.coll
+            if c is None or c.seq is None or is_p2p(c):
+                continue
+            key = (c.group, c.seq, signature(c))
+            entry = pending.get(key)
+            if entry is None:
+                pending[key] = [c.group, c.seq, key[2], p.rank, 1, pend.what[:WHAT_CHARS]]
+            else:
+                entry[4] += 1
+                if p.rank < entry[3]:
+                    entry[3], entry[5] = p.rank, pend.what[:WHAT_CHARS]
+        for group, seq in p.issued.items():
+            low = issued.get(group)
+            if low is None or (seq, p.rank) < (low[0], low[1]):
+                issued[group] = [seq, p.rank]
+    idle = [p for p in live if not p.pending and not p.hole and p.still_since is not None]
+    longest = min(idle, key=lambda p: (p.still_since, p.rank), default=None)
+    sizes = [p.world_size for p in ranks.values() if p.world_size]
+    return {
+        "nodes": 1, "unknown": 0, "ranks": len(ranks), "world": max(sizes, default=0),
+        "live": len(live), "waiting": len(waiting), "blocked": sum(p.blocked for p in live),
+        "quiet": round(now - max((p.last_progress for p in ranks.values()), default=now), 3),
+        "wait": round(min(now - _oldest(p, now) for p in waiting), 3) if waiting else None,
+        "idle": [longest.rank, round(now - (longest.still_since or now), 3),
+                 longest.place()[:WHAT_CHARS]] if longest else None,
+        "idle_count": len(idle),
+        "pending": _bounded(list(pending.values())),
+        "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
+        "ended": sorted([p.rank, p.status] for p in ranks.values()
+                        if p.status != RUNNING)[:MAX_ENDED],
+    }
+
+
+def _oldest(p: RankProgress, now: float) -> float:
+    oldest = p.oldest_pending()
+    return oldest.seen if oldest is not None else now
+
+
+def _bounded(entries: list[list]) -> list[list]:
+    """At most :data:`MAX_PENDING` entries: positions with two signatures first, then the
+    lowest positions."""
+    sigs: dict[tuple[str, int], set[str]] = {}
+    for e in entries:
+        sigs.setdefault((e[0], e[1]), set()).add(e[2])
+    entries.sort(key=lambda e: (len(sigs[(e[0], e[1])]) < 2, e[1], e[0], e[3]))
+    return entries[:MAX_PENDING]
+
+
+def aged(digest: dict, seconds: float) -> dict:
+    """The digest as it reads ``seconds`` after it was written: its ages grown."""
+    out = dict(digest)
+    for name in ("quiet", "wait"):
+        if isinstance(out.get(name), (int, float)):
+            out[name] = round(out[name] + seconds, 3)
+    if isinstance(out.get("idle"), list) and len(out["idle"]) == 3:
+        out["idle"] = [out["idle"][0], round(float(out["idle"][1]) + seconds, 3),
+                       out["idle"][2]]
+    return out
+
+
+def merge(own: dict, others: Iterable[dict], unknown: int = 0) -> dict:
+    """One digest for a node and the subtrees below it; ``unknown``: nodes below that sent no
+    fresh digest (nothing about the world can be decided while any is unknown)."""
+    parts = [own, *others]
+    waits = [d["wait"] for d in parts if d.get("wait") is not None]
+    idles = [d["idle"] for d in parts if d.get("idle")]
+    pending: dict[tuple[str, int, str], list] = {}
+    for d in parts:
+        for e in d.get("pending") or []:
+            key = (e[0], e[1], e[2])
+            have = pending.get(key)
+            if have is None:
+                pending[key] = list(e)
+            else:
+                have[4] += e[4]
+                if e[3] < have[3]:
+                    have[3], have[5] = e[3], e[5]
+    issued: dict[str, list[int]] = {}
+    for d in parts:
+        for group, low in (d.get("issued") or {}).items():
+            if group not in issued or tuple(low) < tuple(issued[group]):
+                issued[group] = list(low)
+    return {
+        "nodes": sum(d.get("nodes", 1) for d in parts),
+        "unknown": unknown + sum(d.get("unknown", 0) for d in parts),
+        "ranks": sum(d.get("ranks", 0) for d in parts),
+        "world": max(d.get("world", 0) for d in parts),
+        **{name: sum(d.get(name, 0) for d in parts)
+           for name in ("live", "waiting", "blocked", "idle_count")},
+        "quiet": min(d.get("quiet", 0.0) for d in parts),
+        "wait": min(waits) if waits else None,
+        "idle": max(idles, key=lambda i: (i[1], -i[0])) if idles else None,
+        "pending": _bounded(list(pending.values())),
+        "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
+        "ended": sorted(e for d in parts for e in d.get("ended") or [])[:MAX_ENDED],
+    }
+
+
+@dataclass
+class WorldDecision:
+    """What :func:`decide_world` found: the stop (None: let the job run), why in words, the
+    ranks the diagnosis will need from every node, and since when a provable deadlock held."""
+
+    stop: Stop | None
+    reason: str = ""
+    named: tuple[int, ...] = ()
+    deadlock_since: float | None = None
+
+
+def _conflict(pending: list[list]) -> list[list] | None:
+    """The entries of the lowest position with two signatures (they can never match)."""
+    sigs: dict[tuple[str, int], list[list]] = {}
+    for e in pending:
+        sigs.setdefault((e[0], e[1]), []).append(e)
+    clashes = [es for es in sigs.values() if len({e[2] for e in es}) > 1]
+    return min(clashes, key=lambda es: (es[0][1], es[0][0])) if clashes else None
+
+
+def named_ranks(world: dict, stop: Stop) -> tuple[int, ...]:
+    """The ranks whose details every node fetches to diagnose ``stop``: both sides of a
+    position that cannot match, the lowest pending positions, a rank that never issued them,
+    the rank idle outside collectives, ranks that ended."""
+    pending = world.get("pending") or []
+    out: list[int] = []
+    conflict = _conflict(pending)
+    if stop == Stop.STUCK and world.get("idle"):
+        out.append(int(world["idle"][0]))
+    for e in conflict or sorted(pending, key=lambda e: (e[1], e[0]))[:2]:
+        out.append(int(e[3]))
+    lowest: dict[str, int] = {}
+    for e in pending:
+        lowest[e[0]] = min(lowest.get(e[0], e[1]), e[1])
+    for group, (seq, rank) in (world.get("issued") or {}).items():
+        if group in lowest and seq < lowest[group]:
+            out.append(int(rank))  # never issued what the others wait in
+    out.extend(int(e[0]) for e in world.get("ended") or [])
+    return tuple(dict.fromkeys(out))[:MAX_NAMED]
+
+
+def decide_world(world: dict, timeout: float, stuck_timeout: float | None, now: float,
+                 deadlock_since: float | None = None) -> WorldDecision:
+    """The hang rules of :mod:`ddpdoctor.analysis.hang_rules` over the whole world's digest:
+    every live rank waiting for ``timeout`` with no progress (hang), every rank blocked with
+    two pending collectives that can never match (deadlock), one rank idle outside collectives
+    while the rest wait for it (stuck). Nothing is decided while a node is unknown or a rank
+    of the world has not been seen."""
+    live = world.get("live", 0)
+    if world.get("unknown") or not live or world.get("ranks", 0) < world.get("world", 0):
+        return WorldDecision(None)
+    waiting, wait = world.get("waiting", 0), world.get("wait")
+    stop, reason = None, ""
+    if waiting == live and world.get("blocked", 0) == live and \
+            _conflict(world.get("pending") or []):
+        deadlock_since = deadlock_since or now
+        if now - deadlock_since >= SETTLE_WORLD:
+            stop, reason = Stop.DEADLOCK, "the pending collectives of every rank can never match"
+    else:
+        deadlock_since = None
+    idle = world.get("idle")
+    if stop is None and waiting == live and wait is not None and wait >= timeout and \
+            world.get("quiet", 0) >= timeout:
+        stop, reason = Stop.HANG, f"every rank waited in a collective for {timeout:g}s"
+    elif stop is None and idle and wait is not None and idle[1] >= timeout and \
+            wait >= timeout and waiting == live - world.get("idle_count", 0):
+        stop = Stop.STUCK
+        reason = (f"rank {idle[0]} stayed in {idle[2] or 'user code'} without using CPU or "
+                  f"doing I/O for {timeout:g}s, outside any collective, while every other "
+                  f"rank waited for it")
+    elif stop is None and idle and stuck_timeout is not None and idle[1] >= stuck_timeout:
+        stop = Stop.STUCK
+        reason = (f"rank {idle[0]} stayed in {idle[2] or 'user code'} without using CPU for "
+                  f"{stuck_timeout:g}s, outside any collective")
+    if stop is None:
+        return WorldDecision(None, deadlock_since=deadlock_since)
+    return WorldDecision(stop, reason, named_ranks(world, stop), deadlock_since)

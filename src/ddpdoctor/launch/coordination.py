@@ -1,0 +1,310 @@
+"""Several nodes, one verdict: the launchers exchange node digests through the job's store.
+
+Each node's ``ddpdoctor run`` reads its own ranks' traces. In a job of several nodes it also
+connects to the rendezvous store torchrun already runs (the static rendezvous' master address
+or the c10d endpoint) and, once a second:
+
+* publishes its subtree's digest (``analysis/digest.py``: its own ranks merged with the
+  digests of the nodes below it in a tree of fan-out 16) under ``ddpdoctor/<run>/d/<node>``:
+  one ``set``;
+* reads the digests of its children and the verdict key in one ``multi_get``.
+
+Node 0 holds the world's digest, decides, and publishes the verdict once; every node reads it
+within a second and stops its ranks as a single-node run would. Traffic per node is two store
+operations a second and at most 17 digests (~1 KB each) whatever the size of the job; nothing
+of it enters the traces. After a verdict each node publishes the detail of the named ranks it
+holds (``trace/detail.py``), fetches those held elsewhere into ``remote-<rank>.jsonl``, and
+counts itself done; the nodes wait (a few seconds at most) for each other before stopping
+their ranks, so the store, which lives in one node's torchrun agent, outlasts the exchange.
+
+A node's number is its ``--node-rank`` under a static rendezvous, else its order of arrival
+(an ``add`` on the store). The store client is torch's ``TCPStore``; any object with its
+``set``/``multi_get``/``compare_set``/``check``/``add`` methods will do (the simulation in
+``bench/coordination_sim.py`` passes its own).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddpdoctor.analysis import digest
+from ddpdoctor.analysis.hang_rules import RankProgress
+from ddpdoctor.trace import detail
+from ddpdoctor.trace.schema import Stop
+
+INTERVAL = 1.0  # seconds between two exchanges with the store
+STALE = 5.0  # a child whose digest has not changed for this long is unknown
+LINGER = 5.0  # seconds a node waits for the other nodes' details after a verdict
+CONNECT_SECONDS = 30.0
+
+
+@dataclass
+class Traffic:
+    """What this node sent to and read from the store (the simulation reports it)."""
+
+    ops: int = 0
+    sent: int = 0
+    read: int = 0
+
+
+def tcp_store(host: str, port: int) -> Any:
+    """A client of the job's rendezvous store (torch's TCPStore)."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                    timeout=timedelta(seconds=CONNECT_SECONDS))
+
+
+class Coordinator:
+    """One node's side of the exchange; :meth:`start` runs it in a thread."""
+
+    def __init__(self, connect: Callable[[], Any], run: str, nnodes: int,
+                 node: int | None = None, interval: float = INTERVAL) -> None:
+        self._connect = connect
+        self.prefix = f"ddpdoctor/{run}/"
+        self.nnodes = nnodes
+        self.node = node
+        self.interval = interval
+        self.store: Any = None
+        self.traffic = Traffic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._children: dict[int, tuple[bytes, float]] = {}  # node -> (raw, when it changed)
+        self._outgoing: bytes | None = None
+        self._verdict_out: bytes | None = None
+        self._verdict: dict | None = None
+        self._gen = 0
+        self._deadlock_since: float | None = None
+        self.error = ""
+
+    # -- keys ----------------------------------------------------------------------------------
+    def _key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _digest_key(self, node: int) -> str:
+        return self._key(f"d/{node}")
+
+    @property
+    def root(self) -> bool:
+        return self.node == 0
+
+    # -- the thread ----------------------------------------------------------------------------
+    def start(self) -> Coordinator:
+        self._thread = threading.Thread(target=self._run, name="ddpdoctor-nodes", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + CONNECT_SECONDS
+        while not self._stop.is_set():
+            try:
+                self.setup()
+                break
+            except Exception as exc:  # the store is not up yet (the agent starts it)
+                self.error = f"{type(exc).__name__}: {exc}"
+                if time.monotonic() > deadline:
+                    return
+                self._stop.wait(self.interval)
+        while not self._stop.is_set():
+            try:
+                self.step()
+            except Exception as exc:  # a store that went away (a node ended): stop asking
+                self.error = f"{type(exc).__name__}: {exc}"
+                return
+            self._stop.wait(self.interval)
+
+    def setup(self) -> None:
+        """Connect, learn this node's number, and make sure every key read exists (a
+        ``multi_get`` waits for missing keys)."""
+        store = self.store = self._connect()
+        if self.node is None:
+            self.node = int(store.add(self._key("nodes"), 1)) - 1
+        for key in [self._key("verdict"), self._digest_key(self.node),
+                    *map(self._digest_key, digest.children(self.node, self.nnodes))]:
+            store.compare_set(key, "", "")
+        self.traffic.ops += 3 + len(digest.children(self.node, self.nnodes))
+
+    def step(self) -> None:
+        """One exchange: publish this subtree's digest, read the children's and the verdict."""
+        store, node = self.store, self.node
+        assert store is not None and node is not None
+        with self._lock:
+            out, verdict_out = self._outgoing, self._verdict_out
+            self._verdict_out = None
+        if verdict_out is not None:
+            store.set(self._key("verdict"), verdict_out)
+            self._count(sent=len(verdict_out))
+        elif out is not None and not self.root:
+            store.set(self._digest_key(node), out)
+            self._count(sent=len(out))
+        kids = digest.children(node, self.nnodes)
+        keys = [self._digest_key(k) for k in kids] + ([] if self.root else [self._key("verdict")])
+        if not keys:
+            return
+        values = [bytes(v) for v in store.multi_get(keys)]
+        self._count(read=sum(map(len, values)))
+        now = time.monotonic()
+        with self._lock:
+            for kid, raw in zip(kids, values):
+                old = self._children.get(kid)
+                if raw and (old is None or old[0] != raw):
+                    self._children[kid] = (raw, now)
+            if not self.root and values[-1]:
+                self._verdict = _parse(values[-1])
+
+    def _count(self, sent: int = 0, read: int = 0) -> None:
+        self.traffic.ops += 1
+        self.traffic.sent += sent
+        self.traffic.read += read
+
+    # -- the launcher's side --------------------------------------------------------------------
+    def update(self, local: dict, final: bool = False) -> dict:
+        """Merge this node's own digest with its children's; what is published next. Returns
+        the merged digest (node 0's is the world's)."""
+        now = time.monotonic()
+        fresh, unknown = [], 0
+        with self._lock:
+            children = dict(self._children)
+        for kid in digest.children(self.node or 0, self.nnodes) if self.node is not None else []:
+            got = children.get(kid)
+            if got is None:
+                continue  # never heard of: its ranks are missing from the count
+            parsed = _parse(got[0])
+            if parsed is None or (now - got[1] > STALE and not parsed.get("final")):
+                unknown += digest.subtree_size(kid, self.nnodes)
+                continue
+            fresh.append(digest.aged(parsed, now - got[1]))
+        merged = digest.merge(local, fresh, unknown)
+        self._gen += 1
+        payload = json.dumps({**merged, "gen": self._gen, "final": final},
+                             separators=(",", ":")).encode()
+        with self._lock:
+            self._outgoing = payload
+        return merged
+
+    def watch(self, ranks: dict[int, RankProgress], timeout: float,
+              stuck_timeout: float | None, now: float) -> digest.WorldDecision:
+        """The world's verdict as this node knows it now: node 0 decides (and publishes what
+        it decides), the others read node 0's."""
+        world = self.update(digest.node_digest(ranks, now))
+        if self.root:
+            decision = digest.decide_world(world, timeout, stuck_timeout, now,
+                                           self._deadlock_since)
+            self._deadlock_since = decision.deadlock_since
+            if decision.stop is not None:
+                self.publish_verdict(decision)
+            return decision
+        verdict = self.verdict()
+        stop = world_stop(verdict) if verdict else None
+        if verdict is None or stop is None:
+            return digest.WorldDecision(None)
+        named = [r for r in verdict.get("named") or [] if isinstance(r, int)]
+        return digest.WorldDecision(stop, str(verdict.get("reason", ""))[:500],
+                                    tuple(named[:digest.MAX_NAMED]))
+
+    def publish_verdict(self, decision: digest.WorldDecision) -> None:
+        """Node 0: make the verdict every node reads."""
+        with self._lock:
+            self._verdict = {"stop": str(decision.stop), "reason": decision.reason,
+                             "named": list(decision.named)}
+            self._verdict_out = json.dumps(self._verdict).encode()
+
+    def verdict(self) -> dict | None:
+        """The world's verdict, once node 0 has made it."""
+        with self._lock:
+            return self._verdict
+
+    def finish(self, local: dict) -> None:
+        """The job ended here: publish a last digest that never goes stale, and stop."""
+        if self.store is None or self._thread is None:
+            return
+        self.update(local, final=True)
+        self._stop.set()
+        self._thread.join(2 * self.interval + 1)
+        try:
+            if not self.root and self._outgoing is not None:
+                self.store.set(self._digest_key(self.node or 0), self._outgoing)
+                self._count(sent=len(self._outgoing))
+        except Exception:
+            pass
+
+    def exchange(self, named: list[int], local: dict[int, Path], folder: Path,
+                 wait: float = LINGER) -> list[int]:
+        """After a verdict: publish the named ranks held here, fetch the others into
+        ``folder`` (``remote-<rank>.jsonl``), then wait for every node to be done (at most
+        ``wait`` seconds in all). Returns the ranks fetched."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2 * self.interval + 1)
+        store, got = self.store, list[int]()
+        if store is None:
+            return got
+        deadline = time.monotonic() + wait
+        try:
+            with self._lock:
+                verdict_out, self._verdict_out = self._verdict_out, None
+            if verdict_out is not None:  # node 0's verdict, not sent yet
+                store.set(self._key("verdict"), verdict_out)
+                self._count(sent=len(verdict_out))
+            for rank in named:
+                if rank in local:
+                    try:
+                        data = detail.extract(local[rank])
+                    except (OSError, ValueError):
+                        continue
+                    store.set(self._key(f"detail/{rank}"), data)
+                    self._count(sent=len(data))
+            want = [r for r in named if r not in local]
+            while want and time.monotonic() < deadline:
+                ready = [r for r in want if store.check([self._key(f"detail/{r}")])]
+                if ready:
+                    for rank, data in zip(ready, store.multi_get(
+                            [self._key(f"detail/{r}") for r in ready])):
+                        detail.write(folder, rank, bytes(data))
+                        got.append(rank)
+                    want = [r for r in want if r not in ready]
+                else:
+                    time.sleep(0.1)
+            store.add(self._key("done"), 1)
+            while time.monotonic() < deadline and \
+                    int(store.add(self._key("done"), 0)) < self.nnodes:
+                time.sleep(0.1)
+        except Exception as exc:  # the store went away meanwhile: what arrived is kept
+            self.error = f"{type(exc).__name__}: {exc}"
+        return got
+
+
+def _parse(raw: bytes) -> dict | None:
+    try:
+        value = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def world_stop(verdict: dict) -> Stop | None:
+    """The stop a verdict read from the store names (None: not one of ours)."""
+    try:
+        return Stop(verdict.get("stop"))
+    except ValueError:
+        return None
+
+
+def for_job(torchrun: Any, run: str) -> Coordinator | None:
+    """The coordinator of one node of a multi-node torchrun job (None on one node, or where
+    the rendezvous store is not torch's TCPStore)."""
+    address = torchrun.store_address() if torchrun.nnodes_max > 1 else None
+    if address is None:
+        return None
+    host, port = address
+    return Coordinator(lambda: tcp_store(host, port), run, torchrun.nnodes_max,
+                       torchrun.node_rank)

@@ -1,0 +1,78 @@
+"""A rank's detail for the other nodes: the end of its trace, small enough to pass through the
+job's store once.
+
+When a job of several nodes is stopped for a hang, the diagnosis on each node needs the ranks a
+verdict names (``analysis/digest.py``), wherever they ran. The node that holds such a rank
+cuts from its trace what the analysis reads of the end of a run: the header, the records that
+describe the process and its groups, the last :data:`KEEP` collectives of each group (with
+the stack records they refer to) and what the rank did at the end (its last ``done``, hang,
+exception, exit and warning records). Every other node writes that as
+``remote-<rank>.jsonl`` in its log folder: a trace whose earlier positions are unknown (the
+header says ``"partial": true``), read beside the node's own traces. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from pathlib import Path
+
+from ddpdoctor.trace import padding, schema
+
+KEEP = 8  # collectives kept per group
+MAX_BYTES = 256 * 1024  # a detail larger than this loses its largest end records first
+_DESCRIBE = {schema.PROCESS_START, schema.GROUP, schema.INIT, schema.DDP_INIT}
+_END = {schema.HANG, schema.EXCEPTION, schema.EXIT, schema.WARNING, schema.THREAD_EXCEPTION}
+
+
+def extract(path: Path, keep: int = KEEP) -> bytes:
+    """The detail of the rank whose trace is ``path``: trace lines, the header first."""
+    with open(path, "rb") as fh:
+        data = padding.open_data(fh).read()
+    head, _, body = data.partition(b"\n")
+    header = json.loads(head)
+    if not isinstance(header, dict) or header.get("kind") != schema.HEADER:
+        raise ValueError(f"{path.name}: no trace header")
+    header["partial"] = True
+    kept: list[tuple[int, bytes]] = []  # (line number, line)
+    stacks: dict[object, tuple[int, bytes]] = {}
+    groups: dict[str, deque[tuple[int, bytes, object]]] = {}
+    last_done: tuple[int, bytes] | None = None
+    for number, raw in enumerate(body.split(b"\n")):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            continue  # a cut-off last line
+        if not isinstance(rec, dict):
+            continue
+        kind = rec.get("kind")
+        if kind == schema.COLLECTIVE:
+            key = str(rec.get("group")) if rec.get("seq") is not None else "p2p"
+            groups.setdefault(key, deque(maxlen=keep)).append((number, raw, rec.get("stack")))
+        elif kind == schema.STACK:
+            stacks.setdefault(rec.get("id"), (number, raw))
+        elif kind == schema.DONE:
+            last_done = (number, raw)
+        elif kind == schema.STATE:
+            kept.append((number, raw))  # a failure: small, and rare
+        elif kind in _DESCRIBE or kind in _END:
+            kept.append((number, raw))
+    used = {stack for lines in groups.values() for _, _, stack in lines}
+    kept += [stacks[s] for s in used if s in stacks]
+    kept += [(n, raw) for lines in groups.values() for n, raw, _ in lines]
+    if last_done is not None:
+        kept.append(last_done)
+    kept.sort()
+    lines = [json.dumps(header).encode()] + [raw for _, raw in kept]
+    while sum(map(len, lines)) > MAX_BYTES and len(lines) > 1:
+        lines.remove(max(lines[1:], key=len))
+    return b"\n".join(lines) + b"\n"
+
+
+def write(folder: Path, rank: int, detail: bytes) -> Path:
+    """Store another node's rank's detail in this node's log folder (0600)."""
+    path = folder / schema.remote_filename(rank)
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fh:
+        fh.write(detail)
+    return path

@@ -1,0 +1,249 @@
+"""Several nodes, one verdict: node digests built from real trace lines, merged up the tree and
+judged at node 0; the exchange through a real TCPStore (two store operations a node a second);
+another node's rank's detail read beside the node's own traces."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from ddpdoctor.analysis import digest
+from ddpdoctor.analysis.diagnosis import diagnose
+from ddpdoctor.launch.coordination import Coordinator
+from ddpdoctor.launch.monitor import JobProgress
+from ddpdoctor.trace import detail, schema
+from ddpdoctor.trace.reader import load_run
+from ddpdoctor.trace.schema import Stop
+
+from .test_progress import T0, Rank
+
+
+def _node(folder: Path, ranks: list[int], world: int) -> tuple[JobProgress, dict[int, Rank]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    return JobProgress(str(folder)), {r: Rank(folder, r, world) for r in ranks}
+
+
+def test_the_tree_reaches_every_node_with_at_most_16_children_each() -> None:
+    for nnodes in (1, 2, 17, 256, 2048):
+        seen = [0]
+        for node in range(nnodes):
+            kids = digest.children(node, nnodes)
+            assert len(kids) <= digest.FANOUT
+            assert all(digest.parent(k) == node for k in kids)
+            seen += kids
+        assert sorted(seen) == list(range(nnodes))
+        assert digest.subtree_size(0, nnodes) == nnodes
+    depth, node = 0, 2047
+    while node:
+        node, depth = digest.parent(node) or 0, depth + 1
+    assert depth == 3  # 2,048 nodes: a verdict three hops from the farthest node
+
+
+def _world(*digests: dict) -> dict:
+    return digest.merge(digests[0], digests[1:])
+
+
+def test_a_hang_across_two_nodes_is_called_from_their_digests(tmp_path: Path) -> None:
+    job0, n0 = _node(tmp_path / "n0", [0, 1], 4)
+    job1, n1 = _node(tmp_path / "n1", [2, 3], 4)
+    for r in (*n0.values(), *n1.values()):
+        r.coll("all_reduce", 4)
+    job0.poll(T0), job1.poll(T0)
+    # Rank 3 computes: nothing to call however long the others wait.
+    for r in (n0[0], n0[1], n1[2]):
+        r.activity(T0 + 1, 0.0)
+    n1[3].activity(T0 + 1, 0.9)
+    job0.poll(T0 + 1), job1.poll(T0 + 1)
+    world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
+    assert (world["ranks"], world["live"], world["waiting"]) == (4, 4, 3)
+    assert digest.decide_world(world, 30, None, T0 + 40).stop is None
+    n1[3].activity(T0 + 2, 0.0)
+    job1.poll(T0 + 2)
+    world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
+    decision = digest.decide_world(world, 30, None, T0 + 40)
+    assert decision.stop == Stop.HANG and decision.named == (0,)
+    # One node unknown (its digest went stale): nothing is decided.
+    assert digest.decide_world({**world, "unknown": 1}, 30, None, T0 + 40).stop is None
+    # A rank of the world never seen: nothing is decided either.
+    alone = digest.node_digest(job0.ranks, T0 + 40)
+    assert digest.decide_world(alone, 30, None, T0 + 40).stop is None
+
+
+def test_collectives_that_cannot_match_on_two_nodes_are_a_deadlock_naming_both_sides(
+        tmp_path: Path) -> None:
+    job0, n0 = _node(tmp_path / "n0", [0, 1], 4)
+    job1, n1 = _node(tmp_path / "n1", [2, 3], 4)
+    n0[0].coll("barrier", 0)
+    for r in (n0[1], n1[2], n1[3]):
+        r.coll("all_reduce", 740)
+    for r in (*n0.values(), *n1.values()):
+        r.activity(T0 + 1, 0.0)
+    job0.poll(T0 + 1), job1.poll(T0 + 1)
+    # Node 1 alone sees nothing wrong; merged, the barrier meets the all_reduce.
+    d1 = digest.node_digest(job1.ranks, T0 + 2)
+    assert len({e[2] for e in d1["pending"]}) == 1
+    world = _world(digest.node_digest(job0.ranks, T0 + 2), d1)
+    first = digest.decide_world(world, 30, None, T0 + 2)
+    assert first.stop is None and first.deadlock_since == T0 + 2  # held before it is called
+    decision = digest.decide_world(world, 30, None, T0 + 2 + digest.SETTLE_WORLD,
+                                   first.deadlock_since)
+    assert decision.stop == Stop.DEADLOCK and set(decision.named) == {0, 1}
+
+
+def test_a_rank_idle_outside_collectives_on_another_node_is_named_stuck(tmp_path: Path) -> None:
+    job0, n0 = _node(tmp_path / "n0", [0], 2)
+    job1, n1 = _node(tmp_path / "n1", [1], 2)
+    n0[0].coll("barrier", 0)
+    n0[0].activity(T0 + 1, 0.0)
+    n1[1].activity(T0 + 1, 0.0, "load")
+    n1[1].activity(T0 + 2, 0.0, "load")
+    job0.poll(T0 + 2), job1.poll(T0 + 2)
+    world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
+    decision = digest.decide_world(world, 30, None, T0 + 40)
+    assert decision.stop == Stop.STUCK and "rank 1" in decision.reason
+    assert decision.named[0] == 1
+
+
+def test_a_digest_stays_small_however_many_ranks_and_collectives_are_pending(
+        tmp_path: Path) -> None:
+    job, ranks = _node(tmp_path, list(range(8)), 16384)
+    for r in ranks.values():
+        for shape in range(40):
+            r.coll("all_reduce", shape + r.rank, group=str(shape % 20))
+    job.poll(T0)
+    one = digest.node_digest(job.ranks, T0 + 1)
+    merged = digest.merge(one, [one] * 16)
+    for d in (one, merged):
+        assert len(d["pending"]) <= digest.MAX_PENDING and len(d["issued"]) <= digest.MAX_GROUPS
+        assert len(json.dumps(d)) < 3000
+    assert merged["ranks"] == 17 * 8 and merged["nodes"] == 17
+
+
+def test_ages_grow_with_the_time_since_a_digest_was_received() -> None:
+    d = {"quiet": 1.0, "wait": 2.0, "idle": [3, 4.0, "f() at t.py:1"]}
+    assert digest.aged(d, 1.5) == {"quiet": 2.5, "wait": 3.5, "idle": [3, 5.5, "f() at t.py:1"]}
+
+
+@pytest.fixture
+def store_port():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=10))
+    yield server.port
+    del server
+
+
+def _client(port: int):
+    return lambda: dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                                 timeout=timedelta(seconds=10))
+
+
+@pytest.mark.timeout(60)
+def test_digests_climb_the_tree_and_the_verdict_comes_down(tmp_path: Path,
+                                                          store_port: int) -> None:
+    nnodes = 18  # node 1 has a child of its own (17): three levels
+    nodes = [Coordinator(_client(store_port), "run", nnodes, interval=0.05)
+             for _ in range(nnodes)]
+    for c in nodes:
+        c.setup()  # node numbers by arrival, as under a c10d rendezvous
+    assert sorted(c.node for c in nodes) == list(range(nnodes))
+    by_node = {c.node: c for c in nodes}
+    local = {"nodes": 1, "unknown": 0, "ranks": 2, "world": 2 * nnodes, "live": 2,
+             "waiting": 2, "blocked": 2, "quiet": 40.0, "wait": 40.0, "idle": None,
+             "idle_count": 0, "pending": [], "issued": {}, "ended": []}
+    world: dict = {}
+    for _ in range(4):  # leaves to node 0: a round per level, and one to spare
+        for node in sorted(by_node, reverse=True):
+            c = by_node[node]
+            merged = c.update(local)
+            c.step()
+            if node == 0:
+                world = merged
+    assert world["nodes"] == nnodes and world["ranks"] == 2 * nnodes and not world["unknown"]
+    root = by_node[0]
+    decision = root.watch({}, 30, None, time.time())  # node 0 has no ranks of its own here
+    assert decision.stop is None  # its own digest is empty: the world is short of ranks
+    root.publish_verdict(digest.WorldDecision(Stop.HANG, "every rank waited", (5,)))
+    root.step()
+    for c in nodes[1:]:
+        c.step()
+    assert all(c.verdict() == {"stop": "hang", "reason": "every rank waited", "named": [5]}
+               for c in nodes)
+    steps = 6
+    assert all(c.traffic.ops <= 3 + digest.FANOUT + 1 + 2 * steps for c in nodes)
+
+
+def test_a_child_that_stops_publishing_makes_its_subtree_unknown(store_port: int,
+                                                                 monkeypatch) -> None:
+    from ddpdoctor.launch import coordination
+
+    root = Coordinator(_client(store_port), "stale", 2, node=0, interval=0.05)
+    child = Coordinator(_client(store_port), "stale", 2, node=1, interval=0.05)
+    root.setup(), child.setup()
+    local = digest.merge({"nodes": 1, "ranks": 1, "world": 2, "live": 1, "waiting": 1,
+                          "blocked": 1, "quiet": 0.0, "wait": 0.0}, [])
+    child.update(local)
+    child.step()
+    root.step()
+    assert root.update(local)["unknown"] == 0 and root.update(local)["ranks"] == 2
+    monkeypatch.setattr(coordination, "STALE", 0.0)
+    time.sleep(0.01)
+    assert root.update(local)["unknown"] == 1
+    child.update(local, final=True)  # a node whose job ended says so: never stale
+    child.step()
+    root.step()
+    assert root.update(local)["unknown"] == 0
+
+
+def test_named_ranks_cross_to_every_node_as_partial_traces(tmp_path: Path,
+                                                          store_port: int) -> None:
+    n0, n1 = tmp_path / "n0", tmp_path / "n1"
+    _, r0 = _node(n0, [0], 2)
+    _, r1 = _node(n1, [1], 2)
+    for _ in range(30):
+        r0[0].coll("all_reduce", 4), r1[1].coll("all_reduce", 4)
+    r0[0].coll("barrier", 0)
+    r1[1].coll("all_reduce", 740)
+    r0[0].done(31)
+    r1[1].done(31)
+    a = Coordinator(_client(store_port), "x", 2, node=0)
+    b = Coordinator(_client(store_port), "x", 2, node=1)
+    a.setup(), b.setup()
+    got: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda c=c, mine=mine, folder=folder: got.__setitem__(
+        c.node, c.exchange([0, 1], mine, folder, wait=10)))
+        for c, mine, folder in ((a, {0: r0[0].path}, n0), (b, {1: r1[1].path}, n1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert got == {0: [1], 1: [0]}
+    remote = (n1 / schema.remote_filename(0)).read_bytes()
+    assert len(remote.splitlines()) < 20  # the end of the trace, not all of it
+    run = load_run([n1])
+    assert run.ranks[0].remote and not run.ranks[0].damaged_lines
+    report = diagnose(run)
+    root = report.findings[0]
+    assert root.kind == "op_mismatch" and root.seq == 31, report.findings
+    # Given both nodes' folders, each rank's own trace is read, not the detail.
+    both = load_run([n0, n1])
+    assert not both.ranks[0].remote and len(both.ranks[0].collectives) == 31
+
+
+def test_a_detail_keeps_the_last_collectives_of_each_group_and_the_end(tmp_path: Path) -> None:
+    _, ranks = _node(tmp_path, [0], 2)
+    r = ranks[0]
+    for i in range(50):
+        r.coll("all_reduce", 4, group=str(i % 2))
+    r.done(50)
+    r._write({"kind": "hang", "t": T0, "pending": [], "threads": []})
+    lines = [json.loads(line) for line in detail.extract(r.path).splitlines()]
+    assert lines[0]["kind"] == "header" and lines[0]["partial"] is True
+    colls = [x for x in lines if x["kind"] == "collective"]
+    assert len(colls) == 2 * detail.KEEP and colls[-1]["id"] == 50
+    assert {x["kind"] for x in lines} >= {"stack", "process_start", "done", "hang"}
