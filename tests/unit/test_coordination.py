@@ -247,3 +247,27 @@ def test_a_detail_keeps_the_last_collectives_of_each_group_and_the_end(tmp_path:
     colls = [x for x in lines if x["kind"] == "collective"]
     assert len(colls) == 2 * detail.KEEP and colls[-1]["id"] == 50
     assert {x["kind"] for x in lines} >= {"stack", "process_start", "done", "hang"}
+
+
+def test_a_node_that_cannot_reach_the_store_decides_nothing_and_the_report_says_so(
+        tmp_path: Path, monkeypatch) -> None:
+    from ddpdoctor.launch import coordination
+    from ddpdoctor.launch.job import JobResult, write_job_record
+
+    monkeypatch.setattr(coordination, "CONNECT_SECONDS", 0.3)
+
+    def refuse():
+        raise ConnectionRefusedError("connection refused")
+
+    c = Coordinator(refuse, "nostore", 2, interval=0.05).start()
+    assert c._thread is not None
+    c._thread.join(5)
+    job, ranks = _node(tmp_path, [0], 2)
+    ranks[0].coll("barrier", 0)
+    ranks[0].activity(T0 + 1, 0.0)
+    job.poll(T0 + 1)
+    assert c.node is None and "refused" in c.error
+    assert c.watch(job.ranks, 1, None, T0 + 100).stop is None
+    write_job_record(tmp_path, JobResult(0, str(tmp_path), 1.0, nnodes=2,
+                                         unwatched="hangs across nodes were not watched: x"))
+    assert "hangs across nodes were not watched: x" in load_run([tmp_path]).notes

@@ -154,3 +154,22 @@ def test_an_op_whose_hash_is_not_its_value_is_never_cached(monkeypatch: pytest.M
     monkeypatch.setattr(pg_wrapper, "_REDUCE_OP_NAMES", {})
     assert pg_wrapper._reduce_op(Opts()) == "MAX"
     assert pg_wrapper._REDUCE_OP_NAMES == {}
+
+
+def test_a_flight_recorder_dump_exists_and_sequence_numbers_need_setting_before_2_15() -> None:
+    """The watchdog dumps every flight-recorder ring torch has (2.6 has NCCL's only, under
+    ``_dump_nccl_trace``; gloo's generic ring came later as ``_dump_fr_trace``), and calls
+    ``_set_sequence_number_for_group`` only where it is not a deprecated no-op."""
+    from datetime import timedelta
+
+    from ddpdoctor.runtime import watchdog
+
+    c10d = torch._C._distributed_c10d
+    assert any(hasattr(c10d, name) for name in watchdog.FLIGHT_RECORDER_DUMPS)
+    dump = watchdog.flight_recorder_dump()
+    assert isinstance(dump.get("entries", []), list)
+    pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timeout=timedelta(seconds=5))
+    setter = pg._set_sequence_number_for_group
+    if torch_hooks.minor(torch.__version__) < torch_hooks.SEQUENCE_NUMBERS_START_AT_ZERO:
+        setter()
+    assert pg._get_sequence_number_for_group() == 0

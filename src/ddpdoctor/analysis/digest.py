@@ -40,7 +40,9 @@ MAX_ENDED = 4  # ended ranks a digest names
 MAX_GROUPS = 16  # groups whose lowest issued position a digest lists
 MAX_NAMED = 8  # ranks a verdict names (their details are fetched by every node)
 WHAT_CHARS = 100
-SETTLE_WORLD = max(SETTLE, 1.0)  # a provable deadlock seen this long in the world digest
+# Two signatures at one position can never match, whatever happens later: the world digest
+# needs to show it no longer than a single node's view does.
+SETTLE_WORLD = SETTLE
 
 
 def parent(node: int) -> int | None:
@@ -52,6 +54,19 @@ def children(node: int, nnodes: int) -> list[int]:
     """The nodes whose digests this node reads and merges."""
     first = node * FANOUT + 1
     return list(range(first, min(first + FANOUT, nnodes)))
+
+
+def depth(node: int) -> int:
+    """Hops from ``node`` up to node 0."""
+    hops = 0
+    while node > 0:
+        node, hops = (node - 1) // FANOUT, hops + 1
+    return hops
+
+
+def height(nnodes: int) -> int:
+    """Hops from the farthest node of a job of ``nnodes`` to node 0 (the last is deepest)."""
+    return depth(nnodes - 1)
 
 
 def subtree_size(node: int, nnodes: int) -> int:

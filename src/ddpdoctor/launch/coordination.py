@@ -9,8 +9,11 @@ or the c10d endpoint) and, once a second:
   one ``set``;
 * reads the digests of its children and the verdict key in one ``multi_get``.
 
-Node 0 holds the world's digest, decides, and publishes the verdict once; every node reads it
-within a second and stops its ranks as a single-node run would. Traffic per node is two store
+Node 0 holds the world's digest, decides, and publishes the verdict at once; every node reads
+it within a second and stops its ranks as a single-node run would. The nodes exchange at
+moments of the second set by their depth in the tree (by the wall clock, which NTP keeps
+within milliseconds across a cluster): the leaves first, node 0 last, so that a digest climbs
+a level in a fraction of a second rather than a whole one. Traffic per node is two store
 operations a second and at most 17 digests (~1 KB each) whatever the size of the job; nothing
 of it enters the traces. After a verdict each node publishes the detail of the named ranks it
 holds (``trace/detail.py``), fetches those held elsewhere into ``remote-<rank>.jsonl``, and
@@ -77,6 +80,7 @@ class Coordinator:
         self.traffic = Traffic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a verdict to send now
         self._thread: threading.Thread | None = None
         self._children: dict[int, tuple[bytes, float]] = {}  # node -> (raw, when it changed)
         self._outgoing: bytes | None = None
@@ -120,7 +124,8 @@ class Coordinator:
             except Exception as exc:  # a store that went away (a node ended): stop asking
                 self.error = f"{type(exc).__name__}: {exc}"
                 return
-            self._stop.wait(self.interval)
+            self._wake.wait(self.until_turn(time.time()))
+            self._wake.clear()
 
     def setup(self) -> None:
         """Connect, learn this node's number, and make sure every key read exists (a
@@ -132,6 +137,13 @@ class Coordinator:
                     *map(self._digest_key, digest.children(self.node, self.nnodes))]:
             store.compare_set(key, "", "")
         self.traffic.ops += 3 + len(digest.children(self.node, self.nnodes))
+
+    def until_turn(self, now: float) -> float:
+        """Seconds until this node's next moment to exchange: a fraction of the interval set
+        by its depth (leaves at 0, node 0 last)."""
+        levels = digest.height(self.nnodes) + 1
+        phase = (levels - 1 - digest.depth(self.node or 0)) / levels * self.interval
+        return (phase - now) % self.interval or self.interval
 
     def step(self) -> None:
         """One exchange: publish this subtree's digest, read the children's and the verdict."""
@@ -217,6 +229,7 @@ class Coordinator:
             self._verdict = {"stop": str(decision.stop), "reason": decision.reason,
                              "named": list(decision.named)}
             self._verdict_out = json.dumps(self._verdict).encode()
+        self._wake.set()
 
     def verdict(self) -> dict | None:
         """The world's verdict, once node 0 has made it."""

@@ -46,6 +46,7 @@ class JobResult:
     killed: list[int] = field(default_factory=list)
     acks: list[int] = field(default_factory=list)
     nnodes: int = 1  # nodes of the job (torchrun's --nnodes, its maximum)
+    unwatched: str = ""  # why hangs across nodes were not watched, if they were not
 
 
 class _Signals:
@@ -121,6 +122,9 @@ def run_job(opts: RunOptions, logdir: Path,
             if coord is not None:
                 world = coord.watch(progress.ranks, opts.hang_timeout, opts.stuck_timeout, now)
                 verdict, progress.reason, named = world.stop, world.reason, world.named
+            elif result.nnodes > 1:
+                # This node's ranks alone cannot tell a hang from a rank busy on another node.
+                verdict = None
             else:
                 verdict = progress.verdict(opts.hang_timeout, opts.stuck_timeout, now)
             if verdict is not None:
@@ -156,6 +160,12 @@ def run_job(opts: RunOptions, logdir: Path,
             result.killed += proctree.terminate(leftovers, 1.0)
         proctree.reap()
     progress.poll()
+    if result.nnodes > 1 and (coord is None or coord.node is None):
+        result.unwatched = (
+            "hangs across nodes were not watched: this node could not reach the job's "
+            "rendezvous store" + (f" ({coord.error})" if coord and coord.error else
+                                  " (a rendezvous backend other than static or c10d)")
+            + "; `ddpdoctor diff` with every node's log folder still compares the ranks")
     padding.trim(str(logdir))  # traces of ranks killed before they closed them
     result.exit_code = proc.returncode
     result.duration = time.time() - started
@@ -167,7 +177,7 @@ def write_job_record(logdir: Path, result: JobResult) -> None:
     """What only the launcher knows, for ``diff`` to read later: why it stopped the job."""
     record = {"stopped": result.stop, "reason": result.reason,
               "interrupted": result.interrupted, "exit_code": result.exit_code,
-              "nnodes": result.nnodes}
+              "nnodes": result.nnodes, "unwatched": result.unwatched}
     try:
         with open(os.open(logdir / schema.JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                   "w", encoding="utf-8") as fh:

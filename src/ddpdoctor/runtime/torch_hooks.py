@@ -36,6 +36,10 @@ VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite p
 PLUGIN = "ddpdoctor"
 _GLOO_NAMES = ("gloo", "cpu:gloo", "cpu:gloo,cuda:gloo", "cuda:gloo,cpu:gloo")
 
+# From this release on every group's sequence numbers start at 0 by themselves and
+# _set_sequence_number_for_group() only prints that it is deprecated, on every rank.
+SEQUENCE_NUMBERS_START_AT_ZERO = (2, 15)
+
 _recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
 _backend_override: str | None = None
 
@@ -178,7 +182,8 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
             setattr(inner.options, name, value)
         except AttributeError:
             pass
-    inner._set_sequence_number_for_group()
+    if (minor(torch.__version__) or (0, 0)) < SEQUENCE_NUMBERS_START_AT_ZERO:
+        inner._set_sequence_number_for_group()
     pg = RecordingProcessGroup(inner, opts.store, opts.group_rank, opts.group_size,
                                opts.group_id, _recorder)
     for device in devices:

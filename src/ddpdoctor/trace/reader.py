@@ -351,13 +351,17 @@ def wait_for_tails(logdir: str, timeout: float = 2.0) -> None:
             os.close(fd)
 
 
-def _job_records(folders: set[Path]) -> tuple[schema.Stop | None, str, int, bool]:
+def _job_records(folders: set[Path],
+                 notes: list[str]) -> tuple[schema.Stop | None, str, int, bool]:
     """What the launchers wrote (``job.json``): why one stopped the job (hang, deadlock or
-    stuck), the number of nodes of the job, and whether the user interrupted it."""
+    stuck), the number of nodes of the job, and whether the user interrupted it; a launcher
+    that could not watch the whole job says why in ``notes``."""
     stop: schema.Stop | None = None
     reason, nnodes, interrupted = "", 1, False
     for folder in sorted(folders):
         job = _small_json(folder / schema.JOB_FILE)
+        if isinstance(job.get("unwatched"), str) and job["unwatched"]:
+            notes.append(job["unwatched"][:400])
         stopped = job.get("stopped")
         if stopped in {s.value for s in schema.Stop} and stop is None:
             stop, reason = schema.Stop(stopped), str(job.get("reason", ""))
@@ -451,7 +455,7 @@ def load_rounds(paths: Iterable[str | os.PathLike],
     if not rounds:
         rounds = {0: {}}
     folders = {f.parent for f in files + dumps}
-    stop, reason, nnodes, interrupted = _job_records(folders)
+    stop, reason, nnodes, interrupted = _job_records(folders, notes)
     last = max(rounds)
     runs = []
     for number, ranks in rounds.items():
