@@ -19,7 +19,7 @@ ALLOWED = {
     "knowledge": {"knowledge"},
     "analysis": {"analysis", "trace", "knowledge"},
     "render": {"render", "analysis", "trace", "knowledge"},
-    "launch": {"launch", "trace", "analysis", "runtime.env"},
+    "launch": {"launch", "trace", "analysis", "runtime.env", "runtime.stderr_tail"},
 }
 # Third-party packages the in-rank code may use: it runs inside every training process.
 IN_RANK = {"runtime", "trace"}

@@ -201,7 +201,8 @@ def run_command(
         if err.is_terminal and sys.stdout.isatty():
             opts.status_every = LIVE_EVERY
             with live.LiveView(err) as view:
-                outcome = run_and_diagnose(opts, log_path, view.status, view.output)
+                outcome = run_and_diagnose(opts, log_path, view.status, view.output,
+                                           terminal=err.file.fileno())
         else:
             outcome = run_and_diagnose(opts, log_path, _status_printer(opts))
     except UsageError as exc:
@@ -354,10 +355,11 @@ def _no_rank_note(opts: RunOptions, job: JobResult, logdir: Path) -> str:
 
 def run_and_diagnose(opts: RunOptions, logdir: Path,
         on_status: Callable[[JobProgress, str], None] | None = None,
-        on_output: Callable[[str, bool], None] | None = None) -> RunOutcome:
+        on_output: Callable[[str, bool], None] | None = None,
+        terminal: int | None = None) -> RunOutcome:
     """Run the job under instrumentation and diagnose what its ranks recorded."""
     expected = _expected_schedule(opts.expect_schedule) if opts.expect_schedule else None
-    job = run_job(opts, logdir, on_status, on_output)
+    job = run_job(opts, logdir, on_status, on_output, terminal)
     wait_for_tails(str(logdir))
     report, read_error, changes = None, None, []
     try:

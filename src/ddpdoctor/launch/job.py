@@ -8,6 +8,7 @@ job. At the end it writes ``job.json``: why it stopped the job, for ``diff`` to 
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from ddpdoctor.launch import coordination, proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions, UsageError
+from ddpdoctor.runtime.stderr_tail import pseudo_terminal
 from ddpdoctor.trace import handshake, padding, schema
 from ddpdoctor.trace.schema import Stop
 
@@ -72,12 +74,20 @@ class _Signals:
 FIRST_STATUS = 1.5  # seconds before the first progress update
 
 
-def _pump(stream: Any, is_err: bool, sink: Callable[[str, bool], None]) -> threading.Thread:
-    """Forward the job's output, line by line, to ``sink`` (a live view draws around it)."""
+def _pump_terminal(fd: int, sink: Callable[[str, bool], None]) -> threading.Thread:
+    """Forward what the job writes to its pseudo-terminal, as it arrives, to ``sink``."""
     def run() -> None:
-        for raw in iter(stream.readline, b""):
-            sink(raw.decode("utf-8", "replace"), is_err)
-        stream.close()
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while True:
+            try:
+                data = os.read(fd, 65536)
+            except OSError:  # EIO: every process that had the terminal has ended
+                break
+            if not data:
+                break
+            sink(decoder.decode(data), False)
+        sink(decoder.decode(b"", final=True), False)
+        os.close(fd)
 
     thread = threading.Thread(target=run, name="ddpdoctor-output", daemon=True)
     thread.start()
@@ -86,10 +96,13 @@ def _pump(stream: Any, is_err: bool, sink: Callable[[str, bool], None]) -> threa
 
 def run_job(opts: RunOptions, logdir: Path,
             on_status: Callable[[JobProgress, str], None] | None = None,
-            on_output: Callable[[str, bool], None] | None = None) -> JobResult:
+            on_output: Callable[[str, bool], None] | None = None,
+            terminal: int | None = None) -> JobResult:
     """Run the job to its end, or stop it on a hang or a signal; never leaves a process.
-    ``on_output``: the job's output goes through it (line by line) instead of straight to
-    ddpdoctor's own stdout and stderr."""
+    ``on_output``: the job's output goes through it instead of straight to ddpdoctor's own
+    stdout and stderr, as written on a pseudo-terminal of the size of ``terminal`` (a
+    terminal's file descriptor), where the ranks see a terminal as they would without
+    ddpdoctor (``isatty()``, colours, ``\r`` progress bars)."""
     cmd = build_command(opts)
     run = run_id(opts)
     environ = build_env(opts, logdir, run)
@@ -100,13 +113,21 @@ def run_job(opts: RunOptions, logdir: Path,
     result = JobResult(exit_code=0, logdir=str(logdir), duration=0.0,
                        nnodes=opts.torchrun.nnodes_max if opts.launcher == "torchrun" else 1)
     with _Signals() as signals:
-        pipe = subprocess.PIPE if on_output else None
+        master: int | None = None
+        out: int | None = None
+        if on_output is not None:
+            master, out = pseudo_terminal(terminal if terminal is not None else 2)
         try:
-            proc = subprocess.Popen(cmd, env=environ, stdout=pipe, stderr=pipe)
+            proc = subprocess.Popen(cmd, env=environ, stdout=out, stderr=out)
         except OSError as exc:
+            if master is not None and out is not None:
+                os.close(master)
+                os.close(out)
             raise UsageError(f"cannot start {cmd[0]}: {exc.strerror}") from None
-        pumps = [_pump(proc.stdout, False, on_output), _pump(proc.stderr, True, on_output)] \
-            if on_output else []
+        pumps = []
+        if master is not None and out is not None and on_output is not None:
+            os.close(out)  # the job's processes hold the terminal now
+            pumps.append(_pump_terminal(master, on_output))
         if coord is not None:
             coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)

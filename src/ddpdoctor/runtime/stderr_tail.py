@@ -29,22 +29,27 @@ helper_pid: int | None = None  # the helper of this process, not a child of the 
 _started_in: int | None = None  # the process that started it (a forked child starts its own)
 
 
-def _pipe_like() -> tuple[int, int]:
-    """(read end, write end) for the rank's stderr: a pseudo-terminal when fd 2 is one."""
-    if not os.isatty(2):
-        return os.pipe()
+def pseudo_terminal(like: int) -> tuple[int, int]:
+    """(master, slave) of a new pseudo-terminal of the size of terminal ``like``, passing
+    bytes as written (no "\n" -> "\r\n"): what the writer sees is a terminal, what the
+    reader gets is what was written."""
     import termios
 
     master, slave = os.openpty()
     try:
         attrs = termios.tcgetattr(slave)
-        attrs[1] &= ~termios.OPOST  # no "\n" -> "\r\n": the bytes pass as the rank wrote them
+        attrs[1] &= ~termios.OPOST
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        size = fcntl.ioctl(2, termios.TIOCGWINSZ, b"\0" * 8)
+        size = fcntl.ioctl(like, termios.TIOCGWINSZ, b"\0" * 8)
         fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
     except OSError:
         pass
     return master, slave
+
+
+def _pipe_like() -> tuple[int, int]:
+    """(read end, write end) for the rank's stderr: a pseudo-terminal when fd 2 is one."""
+    return pseudo_terminal(2) if os.isatty(2) else os.pipe()
 
 
 def start(logdir: str) -> None:
