@@ -271,3 +271,12 @@ def test_a_node_that_cannot_reach_the_store_decides_nothing_and_the_report_says_
     write_job_record(tmp_path, JobResult(0, str(tmp_path), 1.0, nnodes=2,
                                          unwatched="hangs across nodes were not watched: x"))
     assert "hangs across nodes were not watched: x" in load_run([tmp_path]).notes
+
+
+def test_the_leaves_exchange_first_and_node_0_last_within_each_second() -> None:
+    """A digest climbs a level within the second: each level exchanges after the one below."""
+    nnodes = 300  # three levels: 0, 1..16, 17..272, and 273..299 below node 16
+    at = {n: Coordinator(lambda: None, "r", nnodes, node=n).until_turn(999.9)
+          for n in (0, 1, 17, 299)}  # a tenth of a second before a whole second
+    assert at[299] < at[17] < at[1] < at[0] <= 1.0
+    assert at[17] == pytest.approx(at[299] + 0.25)  # a level later: a quarter of the second

@@ -83,7 +83,9 @@ class Coordinator:
         self._wake = threading.Event()  # a verdict to send now
         self._thread: threading.Thread | None = None
         self._children: dict[int, tuple[bytes, float]] = {}  # node -> (raw, when it changed)
-        self._outgoing: bytes | None = None
+        self._local: dict | None = None  # this node's own digest, as the launcher last made it
+        self._local_at = 0.0  # when (monotonic)
+        self._final = False
         self._verdict_out: bytes | None = None
         self._verdict: dict | None = None
         self._gen = 0
@@ -106,6 +108,13 @@ class Coordinator:
         self._thread = threading.Thread(target=self._run, name="ddpdoctor-nodes", daemon=True)
         self._thread.start()
         return self
+
+    def _halt(self) -> None:
+        """Stop the thread (the caller takes the store over)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(2 * self.interval + 1)
 
     def _run(self) -> None:
         deadline = time.monotonic() + CONNECT_SECONDS
@@ -133,10 +142,11 @@ class Coordinator:
         store = self.store = self._connect()
         if self.node is None:
             self.node = int(store.add(self._key("nodes"), 1)) - 1
+            self.traffic.ops += 1
         for key in [self._key("verdict"), self._digest_key(self.node),
                     *map(self._digest_key, digest.children(self.node, self.nnodes))]:
             store.compare_set(key, "", "")
-        self.traffic.ops += 3 + len(digest.children(self.node, self.nnodes))
+            self.traffic.ops += 1
 
     def until_turn(self, now: float) -> float:
         """Seconds until this node's next moment to exchange: a fraction of the interval set
@@ -146,32 +156,42 @@ class Coordinator:
         return (phase - now) % self.interval or self.interval
 
     def step(self) -> None:
-        """One exchange: publish this subtree's digest, read the children's and the verdict."""
+        """One exchange: read the children's digests and the verdict, then publish this
+        subtree's digest made from them (so that it climbs a level within the second)."""
         store, node = self.store, self.node
         assert store is not None and node is not None
+        kids = digest.children(node, self.nnodes)
+        keys = [self._digest_key(k) for k in kids] + ([] if self.root else [self._key("verdict")])
+        if keys:
+            values = [bytes(v) for v in store.multi_get(keys)]
+            self._count(read=sum(map(len, values)))
+            now = time.monotonic()
+            with self._lock:
+                for kid, raw in zip(kids, values):
+                    old = self._children.get(kid)
+                    if raw and (old is None or old[0] != raw):
+                        self._children[kid] = (raw, now)
+                if not self.root and values[-1]:
+                    self._verdict = _parse(values[-1])
         with self._lock:
-            out, verdict_out = self._outgoing, self._verdict_out
-            self._verdict_out = None
+            verdict_out, self._verdict_out = self._verdict_out, None
         if verdict_out is not None:
             store.set(self._key("verdict"), verdict_out)
             self._count(sent=len(verdict_out))
-        elif out is not None and not self.root:
-            store.set(self._digest_key(node), out)
-            self._count(sent=len(out))
-        kids = digest.children(node, self.nnodes)
-        keys = [self._digest_key(k) for k in kids] + ([] if self.root else [self._key("verdict")])
-        if not keys:
-            return
-        values = [bytes(v) for v in store.multi_get(keys)]
-        self._count(read=sum(map(len, values)))
-        now = time.monotonic()
-        with self._lock:
-            for kid, raw in zip(kids, values):
-                old = self._children.get(kid)
-                if raw and (old is None or old[0] != raw):
-                    self._children[kid] = (raw, now)
-            if not self.root and values[-1]:
-                self._verdict = _parse(values[-1])
+        elif not self.root:
+            payload = self._payload()
+            if payload is not None:
+                store.set(self._digest_key(node), payload)
+                self._count(sent=len(payload))
+
+    def _payload(self) -> bytes | None:
+        """This subtree's digest as published (None before the launcher made its own)."""
+        merged = self._merged()
+        if merged is None:
+            return None
+        self._gen += 1  # a digest that changes every time: one that stops is stale
+        return json.dumps({**merged, "gen": self._gen, "final": self._final},
+                          separators=(",", ":")).encode()
 
     def _count(self, sent: int = 0, read: int = 0) -> None:
         self.traffic.ops += 1
@@ -180,12 +200,22 @@ class Coordinator:
 
     # -- the launcher's side --------------------------------------------------------------------
     def update(self, local: dict, final: bool = False) -> dict:
-        """Merge this node's own digest with its children's; what is published next. Returns
-        the merged digest (node 0's is the world's)."""
-        now = time.monotonic()
-        fresh, unknown = [], 0
+        """Take this node's own digest (the next exchange publishes it merged with the
+        children's); returns that merged digest now (node 0's is the world's)."""
         with self._lock:
-            children = dict(self._children)
+            self._local, self._local_at, self._final = local, time.monotonic(), final
+        merged = self._merged()
+        assert merged is not None
+        return merged
+
+    def _merged(self) -> dict | None:
+        """This node's own digest merged with its children's, every age as of now."""
+        now = time.monotonic()
+        with self._lock:
+            local, local_at, children = self._local, self._local_at, dict(self._children)
+        if local is None:
+            return None
+        fresh, unknown = [], 0
         for kid in digest.children(self.node or 0, self.nnodes) if self.node is not None else []:
             got = children.get(kid)
             if got is None:
@@ -195,13 +225,7 @@ class Coordinator:
                 unknown += digest.subtree_size(kid, self.nnodes)
                 continue
             fresh.append(digest.aged(parsed, now - got[1]))
-        merged = digest.merge(local, fresh, unknown)
-        self._gen += 1
-        payload = json.dumps({**merged, "gen": self._gen, "final": final},
-                             separators=(",", ":")).encode()
-        with self._lock:
-            self._outgoing = payload
-        return merged
+        return digest.merge(digest.aged(local, now - local_at), fresh, unknown)
 
     def watch(self, ranks: dict[int, RankProgress], timeout: float,
               stuck_timeout: float | None, now: float) -> digest.WorldDecision:
@@ -241,12 +265,12 @@ class Coordinator:
         if self.store is None or self._thread is None:
             return
         self.update(local, final=True)
-        self._stop.set()
-        self._thread.join(2 * self.interval + 1)
+        self._halt()
         try:
-            if not self.root and self._outgoing is not None:
-                self.store.set(self._digest_key(self.node or 0), self._outgoing)
-                self._count(sent=len(self._outgoing))
+            payload = self._payload() if not self.root else None
+            if payload is not None:
+                self.store.set(self._digest_key(self.node or 0), payload)
+                self._count(sent=len(payload))
         except Exception:
             pass
 
@@ -255,9 +279,7 @@ class Coordinator:
         """After a verdict: publish the named ranks held here, fetch the others into
         ``folder`` (``remote-<rank>.jsonl``), then wait for every node to be done (at most
         ``wait`` seconds in all). Returns the ranks fetched."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2 * self.interval + 1)
+        self._halt()
         store, got = self.store, list[int]()
         if store is None:
             return got
