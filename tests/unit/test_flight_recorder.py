@@ -90,3 +90,24 @@ def test_dump_names_and_non_dumps(tmp_path: Path) -> None:
     assert fr.rank_of(Path("fr-rank-3.json")) == 3 and fr.rank_of(Path("notes.txt")) is None
     (tmp_path / "notes_1.txt").write_text("hello")
     assert not fr.looks_like_dump(tmp_path / "notes_1.txt")
+
+
+def test_pg_status_says_which_last_collective_completed_and_no_reduce_op_is_invented(
+        tmp_path: Path) -> None:
+    """A rank whose group status says its last collective completed is not waiting in it;
+    and a dump holds no reduce op, so none is printed."""
+    from ddpdoctor.analysis.terms import op_text
+    from ddpdoctor.trace.flight_recorder import read_dump
+
+    entries = [dict(_bucket(s), pg_id=0) for s in range(1, 5)]
+    path = tmp_path / "nccl_trace_rank_0"
+    doc = {"version": "2.10", "pg_config": {"0": {"desc": "default_pg", "ranks": "[0, 1]"}},
+           "pg_status": {"0": {"last_enqueued_collective": 4, "last_started_collective": -1,
+                               "last_completed_collective": 4}}, "entries": entries}
+    path.write_bytes(pickle.dumps(doc))
+    trace = read_dump(path)
+    assert [c.state for c in trace.collectives] == ["completed"] * 4
+    doc["pg_status"]["0"]["last_completed_collective"] = 3
+    path.write_bytes(pickle.dumps(doc))
+    assert read_dump(path).collectives[-1].state == "pending"
+    assert op_text(trace.collectives[-1]) == "all_reduce float32[161]"

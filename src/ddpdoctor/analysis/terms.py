@@ -82,8 +82,9 @@ def tensor_text(shapes: list[list[int]], dtypes: list[str]) -> str:
 def op_text(c: Collective) -> str:
     """The operation itself: 'all_reduce SUM float32[244]', 'broadcast int64[1] from 0'."""
     words = [c.op]
-    if is_reducing(c.op):
-        words.append(c.reduce_op or "SUM")
+    if is_reducing(c.op) and c.reduce_op is not None:
+        # ddpdoctor records every reducing op's operator; a flight-recorder dump holds none
+        words.append(c.reduce_op)
     tensors = tensor_text(c.shapes, c.dtypes)
     if tensors:
         words.append(tensors)

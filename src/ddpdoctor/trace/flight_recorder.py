@@ -168,8 +168,10 @@ def _read_dump(path: Path, rank: int | None) -> RankTrace:
     for c in colls:
         if c.seq is not None:
             last[c.group] = c
+    done = _completed_through(dump.get("pg_status"), entries, colls)
     for c in colls:
-        if c.seq is not None and last.get(c.group) is not c:
+        if c.seq is not None and (last.get(c.group) is not c or
+                                  (c.seq or 0) <= done.get(c.group, 0)):
             c.state = schema.COMPLETED
     trace = RankTrace(rank=rank, path=str(path), run_id="flight-recorder", version=0)
     trace.collectives = colls
@@ -183,6 +185,26 @@ def _read_dump(path: Path, rank: int | None) -> RankTrace:
     trace.process = {"rank": rank, "world_size": world, "source": "flight-recorder"}
     trace.init = "completed"
     return trace
+
+
+def _completed_through(status: object, entries: list[dict],
+                       colls: list[Collective]) -> dict[str, int]:
+    """Per group, the sequence number up to which the dump's ``pg_status`` says every
+    collective completed (a rank whose last collective completed waits in none of them).
+    ``pg_status`` is keyed by the entries' ``pg_id``."""
+    if not isinstance(status, dict):
+        return {}
+    group_of = {str(e.get("pg_id")): c.group for e, c in zip(entries, colls)}
+    out: dict[str, int] = {}
+    for pg_id, fields in status.items():
+        group = group_of.get(str(pg_id))
+        if group is None or not isinstance(fields, dict):
+            continue
+        try:
+            out[group] = int(fields.get("last_completed_collective", -1))
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _ranks(value: object) -> list[int]:
