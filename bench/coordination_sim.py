@@ -204,18 +204,26 @@ def main() -> None:
     parser.add_argument("--scenarios", nargs="+", default=list(EXPECTED))
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--table-from", type=Path,
+                        help="print the table of rows saved earlier (the JSON lines this "
+                             "command prints on stderr, one per scenario) instead of running")
     args = parser.parse_args()
     rows = []
-    for nnodes in args.nodes:
+    if args.table_from:
+        rows = [json.loads(line) for line in args.table_from.read_text().splitlines()
+                if line.startswith("{")]
+    for nnodes in [] if args.table_from else args.nodes:
         for scenario in args.scenarios:
             row = run(nnodes, scenario, args.workers)
             row["right"] = row["verdict"] == EXPECTED[scenario] and (
                 EXPECTED[scenario] is None or row["all_nodes"])
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-    print(f"coordination simulation, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-          f"{os.cpu_count()} cores; {RANKS} ranks per simulated node; hang timeout "
-          f"{HANG_TIMEOUT:g} s; load average {os.getloadavg()[0]:.2f}\n")
+    when = (f"rows from {args.table_from}" if args.table_from else
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; load average "
+            f"{os.getloadavg()[0]:.2f} at the end")
+    print(f"coordination simulation, {when}; {os.cpu_count()} cores; {RANKS} ranks per "
+          f"simulated node; hang timeout {HANG_TIMEOUT:g} s\n")
     print("| nodes | ranks | scenario | verdict (right?) | store ops/s per node (max) | "
           "bytes/s per node (max) | server ops/s | server CPU | trace growth | "
           "verdict on every node after it was due |")
@@ -242,16 +250,16 @@ def _extrapolate(rows: list[dict], target: int = 2048) -> None:
     slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
     base = my - slope * mx
     largest = max(r["nodes"] for r in rows)
-    per_node = [r for r in rows if r["nodes"] == largest]
-    ops = max(r["ops_max"] for r in per_node)
-    lat = [r["latency"] for r in per_node if r["latency"] is not None]
+    ops = max(r["ops_mean"] for r in rows if r["nodes"] == largest)
+    timed = max((r["nodes"] for r in rows if r["latency"] is not None), default=largest)
+    lat = [r["latency"] for r in rows if r["nodes"] == timed and r["latency"] is not None]
     print(f"\nExtrapolated to {target:,} nodes x {RANKS} ranks ({target * RANKS:,} ranks), "
-          f"not measured: store operations per node stay at {ops:.2f}/s (each node does the "
-          f"same two operations at any N); the server handles {target * ops:,.0f} ops/s; "
+          f"not measured: store operations per node stay at {ops:.2f}/s on average (each node "
+          f"does the same operations at any N); the server handles {target * ops:,.0f} ops/s; "
           f"server CPU {base + slope * target * ops:.1f} % of one core (fit: {base:.2f} % + "
           f"{slope * 1000:.3f} % per 1,000 ops/s over the rows above); the tree is "
-          f"{digest.height(target)} levels deep against {digest.height(largest)} at {largest} "
-          f"nodes: a verdict's path grows by {digest.height(target) - digest.height(largest)} "
+          f"{digest.height(target)} levels deep against {digest.height(timed)} at {timed} "
+          f"nodes: a verdict's path grows by {digest.height(target) - digest.height(timed)} "
           f"level(s) of a fraction of a second each beyond the "
           f"{max(lat) if lat else float('nan'):+.2f} s measured there.")
 

@@ -14,8 +14,9 @@ it within a second and stops its ranks as a single-node run would. The nodes exc
 moments of the second set by their depth in the tree (by the wall clock, which NTP keeps
 within milliseconds across a cluster): the leaves first, node 0 last, so that a digest climbs
 a level in a fraction of a second rather than a whole one. Traffic per node is two store
-operations a second and at most 17 digests (~1 KB each) whatever the size of the job; nothing
-of it enters the traces. After a verdict each node publishes the detail of the named ranks it
+operations a second and at most 17 digests (~0.5 KB each) whatever the size of the job (a node
+with no children, 15 in 16, reads only the verdict and exchanges every 2 s); nothing of it
+enters the traces. After a verdict each node publishes the detail of the named ranks it
 holds (``trace/detail.py``), fetches those held elsewhere into ``remote-<rank>.jsonl``, and
 counts itself done; the nodes wait (a few seconds at most) for each other before stopping
 their ranks, so the store, which lives in one node's torchrun agent, outlasts the exchange.
@@ -41,7 +42,10 @@ from ddpdoctor.analysis.hang_rules import RankProgress
 from ddpdoctor.trace import detail
 from ddpdoctor.trace.schema import Stop
 
-INTERVAL = 1.0  # seconds between two exchanges with the store
+INTERVAL = 1.0  # seconds between two exchanges with the store (a node with children)
+# A node with no children (15 in 16) reads nothing but the verdict: it exchanges half as
+# often, which keeps the store server's load to about one operation a node a second.
+LEAF_INTERVAL = 2.0
 STALE = 5.0  # a child whose digest has not changed for this long is unknown
 LINGER = 5.0  # seconds a node waits for the other nodes' details after a verdict
 CONNECT_SECONDS = 30.0
@@ -148,12 +152,18 @@ class Coordinator:
             store.compare_set(key, "", "")
             self.traffic.ops += 1
 
+    @property
+    def period(self) -> float:
+        """Seconds between this node's exchanges (:data:`LEAF_INTERVAL` for a leaf)."""
+        leaf = not digest.children(self.node or 0, self.nnodes)
+        return self.interval * (LEAF_INTERVAL / INTERVAL if leaf else 1.0)
+
     def until_turn(self, now: float) -> float:
         """Seconds until this node's next moment to exchange: a fraction of the interval set
         by its depth (leaves at 0, node 0 last)."""
         levels = digest.height(self.nnodes) + 1
         phase = (levels - 1 - digest.depth(self.node or 0)) / levels * self.interval
-        return (phase - now) % self.interval or self.interval
+        return (phase - now) % self.period or self.period
 
     def step(self) -> None:
         """One exchange: read the children's digests and the verdict, then publish this
