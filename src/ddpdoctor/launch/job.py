@@ -3,7 +3,9 @@
 While the job runs the launcher tails the traces (:mod:`ddpdoctor.launch.monitor`); when a
 hang rule fires it asks every rank for its stacks (the ``hang-request.json`` handshake of
 :mod:`ddpdoctor.trace.schema`), waits briefly for the answers, then ends every process of the
-job. At the end it writes ``job.json``: why it stopped the job, for ``diff`` to read later.
+job. In a job of several nodes node 0's launcher decides for all, through the job's store
+(:mod:`ddpdoctor.launch.coordination`). At the end it writes ``job.json``: why it stopped
+the job, for ``diff`` to read later.
 """
 
 from __future__ import annotations
@@ -28,10 +30,6 @@ from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.runtime.stderr_tail import pseudo_terminal
 from ddpdoctor.trace import handshake, padding, schema
 from ddpdoctor.trace.schema import Stop
-
-# seconds a node that cannot reach the job's store waits after its evidence before stopping
-# its ranks (the others may still be collecting theirs)
-MULTI_NODE_LINGER = 3.0
 
 
 @dataclass
@@ -157,8 +155,6 @@ def run_job(opts: RunOptions, logdir: Path,
                     # Every node gets the named ranks' details before any node's ranks go
                     # (and the others' fail on the lost connection).
                     coord.exchange(list(named), progress.paths(), logdir)
-                elif result.nnodes > 1:
-                    time.sleep(MULTI_NODE_LINGER)
                 break
             if on_status and now >= next_status:
                 on_status(progress, "status")
