@@ -280,3 +280,17 @@ def test_the_leaves_exchange_first_and_node_0_last_within_each_second() -> None:
           for n in (0, 1, 17, 299)}  # a tenth of a second before a whole second
     assert at[299] < at[17] < at[1] < at[0] <= 1.0
     assert at[17] == pytest.approx(at[299] + 0.25)  # a level later: a quarter of the second
+
+
+def test_a_detail_of_another_run_or_a_damaged_one_is_left_out(tmp_path: Path) -> None:
+    _, ranks = _node(tmp_path, [0], 2)
+    ranks[0].coll("all_reduce", 4)
+    other = tmp_path / "elsewhere"
+    _, theirs = _node(other, [1], 2)
+    theirs[1].coll("all_reduce", 4)
+    detail.write(tmp_path, 1, detail.extract(theirs[1].path).replace(b'"r"', b'"other-run"'))
+    assert 1 not in load_run([tmp_path]).ranks
+    (tmp_path / schema.remote_filename(1)).write_bytes(b'{"kind": "header", "partial": tr\n\0\0')
+    assert 1 not in load_run([tmp_path]).ranks
+    detail.write(tmp_path, 1, detail.extract(theirs[1].path))
+    assert load_run([tmp_path]).ranks[1].remote

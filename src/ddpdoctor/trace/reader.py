@@ -83,6 +83,7 @@ def _merge_remote(ranks: dict[int, RankTrace], folders: set[Path], notes: list[s
     """Other nodes' ranks that this node fetched the detail of when the job was stopped
     (``remote-<rank>.jsonl``), where no folder read holds their own trace."""
     found = []
+    runs = {t.run_id for t in ranks.values()}
     for folder in sorted(folders):
         for path in sorted(folder.glob(schema.REMOTE_GLOB))[:MAX_REMOTE]:
             try:
@@ -92,7 +93,7 @@ def _merge_remote(ranks: dict[int, RankTrace], folders: set[Path], notes: list[s
             except (TraceError, OSError):
                 continue
             if trace.remote and 0 <= trace.rank < MAX_RANKS and trace.rank not in ranks \
-                    and trace.collectives:
+                    and trace.collectives and (not runs or trace.run_id in runs):
                 ranks[trace.rank] = trace
                 found.append(trace.rank)
     if found:
