@@ -49,6 +49,7 @@ LEAF_INTERVAL = 2.0
 STALE = 5.0  # a child whose digest has not changed for this long is unknown
 LINGER = 5.0  # seconds a node waits for the other nodes' details after a verdict
 CONNECT_SECONDS = 30.0
+POLL = 0.5  # seconds between two looks at the store while the nodes exchange details
 
 
 @dataclass
@@ -308,21 +309,21 @@ class Coordinator:
                         continue
                     store.set(self._key(f"detail/{rank}"), data)
                     self._count(sent=len(data))
-            want = [r for r in named if r not in local]
-            while want and time.monotonic() < deadline:
-                ready = [r for r in want if store.check([self._key(f"detail/{r}")])]
-                if ready:
-                    for rank, data in zip(ready, store.multi_get(
-                            [self._key(f"detail/{r}") for r in ready])):
-                        detail.write(folder, rank, bytes(data))
-                        got.append(rank)
-                    want = [r for r in want if r not in ready]
-                else:
-                    time.sleep(0.1)
+            # Polled twice a second with one operation (a check of every key wanted): at a
+            # hang every node does this at once.
+            keys = {r: self._key(f"detail/{r}") for r in named if r not in local}
+            while keys and not store.check(list(keys.values())) and \
+                    time.monotonic() < deadline:
+                time.sleep(POLL)
+            ready = [r for r, key in keys.items() if store.check([key])]
+            for rank, data in zip(ready, store.multi_get([keys[r] for r in ready])
+                                  if ready else []):
+                detail.write(folder, rank, bytes(data))
+                got.append(rank)
             store.add(self._key("done"), 1)
             while time.monotonic() < deadline and \
                     int(store.add(self._key("done"), 0)) < self.nnodes:
-                time.sleep(0.1)
+                time.sleep(POLL)
         except Exception as exc:  # the store went away meanwhile: what arrived is kept
             self.error = f"{type(exc).__name__}: {exc}"
         return got
