@@ -46,7 +46,7 @@ class Rank:
         self._write({"kind": "done", "t": T0, "upto": self.id, "pending": list(pending)})
 
     def activity(self, t: float, cpu_rate: float, function: str = "save",
-                 io_rate: int | None = None, **extra: object) -> None:
+                 io_rate: int | None = 0, **extra: object) -> None:
         rec = {"kind": "activity", "t": t, "quiet_since": T0, "cpu": 1.0,
                "cpu_rate": cpu_rate, "pending": 0,
                "frames": [{"file": "t.py", "line": 88, "function": function}], **extra}
@@ -219,3 +219,17 @@ def test_a_stack_inside_torch_distributed_with_nothing_recorded_is_no_wait(
         r.activity(T0 + 3, 0.2, function="__init__", in_collective=True, unrecorded=True)
     job.poll(T0 + 3)
     assert job.verdict(8, None, T0 + 60) == HANG
+
+
+def test_a_first_activity_record_without_an_io_figure_is_no_evidence_of_idling(
+        tmp_path: Path) -> None:
+    """The watchdog's first record after a collective has no I/O rate yet (it needs two
+    readings): a rank writing a checkpoint at no CPU must not read as blocked from it."""
+    job, r0, r1 = _job(tmp_path)
+    r1.coll("barrier", 0)
+    r0.activity(T0 + 1, 0.0, "save", io_rate=None)
+    job.poll(T0 + 1)
+    assert job.ranks[0].still_since is None
+    r0.activity(T0 + 2, 0.0, "save", io_rate=20_000_000)
+    job.poll(T0 + 2)
+    assert job.ranks[0].still_since is None and job.verdict(2.5, None, T0 + 10) is None

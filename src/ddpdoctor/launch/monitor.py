@@ -196,7 +196,10 @@ class JobProgress:
         same_place = previous is not None and previous.get("frames") == frames and \
             previous.get("t", 0) >= prog.last_issue
         io, tree = rec.get("io_rate"), rec.get("tree_cpu_rate")
-        idle = prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU and \
+        # The first record after a collective has no I/O figure yet (it needs two readings):
+        # a rank writing a checkpoint at no CPU is idle by its main thread alone.
+        measured = isinstance(io, (int, float)) or isinstance(tree, (int, float))
+        idle = measured and prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU and \
             not (isinstance(io, (int, float)) and io >= STILL_IO) and \
             not (isinstance(tree, (int, float)) and tree >= STILL_TREE_CPU)
         if not (same_place and idle and isinstance(cpu, (int, float))):
