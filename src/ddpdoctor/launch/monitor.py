@@ -197,7 +197,7 @@ class JobProgress:
             previous.get("t", 0) >= prog.last_issue
         io, tree = rec.get("io_rate"), rec.get("tree_cpu_rate")
         # The first record after a collective has no I/O figure yet (it needs two readings):
-        # a rank writing a checkpoint at no CPU is idle by its main thread alone.
+        # judged by its main thread alone, a rank writing a checkpoint at no CPU looks idle.
         measured = isinstance(io, (int, float)) or isinstance(tree, (int, float))
         idle = measured and prog.cpu_rate is not None and prog.cpu_rate < STILL_CPU and \
             not (isinstance(io, (int, float)) and io >= STILL_IO) and \

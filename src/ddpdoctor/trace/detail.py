@@ -36,8 +36,8 @@ def extract(path: Path, keep: int = KEEP) -> bytes:
         raise ValueError(f"{path.name}: no trace header")
     header["partial"] = True
     kept: list[tuple[int, bytes]] = []  # (line number, line)
-    stacks: dict[object, tuple[int, bytes]] = {}
-    groups: dict[str, deque[tuple[int, bytes, object]]] = {}
+    stacks: dict[int, tuple[int, bytes]] = {}
+    groups: dict[str, deque[tuple[int, bytes, int | None]]] = {}
     last_done: tuple[int, bytes] | None = None
     for number, raw in enumerate(body.split(b"\n")):
         try:
@@ -49,9 +49,11 @@ def extract(path: Path, keep: int = KEEP) -> bytes:
         kind = rec.get("kind")
         if kind == schema.COLLECTIVE:
             key = str(rec.get("group")) if rec.get("seq") is not None else "p2p"
-            groups.setdefault(key, deque(maxlen=keep)).append((number, raw, rec.get("stack")))
-        elif kind == schema.STACK:
-            stacks.setdefault(rec.get("id"), (number, raw))
+            stack = rec.get("stack")
+            groups.setdefault(key, deque(maxlen=keep)).append(
+                (number, raw, stack if isinstance(stack, int) else None))
+        elif kind == schema.STACK and isinstance(rec.get("id"), int):
+            stacks.setdefault(rec["id"], (number, raw))
         elif kind == schema.DONE:
             last_done = (number, raw)
         elif kind == schema.STATE:
