@@ -129,8 +129,7 @@ def decide(ranks: dict[int, RankProgress], members: dict[str, list[int]], timeou
     """Whether to stop the job now, by the module's rules. ``members``: group -> its ranks
     (the world when a group is not listed)."""
     live = [p for p in ranks.values() if p.status == RUNNING]
-    known = bool(live)
-    if known and all(p.waiting for p in live):
+    if live and all(p.waiting for p in live):
         if all(p.blocked for p in live) and _provably_stuck(ranks, members, live):
             deadlock_since = deadlock_since or now
             if now - deadlock_since >= SETTLE:
@@ -145,7 +144,7 @@ def decide(ranks: dict[int, RankProgress], members: dict[str, list[int]], timeou
                             deadlock_since)
     else:
         deadlock_since = None
-    blocker = _waited_for(live, timeout, now) if known else None
+    blocker = _waited_for(live, timeout, now)
     if blocker is not None:
         return Decision(Stop.STUCK, f"rank {blocker.rank} stayed in "
                         f"{blocker.place() or 'user code'} without using CPU or doing I/O for "

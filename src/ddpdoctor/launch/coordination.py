@@ -87,7 +87,8 @@ class Coordinator:
         self._stop = threading.Event()
         self._wake = threading.Event()  # a verdict to send now
         self._thread: threading.Thread | None = None
-        self._children: dict[int, tuple[bytes, float]] = {}  # node -> (raw, when it changed)
+        # node -> (raw digest, when it changed, the digest read from it or None)
+        self._children: dict[int, tuple[bytes, float, dict | None]] = {}
         self._local: dict | None = None  # this node's own digest, as the launcher last made it
         self._local_at = 0.0  # when (monotonic)
         self._final = False
@@ -181,19 +182,28 @@ class Coordinator:
                 for kid, raw in zip(kids, values):
                     old = self._children.get(kid)
                     if raw and (old is None or old[0] != raw):
-                        self._children[kid] = (raw, now)
+                        self._children[kid] = (raw, now, _parse(raw))
                 if not self.root and values[-1]:
                     self._verdict = _parse(values[-1])
+        if not self._send_verdict(store) and not self.root:
+            self._send_digest(store)
+
+    def _send_verdict(self, store: Any) -> bool:
+        """Node 0: send the verdict made since the last exchange, if any (True: sent)."""
         with self._lock:
             verdict_out, self._verdict_out = self._verdict_out, None
-        if verdict_out is not None:
-            store.set(self._key("verdict"), verdict_out)
-            self._count(sent=len(verdict_out))
-        elif not self.root:
-            payload = self._payload()
-            if payload is not None:
-                store.set(self._digest_key(node), payload)
-                self._count(sent=len(payload))
+        if verdict_out is None:
+            return False
+        store.set(self._key("verdict"), verdict_out)
+        self._count(sent=len(verdict_out))
+        return True
+
+    def _send_digest(self, store: Any) -> None:
+        """Publish this subtree's digest (nothing before the launcher made its own)."""
+        payload = self._payload()
+        if payload is not None:
+            store.set(self._digest_key(self.node or 0), payload)
+            self._count(sent=len(payload))
 
     def _payload(self) -> bytes | None:
         """This subtree's digest as published (None before the launcher made its own)."""
@@ -231,11 +241,11 @@ class Coordinator:
             got = children.get(kid)
             if got is None:
                 continue  # never heard of: its ranks are missing from the count
-            parsed = _parse(got[0])
-            if parsed is None or (now - got[1] > STALE and not parsed.get("final")):
+            _raw, received, parsed = got
+            if parsed is None or (now - received > STALE and not parsed.get("final")):
                 unknown += digest.subtree_size(kid, self.nnodes)
                 continue
-            fresh.append(digest.aged(parsed, now - got[1]))
+            fresh.append(digest.aged(parsed, now - received))
         return digest.merge(digest.aged(local, now - local_at), fresh, unknown)
 
     def watch(self, ranks: dict[int, RankProgress], timeout: float,
@@ -278,11 +288,9 @@ class Coordinator:
         self.update(local, final=True)
         self._halt()
         try:
-            payload = self._payload() if not self.root else None
-            if payload is not None:
-                self.store.set(self._digest_key(self.node or 0), payload)
-                self._count(sent=len(payload))
-        except Exception:
+            if not self.root:
+                self._send_digest(self.store)
+        except Exception:  # the store went away: the node simply goes stale
             pass
 
     def exchange(self, named: list[int], local: dict[int, Path], folder: Path,
@@ -296,11 +304,7 @@ class Coordinator:
             return got
         deadline = time.monotonic() + wait
         try:
-            with self._lock:
-                verdict_out, self._verdict_out = self._verdict_out, None
-            if verdict_out is not None:  # node 0's verdict, not sent yet
-                store.set(self._key("verdict"), verdict_out)
-                self._count(sent=len(verdict_out))
+            self._send_verdict(store)  # node 0's, if the thread had not sent it yet
             for rank in named:
                 if rank in local:
                     try:
