@@ -65,10 +65,11 @@ def tcp_store(host: str, port: int) -> Any:
     """A client of the job's rendezvous store (torch's TCPStore)."""
     from datetime import timedelta
 
-    from torch.distributed import TCPStore
+    from ddpdoctor.launch.torchrun import import_quietly
 
-    return TCPStore(host, port, is_master=False, wait_for_workers=False,
-                    timeout=timedelta(seconds=CONNECT_SECONDS))
+    store = import_quietly("torch.distributed").TCPStore
+    return store(host, port, is_master=False, wait_for_workers=False,
+                 timeout=timedelta(seconds=CONNECT_SECONDS))
 
 
 class Coordinator:

@@ -12,24 +12,44 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import ModuleType
 from typing import NoReturn
 
 from ddpdoctor.launch.options import UsageError
 
 
+def import_quietly(module: str) -> ModuleType:
+    """``module`` of torch, imported into ddpdoctor's own process with torch's C++ warnings
+    off: the store client of a job of several nodes must not print a C++ stack when the node
+    that holds the store ends first. torch reads the level once, when it is first imported;
+    the variable is put back at once, so the job's environment stays the user's."""
+    previous = os.environ.get(_CPP_LOG_LEVEL)
+    os.environ[_CPP_LOG_LEVEL] = "ERROR"
+    try:
+        return importlib.import_module(module)
+    finally:
+        if previous is None:
+            del os.environ[_CPP_LOG_LEVEL]
+        else:
+            os.environ[_CPP_LOG_LEVEL] = previous
+
+
+_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+
+
 @lru_cache(maxsize=1)
 def parser() -> argparse.ArgumentParser:
     """torchrun's argument parser, made to raise :class:`UsageError` instead of exiting."""
-    from torch.distributed.run import get_args_parser
-
-    p = get_args_parser()
+    p = import_quietly("torch.distributed.run").get_args_parser()
 
     def error(message: str) -> NoReturn:
         raise UsageError(f"torchrun: {message}")
 
-    p.error = error  # type: ignore[method-assign]
+    p.error = error
     return p
 
 
