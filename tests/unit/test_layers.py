@@ -19,7 +19,8 @@ ALLOWED = {
     "knowledge": {"knowledge"},
     "analysis": {"analysis", "trace", "knowledge"},
     "render": {"render", "analysis", "trace", "knowledge"},
-    "launch": {"launch", "trace", "analysis", "runtime.env", "runtime.stderr_tail"},
+    "launch": {"launch", "trace", "analysis", "runtime.env", "runtime.stderr_tail",
+               "runtime.torch_internals"},
 }
 # Third-party packages the in-rank code may use: it runs inside every training process.
 IN_RANK = {"runtime", "trace"}
@@ -99,4 +100,41 @@ def test_the_package_imports_only_its_declared_dependencies() -> None:
                     root in ("ddpdoctor", "__future__"):
                 continue
             wrong.append(f"{path.relative_to(PACKAGE)} imports {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+# Private torch names (and the modules that hold them) that only runtime/torch_internals.py may
+# reach, so that a new torch release is that file and its contract test.
+TORCH_PRIVATE = ("_get_default_group", "_get_default_store", "_world", "_register_backend",
+                 "_set_default_backend", "_set_sequence_number_for_group", "_timeout",
+                 "_create_work_from_future", "_dump_fr_trace", "_dump_nccl_trace", "_pre_forward",
+                 "_DDPJoinHook", "main_hook", "_poll", "_wrap", "_C", "_option_string_actions",
+                 "trace_rules", "TCPStore", "get_args_parser", "SubprocessContext")
+TORCH_MODULES = ("torch.distributed.elastic", "torch.multiprocessing.spawn", "torch._dynamo",
+                 "torch.distributed.run", "torch._C")
+
+
+def _torch_private_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in TORCH_PRIVATE:
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                (node.value in TORCH_PRIVATE or node.value.startswith(TORCH_MODULES)):
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(TORCH_MODULES):
+            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} from {node.module}")
+    return found
+
+
+def test_torch_internals_are_reached_from_one_module() -> None:
+    home = PACKAGE / "runtime" / "torch_internals.py"
+    assert _torch_private_uses(home), "the check no longer sees the names it looks for"
+    # The table of torch functions whose frames label DDP's collectives is data the trace
+    # readers use too (test_torch_contract checks each name against the installed torch).
+    labels = PACKAGE / "trace" / "ddp_sites.py"
+    assert _torch_private_uses(labels)
+    wrong = [use for path in sorted(PACKAGE.rglob("*.py")) if path not in (home, labels)
+             for use in _torch_private_uses(path)]
     assert not wrong, "\n".join(wrong)

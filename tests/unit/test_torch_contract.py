@@ -1,7 +1,7 @@
 """The torch behaviours the recorder relies on, checked against the installed torch.
 
 If one of these fails on a new torch release, the recorder's labels or hooks need updating
-(and ``torch_hooks.VERIFIED`` widened only then). ``scripts/torch-matrix`` runs this file on
+(and ``torch_internals.VERIFIED`` widened only then). ``scripts/torch-matrix`` runs this file on
 every release of the verified range.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpdoctor.runtime import torch_hooks
+from ddpdoctor.runtime import torch_internals
 from ddpdoctor.trace import ddp_sites
 
 
@@ -35,10 +35,10 @@ def test_every_label_rule_names_a_function_that_exists(rule: tuple) -> None:
 
 
 def test_installed_torch_is_verified_and_has_what_the_recorder_needs() -> None:
-    assert torch_hooks.supported(torch.__version__)
-    assert torch_hooks.contract_problems() == []
-    assert torch_hooks.supported("2.6.0") and torch_hooks.supported("2.15.0+cu128")
-    assert not torch_hooks.supported("2.5.1") and not torch_hooks.supported("3.0.0")
+    assert torch_internals.supported(torch.__version__)
+    assert torch_internals.contract_problems() == []
+    assert torch_internals.supported("2.6.0") and torch_internals.supported("2.15.0+cu128")
+    assert not torch_internals.supported("2.5.1") and not torch_internals.supported("3.0.0")
 
 
 def test_c10d_returns_a_python_process_group_from_a_backend_creator() -> None:
@@ -162,14 +162,23 @@ def test_a_flight_recorder_dump_exists_and_sequence_numbers_need_setting_before_
     ``_set_sequence_number_for_group`` only where it is not a deprecated no-op."""
     from datetime import timedelta
 
-    from ddpdoctor.runtime import watchdog
-
     c10d = torch._C._distributed_c10d
-    assert any(hasattr(c10d, name) for name in watchdog.FLIGHT_RECORDER_DUMPS)
-    dump = watchdog.flight_recorder_dump()
+    assert any(hasattr(c10d, name) for name in torch_internals.FLIGHT_RECORDER_DUMPS)
+    dump = torch_internals.flight_recorder_dump()
     assert isinstance(dump.get("entries", []), list)
     pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timeout=timedelta(seconds=5))
-    setter = pg._set_sequence_number_for_group
-    if torch_hooks.minor(torch.__version__) < torch_hooks.SEQUENCE_NUMBERS_START_AT_ZERO:
-        setter()
+    torch_internals.start_sequence_numbers(pg)
     assert pg._get_sequence_number_for_group() == 0
+    # Before 2.15 the setter is needed, and from 2.15 on torch still has it (a no-op that warns).
+    assert callable(pg._set_sequence_number_for_group)
+
+
+def test_the_declared_torch_range_is_the_verified_one() -> None:
+    import re
+    from pathlib import Path
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    low, high = re.search(r'"torch>=(\d+\.\d+),<(\d+\.\d+)"', pyproject).groups()  # type: ignore[union-attr]
+    (lo_major, lo_minor), (hi_major, hi_minor) = torch_internals.VERIFIED
+    assert low == f"{lo_major}.{lo_minor}"
+    assert high == f"{hi_major}.{hi_minor + 1}"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ddpdoctor.launch.options import RunOptions, UsageError
 from ddpdoctor.runtime import env as rank_env
+from ddpdoctor.runtime import torch_internals
 from ddpdoctor.trace import schema
 
 INJECT_DIR = str(Path(__file__).resolve().parents[1] / "runtime" / "inject")
@@ -170,7 +171,7 @@ def build_command(opts: RunOptions) -> list[str]:
         target = ["-m", opts.script] if opts.module else [opts.script]
         return [sys.executable, *target, *opts.args]
     tr = opts.torchrun
-    cmd = [sys.executable, "-m", "torch.distributed.run"]
+    cmd = [sys.executable, "-m", torch_internals.TORCHRUN_MODULE]
     if not (tr.given("nproc_per_node") or os.environ.get("PET_NPROC_PER_NODE")):
         cmd += ["--nproc-per-node", str(nproc(opts))]
     single = tr.nnodes_max <= 1

@@ -63,13 +63,9 @@ class Traffic:
 
 def tcp_store(host: str, port: int) -> Any:
     """A client of the job's rendezvous store (torch's TCPStore)."""
-    from datetime import timedelta
+    from ddpdoctor.runtime.torch_internals import store_client
 
-    from ddpdoctor.launch.torchrun import import_quietly
-
-    store = import_quietly("torch.distributed").TCPStore
-    return store(host, port, is_master=False, wait_for_workers=False,
-                 timeout=timedelta(seconds=CONNECT_SECONDS))
+    return store_client(host, port, CONNECT_SECONDS)
 
 
 class Coordinator:

@@ -12,39 +12,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
-from types import ModuleType
 from typing import NoReturn
 
 from ddpdoctor.launch.options import UsageError
-
-
-def import_quietly(module: str) -> ModuleType:
-    """``module`` of torch, imported into ddpdoctor's own process with torch's C++ warnings
-    off: the store client of a job of several nodes must not print a C++ stack when the node
-    that holds the store ends first. torch reads the level once, when it is first imported;
-    the variable is put back at once, so the job's environment stays the user's."""
-    previous = os.environ.get(_CPP_LOG_LEVEL)
-    os.environ[_CPP_LOG_LEVEL] = "ERROR"
-    try:
-        return importlib.import_module(module)
-    finally:
-        if previous is None:
-            del os.environ[_CPP_LOG_LEVEL]
-        else:
-            os.environ[_CPP_LOG_LEVEL] = previous
-
-
-_CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
+from ddpdoctor.runtime import torch_internals
 
 
 @lru_cache(maxsize=1)
 def parser() -> argparse.ArgumentParser:
     """torchrun's argument parser, made to raise :class:`UsageError` instead of exiting."""
-    p = import_quietly("torch.distributed.run").get_args_parser()
+    p = torch_internals.torchrun_parser()
 
     def error(message: str) -> NoReturn:
         raise UsageError(f"torchrun: {message}")
@@ -75,7 +54,7 @@ def split(argv: list[str], own: dict[str, bool]) -> Split:
     strings to whether it takes a value. The first argument that is neither an option nor an
     option's value is the script; everything after it belongs to the script. After ``--``,
     a ``.py`` file is the script too; anything else is a launch command, run as it is."""
-    actions = parser()._option_string_actions
+    actions = torch_internals.parser_options(parser())
     out = Split()
     i = 0
     while i < len(argv):
@@ -123,7 +102,7 @@ class Torchrun:
 
     def given(self, dest: str) -> bool:
         """Whether the command line sets option ``dest`` (either spelling)."""
-        actions = parser()._option_string_actions
+        actions = torch_internals.parser_options(parser())
         for token in self.tokens:
             name = token.partition("=")[0]
             action = actions.get(name) or (actions.get(name[:2]) if not name.startswith("--")

@@ -19,13 +19,11 @@ import threading
 import warnings
 from typing import Any
 
-from ddpdoctor.runtime import env
+from ddpdoctor.runtime import env, torch_internals
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
 _recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
-# The module a torchrun agent runs its workers with (torchrun, accelerate launch, ...).
-AGENT_MODULE = "torch.distributed.elastic.multiprocessing.api"
 _boot_pid: int | None = None  # the process boot() ran in (a forked child has another pid)
 
 
@@ -264,9 +262,10 @@ def boot() -> None:
     # torch warns once per process when numpy is missing (which a job that uses no numpy
     # does not mind): with a dozen processes that is a dozen copies of one line.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-    watched = {"torch": _on_torch_imported, "torch._dynamo": _on_dynamo_imported}
+    watched = {"torch": _on_torch_imported, torch_internals.DYNAMO_MODULE: _on_dynamo_imported}
     if os.environ.get(env.LAUNCHER) == "command":
-        watched[AGENT_MODULE] = _on_agent_imported
+        # The module a torchrun agent runs its workers with (torchrun, accelerate launch, ...).
+        watched[torch_internals.AGENT_MODULE] = _on_agent_imported
     sys.meta_path.insert(0, _PostImportHook(watched))
     sys.excepthook = _excepthook
     threading.excepthook = _thread_excepthook

@@ -13,12 +13,12 @@ rank's ``process_start`` record. Standard library only.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import os
 from typing import Any
 
 from ddpdoctor.runtime import patches
+from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.trace import schema
 
 
@@ -42,11 +42,10 @@ def _write(logdir: str, codes: dict[int, int]) -> None:
 
 
 def _patch_torchrun(logdir: str) -> None:
-    api = importlib.import_module("torch.distributed.elastic.multiprocessing.api")
-    context = getattr(api, "SubprocessContext", None)
-    if context is None or getattr(context._poll, "_ddpdoctor", False):
+    context = internals.agent_process_context()
+    if context is None or getattr(getattr(context, internals.AGENT_POLL), "_ddpdoctor", False):
         return
-    real = context._poll
+    real = getattr(context, internals.AGENT_POLL)
 
     @functools.wraps(real)
     def _poll(self: Any) -> Any:
@@ -61,12 +60,11 @@ def _patch_torchrun(logdir: str) -> None:
         return result
 
     _poll._ddpdoctor = True  # type: ignore[attr-defined]
-    patches.replace(context, "_poll", _poll)
+    patches.replace(context, internals.AGENT_POLL, _poll)
 
 
 def _patch_spawn(logdir: str) -> None:
-    spawn = importlib.import_module("torch.multiprocessing.spawn")
-    context = spawn.ProcessContext
+    context = internals.spawn_module().ProcessContext
     if getattr(context.join, "_ddpdoctor", False):
         return
     real = context.join

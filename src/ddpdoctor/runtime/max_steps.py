@@ -30,10 +30,10 @@ import multiprocessing
 import os
 import sys
 import time
-from types import FrameType
 from typing import Any
 
 from ddpdoctor.runtime import env
+from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.trace import schema
 
 DEFAULT_STOP_TIMEOUT = 15.0
@@ -95,23 +95,17 @@ def _return_to_elastic_agent() -> None:
     agent waits for the function's return value, which ``os._exit`` alone never delivers (the
     agent then waits forever). Deliver it (None) as the function's own return would, and give
     the agent the time to read it."""
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "_wrap" and code.co_filename.replace(os.sep, "/").endswith(
-                "distributed/elastic/multiprocessing/api.py"):
-            found = frame.f_locals
-            queues, rank = found.get("ret_vals"), found.get("local_rank")
-            read = found.get("queue_finished_reading_event")
-            try:
-                if queues is not None and rank is not None:
-                    queues[rank].put(None)
-                    if read is not None:
-                        read.wait(_timeout)
-            except Exception:  # the agent is gone: nothing waits for the value
-                pass
-            return
-        frame = frame.f_back
+    found = internals.agent_return_channel(sys._getframe(1))
+    if found is None:
+        return
+    queues, rank, read = found
+    try:
+        if queues is not None and rank is not None:
+            queues[rank].put(None)
+            if read is not None:
+                read.wait(_timeout)
+    except Exception:  # the agent is gone: nothing waits for the value
+        pass
 
 
 def _settle(recorder: Any, timeout: float = 1.0) -> None:
@@ -130,7 +124,7 @@ def wait_for_peers(timeout: float, run_id: str) -> bool:
     if not dist.is_available() or not dist.is_initialized():
         return True
     world = dist.get_world_size()
-    store = dist.distributed_c10d._get_default_store()
+    store = internals.default_store()
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     key = f"ddpdoctor/max_steps/{run_id}/{attempt}"
     arrived = store.add(key, 1)

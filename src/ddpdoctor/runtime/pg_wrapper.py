@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.runtime import writer
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import ops, schema
@@ -82,7 +83,7 @@ def quiet_failure_check() -> bool:
     /dev/null; a second call, with stderr caught, must print nothing (a torch that warns
     every time, or through Python's warnings, is not used). Other threads' writes to stderr
     in those microseconds would be lost: it runs once, when the first group is made."""
-    make = getattr(torch._C._distributed_c10d, "_create_work_from_future", None)
+    make = internals.work_from_future()
     if make is None or torch.is_warn_always_enabled():
         return False
     future: Any = torch.futures.Future()
@@ -121,9 +122,7 @@ def group_of(backend: Any, rank: int, size: int) -> Any:
     name = backend.name()
     kind = {"gloo": kinds.GLOO, "nccl": kinds.NCCL}.get(name, kinds.CUSTOM)
     group = dist.ProcessGroup(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
-    for device in (("cuda",) if name == "nccl" else ("cpu", "cuda")):
-        group._register_backend(torch.device(device), kind, backend)
-    group._set_default_backend(kind)
+    internals.attach_backend(group, backend, kind, ("cuda",) if name == "nccl" else ("cpu", "cuda"))
     return group
 
 

@@ -1,4 +1,4 @@
-"""Everything that touches torch internals, in one place: backend, group and DDP hooks.
+"""What ddpdoctor changes in torch to record: backend, group and DDP hooks.
 
 * registers the ``ddpdoctor`` c10d backend whose creator wraps a real ``ProcessGroupGloo`` in
   :class:`RecordingProcessGroup`;
@@ -11,9 +11,10 @@
 * with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
   ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
 
-Each of these relies on a torch behaviour that :func:`contract_problems` checks at start-up
-(and ``tests/unit/test_torch_contract.py`` in more depth). Torch releases in :data:`VERIFIED`
-passed the test suite (``scripts/torch-matrix``); on another release ddpdoctor warns once and
+Each of these relies on a torch behaviour that ``torch_internals.contract_problems`` checks at
+start-up (and ``tests/unit/test_torch_contract.py`` in more depth); every private torch name is
+reached through ``torch_internals``. Torch releases in ``torch_internals.VERIFIED`` passed the
+test suite (``scripts/torch-matrix``); on another release ddpdoctor warns once and
 records all the same, unless the start-up check finds a behaviour missing: then nothing is
 patched, one warning says which, and the job runs untouched.
 """
@@ -29,69 +30,15 @@ from types import ModuleType
 from typing import Any
 
 from ddpdoctor.runtime import env, max_steps, patches, user_code
+from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import nested_launch
 
-VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite passed on
 PLUGIN = "ddpdoctor"
 _GLOO_NAMES = ("gloo", "cpu:gloo", "cpu:gloo,cuda:gloo", "cuda:gloo,cpu:gloo")
 
-# From this release on every group's sequence numbers start at 0 by themselves and
-# _set_sequence_number_for_group() only prints that it is deprecated, on every rank.
-SEQUENCE_NUMBERS_START_AT_ZERO = (2, 15)
-
 _recorder: Recorder = None  # type: ignore[assignment]  # set by install() before any use
 _backend_override: str | None = None
-
-
-def minor(version: str) -> tuple[int, int] | None:
-    """(major, minor) of a torch version string such as ``2.13.0+cpu``."""
-    parts = version.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def supported(version: str) -> bool:
-    """Whether this torch release is in the verified range (:data:`VERIFIED`)."""
-    found = minor(version)
-    return found is not None and VERIFIED[0] <= found <= VERIFIED[1]
-
-
-def contract_problems() -> list[str]:
-    """The torch behaviours the recorder relies on that this torch lacks (empty: all there)."""
-    import importlib
-    import inspect
-
-    import torch.distributed as dist
-
-    problems = []
-    if not dist.is_available():
-        return ["torch.distributed is not available"]
-    c10d = dist.distributed_c10d
-    checks = {
-        "Backend.register_backend(extended_api=)": "extended_api" in inspect.signature(
-            dist.Backend.register_backend).parameters,
-        "ProcessGroup._register_backend": hasattr(dist.ProcessGroup, "_register_backend"),
-        "ProcessGroup._set_default_backend": hasattr(dist.ProcessGroup, "_set_default_backend"),
-        "distributed_c10d._world.pg_map": hasattr(getattr(c10d, "_world", None), "pg_map"),
-        "distributed_c10d._get_default_group": hasattr(c10d, "_get_default_group"),
-        "ProcessGroupGloo": hasattr(dist, "ProcessGroupGloo"),
-    }
-    from torch.nn.parallel import distributed as ddp_mod
-
-    checks["DistributedDataParallel._pre_forward"] = hasattr(
-        ddp_mod.DistributedDataParallel, "_pre_forward")
-    checks["_DDPJoinHook.main_hook"] = hasattr(getattr(ddp_mod, "_DDPJoinHook", None),
-                                               "main_hook")
-    spawn = importlib.import_module("torch.multiprocessing.spawn")
-    checks["multiprocessing.spawn._wrap(fn, i, args, error_file)"] = list(
-        inspect.signature(spawn._wrap).parameters) == ["fn", "i", "args", "error_file"]
-    for name, ok in checks.items():
-        if not ok:
-            problems.append(name)
-    return problems
 
 
 def install(recorder: Recorder, backend_override: str | None) -> bool:
@@ -105,13 +52,13 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
         from ddpdoctor.runtime import cpu_mode
 
         cpu_mode.install()
-    problems = contract_problems()
+    problems = internals.contract_problems()
     if problems:
         sys.stderr.write(f"ddpdoctor: torch {torch.__version__} lacks what the recorder needs "
                          f"({', '.join(problems)}); the job runs without recording\n")
         return False
-    if not supported(torch.__version__) and os.environ.get("RANK", "0") == "0":
-        low, high = (".".join(map(str, v)) for v in VERIFIED)
+    if not internals.supported(torch.__version__) and os.environ.get("RANK", "0") == "0":
+        low, high = (".".join(map(str, v)) for v in internals.VERIFIED)
         sys.stderr.write(f"ddpdoctor: torch {torch.__version__} is outside the verified range "
                          f"({low} to {high}); recording anyway\n")
     _recorder = recorder
@@ -140,9 +87,7 @@ def hide_from_compiler() -> None:
     compiled DDP forward, DDP's C++ calls the recording group's Python methods (the bucket
     rebuild's broadcasts), and Dynamo would otherwise try to compile them and fail the job.
     Collectives issued from compiled code still reach the recording group at run time."""
-    from torch._dynamo import trace_rules
-
-    trace_rules.add(__name__.split(".")[0])
+    internals.hide_from_compiler(__name__.split(".")[0])
 
 
 def _holders(name: str, real: Callable) -> list[Any]:
@@ -158,7 +103,6 @@ def _holders(name: str, real: Callable) -> list[Any]:
 
 # -- process groups ---------------------------------------------------------------------------
 def _create_backend(opts: Any, backend_options: Any) -> Any:
-    import torch
     import torch.distributed as dist
 
     from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
@@ -169,7 +113,7 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
         # DDPDOCTOR_RECORD_NCCL=1 (checked on one GPU by scripts/gpu-check): the same wrapper
         # around ProcessGroupNCCL; completion comes from each Work's future as for gloo.
         nccl_opts = dist.ProcessGroupNCCL.Options()
-        nccl_opts._timeout = opts.timeout
+        internals.set_timeout(nccl_opts, opts.timeout)
         inner = dist.ProcessGroupNCCL(opts.store, opts.group_rank, opts.group_size, nccl_opts)
         kind, devices = dist.ProcessGroup.BackendType.NCCL, ("cuda",)
     else:
@@ -182,13 +126,10 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
             setattr(inner.options, name, value)
         except AttributeError:
             pass
-    if (minor(torch.__version__) or (0, 0)) < SEQUENCE_NUMBERS_START_AT_ZERO:
-        inner._set_sequence_number_for_group()
+    internals.start_sequence_numbers(inner)
     pg = RecordingProcessGroup(inner, opts.store, opts.group_rank, opts.group_size,
                                opts.group_id, _recorder)
-    for device in devices:
-        pg._register_backend(torch.device(device), kind, inner)
-    pg._set_default_backend(kind)
+    internals.attach_backend(pg, inner, kind, devices)
     return pg
 
 
@@ -219,11 +160,9 @@ def _finish_group(pg: Any) -> None:
 
     if not isinstance(pg, RecordingProcessGroup):
         return
-    world = dist.distributed_c10d._world
-    _, store = world.pg_map[pg]
     nccl = pg._inner.name().lower() == "nccl"
-    world.pg_map[pg] = ("nccl" if nccl else "gloo", store)
-    world.pg_backend_config[pg] = "cuda:nccl" if nccl else "cpu:gloo,cuda:gloo"
+    internals.name_group_backend(pg, "nccl" if nccl else "gloo",
+                                 "cuda:nccl" if nccl else "cpu:gloo,cuda:gloo")
     pg._name = pg.group_name
     _recorder.group_created({"group": pg.group_name, "desc": pg.group_desc,
                              "ranks": dist.get_process_group_ranks(pg), "size": pg.size(),
@@ -263,7 +202,7 @@ def _wrap_init(real: Callable) -> Callable:
         except BaseException:
             _recorder.init_done(False)
             raise
-        pg = dist.distributed_c10d._get_default_group()
+        pg = internals.default_group()
         name = _inner_kind if recording else str(dist.get_backend())
         _recorder.start(dist.get_rank(), dist.get_world_size(), name)
         _recorder.init_done(True)
@@ -296,7 +235,7 @@ def _wrap_new_group(real: Callable) -> Callable:
             backend = args[2]
         else:
             backend = kwargs.get("backend")
-        default = dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+        default = internals.default_group()
         from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
         if isinstance(default, RecordingProcessGroup) and (backend is None
@@ -316,14 +255,12 @@ def _wrap_new_group(real: Callable) -> Callable:
 
 # -- DDP --------------------------------------------------------------------------------------
 def _patch_ddp() -> None:
-    from torch.nn.parallel import distributed as ddp_mod
-
-    ddp = ddp_mod.DistributedDataParallel
+    ddp, join_hook = internals.ddp_classes()
     if getattr(ddp, "_ddpdoctor", False):
         return
-    real_init, real_pre = ddp.__init__, ddp._pre_forward
-    join_hook = ddp_mod._DDPJoinHook
-    real_main_hook = join_hook.main_hook
+    real_init = ddp.__init__
+    real_pre = getattr(ddp, internals.DDP_PRE_FORWARD)
+    real_main_hook = getattr(join_hook, internals.JOIN_MAIN_HOOK)
 
     @functools.wraps(real_init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -346,8 +283,8 @@ def _patch_ddp() -> None:
         real_main_hook(self)
 
     patches.replace(ddp, "__init__", __init__)
-    patches.replace(ddp, "_pre_forward", _pre_forward)
-    patches.replace(join_hook, "main_hook", main_hook)
+    patches.replace(ddp, internals.DDP_PRE_FORWARD, _pre_forward)
+    patches.replace(join_hook, internals.JOIN_MAIN_HOOK, main_hook)
     patches.replace(ddp, "_ddpdoctor", True)
 
 
@@ -375,10 +312,10 @@ def _ddp_flags(model: Any, frame: Any) -> dict:
 
 # -- mp.spawn ---------------------------------------------------------------------------------
 def _patch_spawn() -> None:
-    spawn = importlib.import_module("torch.multiprocessing.spawn")
-    if spawn._wrap is not _spawn_wrap:
+    spawn = internals.spawn_module()
+    if getattr(spawn, internals.SPAWN_WRAP) is not _spawn_wrap:
         global _real_spawn_wrap
-        _real_spawn_wrap = patches.replace(spawn, "_wrap", _spawn_wrap)
+        _real_spawn_wrap = patches.replace(spawn, internals.SPAWN_WRAP, _spawn_wrap)
     if _torchrun_worker():
         # mp.spawn calls start_processes from its own module's globals.
         for module in (spawn, importlib.import_module("torch.multiprocessing")):
@@ -442,7 +379,7 @@ def _spawn_wrap(fn: Callable, i: int, args: tuple, error_file: str) -> None:
 
     real = _real_spawn_wrap
     if real is None:  # recording is off in this process: torch's own _wrap is in place
-        real = importlib.import_module("torch.multiprocessing.spawn")._wrap
+        real = getattr(internals.spawn_module(), internals.SPAWN_WRAP)
     real(recorded, i, args, error_file)
     if _recorder is not None:
         _recorder.close()

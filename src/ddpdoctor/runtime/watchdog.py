@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import sys
 import threading
 import time
@@ -29,6 +28,7 @@ from collections import deque
 from typing import Any
 
 from ddpdoctor.runtime import source_capture, stderr_tail, user_code
+from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.trace import handshake, schema
 from ddpdoctor.trace.model import call_name
 
@@ -142,42 +142,6 @@ def in_collective(frame: Any) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-# PyTorch keeps two flight recorders, not one under two names: ProcessGroupNCCL's own
-# (``_dump_nccl_trace``, every release) and the generic one gloo writes to
-# (``_dump_fr_trace``, from torch 2.7 on). A rank's dump is both rings' entries.
-FLIGHT_RECORDER_DUMPS = ("_dump_nccl_trace", "_dump_fr_trace")
-
-
-def flight_recorder_dump() -> dict:
-    """Every flight-recorder entry of this process, merged from the rings torch has."""
-    import torch
-
-    c10d = torch._C._distributed_c10d
-    merged: dict | None = None
-    errors = []
-    for name in FLIGHT_RECORDER_DUMPS:
-        dump_fn = getattr(c10d, name, None)
-        if dump_fn is None:
-            continue
-        try:
-            dump = pickle.loads(dump_fn(includeCollectives=True, includeStackTraces=True))
-        except Exception as exc:  # a ring that is off, or a build without it
-            errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            continue
-        if not isinstance(dump, dict):
-            continue
-        if merged is None:
-            merged = dump
-            continue
-        merged.setdefault("entries", []).extend(dump.get("entries") or [])
-        for key in ("pg_config", "pg_status"):
-            if isinstance(dump.get(key), dict):
-                merged.setdefault(key, {}).update(dump[key])
-    if merged is None:
-        raise RuntimeError("; ".join(errors) or "this torch has no flight-recorder dump")
-    return merged
 
 
 class Watchdog:
@@ -294,7 +258,7 @@ class Watchdog:
     def _dump_flight_recorder(self) -> None:
         """PyTorch's flight-recorder rings of this rank, into the log folder (JSON)."""
         try:
-            dump = flight_recorder_dump()
+            dump = internals.flight_recorder_dump()
             for entry in dump.get("entries", []):
                 for f in entry.get("frames") or []:
                     # The source the rank can read now, so that the report needs no file.
