@@ -1,5 +1,5 @@
 """Realistic DDP workload for the bench: a 3.0 M-parameter CNN with BatchNorm, trained with
-``bucket_cap_mb=0.5`` on 2 gloo ranks (several gradient buckets and a buffer broadcast per step,
+``bucket_cap_mb=0.5`` (``--bucket-cap-mb``) on 2 gloo ranks (several gradient buckets and a buffer broadcast per step,
 steps of ~100 ms on this machine). Each rank prints one line ``BENCH {json}``: its CPU time over
 the measured steps (every thread of the process: ddpdoctor's included), the wall time and the
 median step time, and the number of collectives of one step.
@@ -81,6 +81,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=16, help="image side")
+    parser.add_argument("--bucket-cap-mb", type=float, default=0.5,
+                        help="DDP's bucket size (0.5: several buckets a step; DDP's default: 25)")
     parser.add_argument("--pace", type=float, default=0.0,
                         help="seconds per step: sleep out the rest (a job of N steps/s)")
     parser.add_argument("--ab", action="store_true",
@@ -89,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = DDP(cnn(), bucket_cap_mb=0.5)
+    model = DDP(cnn(), bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(args.batch, 3, args.size, args.size)

@@ -180,13 +180,23 @@ def stop_tagged(tag: str) -> None:
 @dataclass
 class JobResult:
     """One benchmark job: the ``BENCH`` line of every rank, the CPU time of the whole job
-    (launchers included, from the moment it started), and for ddpdoctor jobs the trace."""
+    (launchers included, from the moment it started), its wall time, the CPU the rest of the
+    machine used meanwhile, for ddpdoctor jobs the trace and the CPU of ddpdoctor's own
+    process (the launcher, its monitor and reporting)."""
 
     ranks: list[dict]
     job_cpu_s: float
+    wall_s: float = 0.0
+    others_cpu_s: float = float("nan")  # the machine's busy CPU less this job's
+    launcher_cpu_s: float = float("nan")
     trace_bytes: int = 0
     collective_lines: int = 0
     collective_bytes: int = 0
+
+    @property
+    def others_cores(self) -> float:
+        """The other tenants' CPU during the job, in cores."""
+        return self.others_cpu_s / self.wall_s if self.wall_s else float("nan")
 
     def median(self, key: str) -> float:
         return statistics.median(r[key] for r in self.ranks)
@@ -213,6 +223,38 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def machine_busy_cpu() -> float:
+    """CPU seconds every process of the machine has used since boot (``/proc/stat``: user,
+    nice, system, irq and softirq time; NaN where there is no such file)."""
+    try:
+        with open("/proc/stat") as fh:
+            fields = fh.readline().split()[1:]
+    except OSError:
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+# ``python -m ddpdoctor`` that writes its own process's CPU seconds (every thread, its children
+# not counted) to the file named by SELF_CPU_ENV as it exits (the CLI ends with os._exit).
+SELF_CPU_ENV = "DDPDOCTOR_BENCH_SELF_CPU"
+_SELF_CPU = f"""
+import os, resource, runpy, sys
+out = os.environ.pop({SELF_CPU_ENV!r})
+real_exit = os._exit
+def _exit(code):
+    if os.getpid() == launcher:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        with open(out, "w") as fh:
+            fh.write(repr(usage.ru_utime + usage.ru_stime))
+    real_exit(code)
+launcher = os.getpid()
+os._exit = _exit
+sys.argv[0] = "ddpdoctor"
+runpy.run_module("ddpdoctor", run_name="__main__", alter_sys=True)
+"""
+
+
 def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = None,
         timeout: float = 300.0, options: tuple[str, ...] = ()) -> JobResult:
     """Run ``script`` once on 2 gloo ranks: plain torchrun, under ``ddpdoctor run`` (with
@@ -223,14 +265,15 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
     environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag, "TMPDIR": str(work)})
     environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
     if kind == DOCTOR:
-        cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir", str(work / "logs"),
+        environ[SELF_CPU_ENV] = str(work / "launcher-cpu")
+        cmd = [sys.executable, "-c", _SELF_CPU, "run", "--logdir", str(work / "logs"),
                *options, "--nproc-per-node", "2", str(script), *args]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-port", str(free_port()), str(script), *args]
         if kind == DETAIL:
             environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
-    cpu0 = _children_cpu()
+    cpu0, busy0, wall0 = _children_cpu(), machine_busy_cpu(), time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
     except subprocess.TimeoutExpired:
@@ -244,8 +287,14 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
         if len(lines) != 2:
             raise JobFailed(f"{kind} job of {script.name} failed (exit {out.returncode}): "
                             + _last_error(out.stderr))
-        result = JobResult(sorted(lines, key=lambda r: r["rank"]), _children_cpu() - cpu0)
+        wall, job_cpu = time.perf_counter() - wall0, _children_cpu() - cpu0
+        result = JobResult(sorted(lines, key=lambda r: r["rank"]), job_cpu, wall,
+                           machine_busy_cpu() - busy0 - job_cpu)
         if kind == DOCTOR:
+            try:
+                result.launcher_cpu_s = float((work / "launcher-cpu").read_text())
+            except (OSError, ValueError):
+                pass
             result.trace_bytes, result.collective_lines, result.collective_bytes = \
                 _trace_stats(work / "logs")
         return result

@@ -143,3 +143,66 @@ def test_a_launch_command_after_the_double_dash(rest: list[str], typer_tail: lis
 def test_torchrun_options_before_a_launch_command_are_refused() -> None:
     with pytest.raises(UsageError, match="torchrun option"):
         split_run_args(["run", "--nproc-per-node", "2", "--", "accelerate", "launch", "t.py"])
+
+
+CACHE_LINES = [line.split() for line, *_ in LINES] + [
+    "--nnodes 1:4 --node-rank 1 --master-addr h --master-port 29600 --max-restarts 2 t.py".split(),
+    "--rdzv-backend c10d --rdzv-endpoint host:29400 --rdzv-id job --standalone -m pkg.mod".split(),
+    "--start-method fork --role trainer --shutdown-timeout 5 --virtual-local-rank t.py".split(),
+    ["--master-port", "not-a-number", "t.py"],
+    ["--start-method", "teleport", "t.py"],
+    ["--nproc-per-node", "2"],
+]
+
+
+def _read_with(parser_of: object, argv: list[str]) -> object:
+    try:
+        return vars(parser_of.parse_args(argv))  # type: ignore[attr-defined]
+    except UsageError as exc:
+        return ("error", str(exc).split(":")[0])
+
+
+@pytest.mark.parametrize("pet", [{}, {"PET_NPROC_PER_NODE": "3", "PET_STANDALONE": "1",
+                                      "PET_MASTER_PORT": "29999", "PET_NNODES": "2"}])
+def test_the_cached_torchrun_parser_reads_every_line_as_torchrun_does(
+        pet: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher reads torchrun's options with a parser rebuilt from a cached description
+    (no torch import); the first run describes the real one. Both read alike, PET_* included."""
+    from ddpdoctor.launch import torchrun_cache
+    from ddpdoctor.runtime import torch_internals
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name, value in pet.items():
+        monkeypatch.setenv(name, value)
+    first = torchrun_cache.parser()  # describes the real parser and writes the cache
+    cached = list((tmp_path / "ddpdoctor").glob("torchrun-options-*.json"))
+    assert len(cached) == 1
+    rebuilt = torchrun_cache.parser()  # read from the file
+    real = torch_internals.torchrun_parser()
+    table = torch_internals.parser_options
+    assert {k: v.nargs != 0 for k, v in table(rebuilt).items()} == \
+        {k: v.nargs != 0 for k, v in table(real).items()}
+    for argv in CACHE_LINES:
+        expected = _read_with(torchrun._raising(real), argv)
+        assert _read_with(torchrun._raising(rebuilt), argv) == expected, argv
+        assert _read_with(torchrun._raising(first), argv) == expected, argv
+    with pytest.raises(torchrun_cache.NeedsTorch):
+        rebuilt.parse_args(["--help"])
+
+
+def test_an_unreadable_torchrun_cache_falls_back_to_torchs_parser(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.launch import torchrun_cache
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    torchrun_cache.parser()
+    (path,) = (tmp_path / "ddpdoctor").glob("torchrun-options-*.json")
+    path.write_text('[{"options": ["--x"]')  # cut short
+    assert vars(torchrun_cache.parser().parse_args(["--nnodes", "2", "t.py"]))["nnodes"] == "2"
+    assert path.read_text().startswith("[{") and len(path.read_text()) > 100  # written again
+    os.chmod(tmp_path / "ddpdoctor", 0o500)  # read-only: the real parser, nothing raised
+    try:
+        path.unlink(missing_ok=True) if os.access(path.parent, os.W_OK) else None
+        assert torchrun_cache.parser().parse_args(["t.py"]).training_script == "t.py"
+    finally:
+        os.chmod(tmp_path / "ddpdoctor", 0o700)

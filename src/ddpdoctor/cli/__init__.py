@@ -25,8 +25,9 @@ app.registered_commands.sort(
 
 def main() -> None:
     """Console-script entry point."""
-    # ddpdoctor's own process imports torch (torchrun's argument parser); torch warns when
-    # numpy is missing, which nothing here needs.
+    # ddpdoctor's own process may import torch (torchrun's argument parser, described once
+    # per torch install; a store client on several nodes); torch warns when numpy is
+    # missing, which nothing here needs.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     for stream in (sys.stdout, sys.stderr):
         try:  # a report quoting a file name or message that is not valid UTF-8, piped
@@ -48,8 +49,8 @@ def main() -> None:
 
 def _exit(code: str | int | None) -> None:
     """Exit with ``code``. The interpreter's own teardown takes ~0.8 s once torch is imported
-    (``run`` reads torchrun's options with torch's parser) and ~0.2 s after ``diff`` of 1024
-    ranks (it frees every object read): nothing is left to clean up by then (every file the
+    (``run`` on a torch install for the first time, or on several nodes) and ~0.2 s after
+    ``diff`` of 1024 ranks (it frees every object read): nothing is left to clean up by then (every file the
     commands write is closed), so the output is flushed and the process ends at once."""
     number = code if isinstance(code, int) else (0 if code is None else 1)
     if isinstance(code, str):

@@ -3,7 +3,9 @@
 ``ddpdoctor run`` takes torchrun's options exactly as torchrun does — both spellings
 (``--nproc-per-node`` / ``--nproc_per_node``), ``=`` or a separate value, every option a
 torch release adds — because it asks ``torch.distributed.run.get_args_parser()`` which options
-exist and whether they take a value, then lets that parser read them. ddpdoctor's own options
+exist and whether they take a value, then lets that parser read them (rebuilt from a cached
+description, ``launch/torchrun_cache.py``, so that ddpdoctor's own process does not import
+torch on every run). ddpdoctor's own options
 (``--logdir``, ``--hang-timeout``, ...) are told apart by name; none of them is a torchrun
 option. The tokens reach torchrun verbatim.
 """
@@ -16,20 +18,25 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import NoReturn
 
+from ddpdoctor.launch import torchrun_cache
 from ddpdoctor.launch.options import UsageError
 from ddpdoctor.runtime import torch_internals
 
 
-@lru_cache(maxsize=1)
-def parser() -> argparse.ArgumentParser:
-    """torchrun's argument parser, made to raise :class:`UsageError` instead of exiting."""
-    p = torch_internals.torchrun_parser()
+def _raising(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``p``, made to raise :class:`UsageError` instead of exiting."""
 
     def error(message: str) -> NoReturn:
         raise UsageError(f"torchrun: {message}")
 
-    p.error = error
+    p.error = error  # type: ignore[method-assign]
     return p
+
+
+@lru_cache(maxsize=1)
+def parser() -> argparse.ArgumentParser:
+    """torchrun's argument parser (rebuilt from its cached description: no torch import)."""
+    return _raising(torchrun_cache.parser())
 
 
 def _takes_value(action: argparse.Action) -> bool:
@@ -172,5 +179,9 @@ class Torchrun:
 
 def read(tokens: list[str], script: str, args: list[str]) -> Torchrun:
     """torchrun's reading of ``tokens`` followed by the script (raises :class:`UsageError`)."""
-    values = parser().parse_args([*tokens, script, *args])
+    argv = [*tokens, script, *args]
+    try:
+        values = parser().parse_args(argv)
+    except torchrun_cache.NeedsTorch:  # an option the rebuilt parser cannot read: -h, ...
+        values = _raising(torch_internals.torchrun_parser()).parse_args(argv)
     return Torchrun(list(tokens), values)

@@ -217,6 +217,19 @@ def torchrun_parser() -> Any:
     return import_quietly(TORCHRUN_MODULE).get_args_parser()
 
 
+def torchrun_parser_sources() -> list[str]:
+    """The files torchrun's parser is made from, found without importing torch (empty where
+    torch is not installed): what a cached description of it depends on."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    root = list(spec.submodule_search_locations)[0]
+    files = [os.path.join(root, "distributed", name) for name in ("run.py", "argparse_util.py")]
+    return files if all(os.path.exists(f) for f in files) else []
+
+
 def parser_options(parser: Any) -> dict[str, Any]:
     """An ``argparse`` parser's actions by option string (argparse keeps no public map)."""
     return parser._option_string_actions
