@@ -1,8 +1,9 @@
 """Realistic DDP workload for the bench: a 3.0 M-parameter CNN with BatchNorm, trained with
-``bucket_cap_mb=0.5`` (``--bucket-cap-mb``) on 2 gloo ranks (several gradient buckets and a buffer broadcast per step,
-steps of ~100 ms on this machine). Each rank prints one line ``BENCH {json}``: its CPU time over
-the measured steps (every thread of the process: ddpdoctor's included), the wall time and the
-median step time, and the number of collectives of one step.
+``bucket_cap_mb=0.5`` (``--bucket-cap-mb``) on 2 gloo ranks (several gradient buckets and a
+buffer broadcast per step, steps of ~100 ms on this machine). Each rank prints one line
+``BENCH {json}``: its CPU time over the measured steps (every thread of the process:
+ddpdoctor's included), the wall time and the median step time, and the number of collectives
+of one step.
 """
 
 import argparse

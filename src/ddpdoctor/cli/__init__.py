@@ -50,8 +50,9 @@ def main() -> None:
 def _exit(code: str | int | None) -> None:
     """Exit with ``code``. The interpreter's own teardown takes ~0.8 s once torch is imported
     (``run`` on a torch install for the first time, or on several nodes) and ~0.2 s after
-    ``diff`` of 1024 ranks (it frees every object read): nothing is left to clean up by then (every file the
-    commands write is closed), so the output is flushed and the process ends at once."""
+    ``diff`` of 1024 ranks (it frees every object read): nothing is left to clean up by then
+    (every file the commands write is closed), so the output is flushed and the process ends
+    at once."""
     number = code if isinstance(code, int) else (0 if code is None else 1)
     if isinstance(code, str):
         print(code, file=sys.stderr)
