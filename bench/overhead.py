@@ -264,6 +264,9 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
     # TMPDIR: what torchrun and the ranks leave in the temporary folder goes with ``work``.
     environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag, "TMPDIR": str(work)})
     environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    # A user's install has its modules' bytecode cached: a job must not compile ddpdoctor's
+    # sources on every start because this shell says not to write bytecode.
+    environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if kind == DOCTOR:
         environ[SELF_CPU_ENV] = str(work / "launcher-cpu")
         cmd = [sys.executable, "-c", _SELF_CPU, "run", "--logdir", str(work / "logs"),

@@ -1,6 +1,10 @@
-"""Every performance figure of ddpdoctor in one table: ``python bench/run.py`` (``--quick``).
+"""Every performance figure of ddpdoctor: ``python bench/run.py`` (``--quick``).
 
-Each figure is a ratio against a baseline measured in the same invocation:
+First the headline, what a user sees (``whole_job.py``): whole jobs of plain torchrun and
+``ddpdoctor run`` in pairs, the median of the per-pair ratios with their interquartile range,
+the other tenants' CPU during each job, and ddpdoctor's own process's CPU per job-minute. Then
+the table that explains it, each figure a ratio against a baseline measured in the same
+invocation:
 
 a. caller-thread CPU µs per recorded collective (the recording process group around a backend
    that returns at once) against calling that backend directly; and the whole process's CPU
@@ -28,8 +32,8 @@ d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic
    splitting their lines, and the record-by-record reader (the code before the compact path)
    is measured once at 8 x 50,000, reading in one process (instead of worker processes,
    ``ddpdoctor.trace.parallel``) once at 64 x 50,000; at 1024 x 20,000 the whole ``ddpdoctor
-   diff`` command (start-up included), the median of 3. Each diagnosis must name the injected
-   divergence;
+   diff`` command (start-up included), the median of 3; and the same on copies of a real
+   job's traces (``real_traces.py``). Each diagnosis must name the injected divergence;
 e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout, and, for
    collectives that provably cannot match, with a 30 s hang timeout (target 2 s);
 f. trace bytes per collective on disk (CNN job); the trace of an hour at 10 steps/s with the
@@ -64,7 +68,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import overhead  # noqa: E402
+import real_traces  # noqa: E402
 import synth  # noqa: E402
+import whole_job  # noqa: E402
 from ddpdoctor.launch.options import RunOptions  # noqa: E402
 
 MB = 1024 * 1024
@@ -359,6 +365,37 @@ def _read_floor(folder: Path) -> float:
     return time.perf_counter() - t0
 
 
+def diff_real(work: Path, ranks: int = 1024) -> list[Row]:
+    """``ddpdoctor diff``, whole command, of copies of a real job's traces (``real_traces.py``:
+    ~20,000 collectives a rank, one rank's reduce op differing at ~#15,000)."""
+    folder = work / f"real-{ranks}"
+    say(f"d: recording a real job and copying its traces to {ranks} ranks")
+    info = real_traces.generate(folder, ranks)
+    floor = min(_read_floor(folder) for _ in range(2))
+    res = _diff_child(folder, "compact")
+    walls = []
+    for _ in range(WHOLE_RUNS):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "ddpdoctor", "diff", str(folder)],
+                             capture_output=True, text=True, timeout=600)
+        walls.append(time.perf_counter() - t0)
+    found = "reduce_op_mismatch" in out.stdout and f"rank {info['diverge_rank']} " in out.stdout
+    wall, rss = statistics.median(walls), res["maxrss_kb"] / 1024
+    scale = f"{ranks} ranks × {info['collectives']:,}, copies of a real job's traces"
+    return [
+        Row("d", f"diff wall, whole command {scale}", "read + split the bytes", floor, wall,
+            "s", "≤ 5 s", wall <= 5.0,
+            f"median of {WHOLE_RUNS} ({min(walls):.2f}–{max(walls):.2f} s); read "
+            f"{res['load']:.2f} s, compare+diagnose {res['diagnose']:.2f} s; "
+            f"{info['bytes'] / MB:,.0f} MB; "
+            f"{'divergence found' if found else 'DIVERGENCE NOT FOUND'}"),
+        Row("d", f"diff peak RSS, {scale}", "python + ddpdoctor imported",
+            _diff_child(None, "idle")["maxrss_kb"] / 1024, rss, "MB", "≤ 300 MB", rss <= 300,
+            f"this process + {res['workers']} workers' peaks (shared pages counted twice)"
+            if res["workers"] else ""),
+    ]
+
+
 def diff_scale(shapes: list[tuple[int, int]], legacy_at: tuple[int, int] | None,
                serial_at: tuple[int, int] | None, work: Path) -> list[Row]:
     rows: list[Row] = []
@@ -555,7 +592,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None,
                         help="rounds of alternating jobs for b (default 8, quick 3); c runs "
                              "3/4 as many")
-    parser.add_argument("--skip", default="", help="items to leave out, e.g. 'e,f'")
+    parser.add_argument("--skip", default="",
+                        help="items to leave out, e.g. 'e,f' ('job': the whole-job headline)")
     parser.add_argument("--hang-timeout", type=float, default=5.0)
     parser.add_argument("--workdir", default=None,
                         help="where to write synthetic traces (default: a temporary folder)")
@@ -569,7 +607,12 @@ def main() -> None:
     rows: list[Row] = []
     doctor_jobs: list[overhead.JobResult] = []
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-", dir=args.workdir))
+    headline = ""
     try:
+        if "job" not in skip:
+            say("headline: whole jobs, plain torchrun and ddpdoctor run in pairs")
+            headline = whole_job.tables(whole_job.run_pairs(4 if quick else 8,
+                                                            150 if quick else 300, say))
         single_us = None
         if "a" not in skip:
             rows += hot_path(3)
@@ -587,6 +630,8 @@ def main() -> None:
                 [(8, 12_500), (8, 50_000), (8, 200_000), (64, 50_000), (256, 50_000),
                  (1024, 20_000)]
             rows += diff_scale(shapes, (8, 50_000), (64, 50_000), work)
+            if not quick:
+                rows += diff_real(work)
         if "e" not in skip:
             rows += hang(1 if quick else 3, args.hang_timeout)
         if "f" not in skip and doctor_jobs:
@@ -604,7 +649,8 @@ def main() -> None:
               f"Python {platform.python_version()}, torch {_torch_version()}; "
               f"{'quick' if quick else 'full'} mode, {time.perf_counter() - started:.0f} s; "
               f"load average {load0[0]:.2f} before, {load1[0]:.2f} after")
-    text = header + "\n\n" + table(rows)
+    text = header + "\n\n" + (f"What a user sees, whole jobs:\n\n{headline}\n\n"
+                                 "How it splits:\n\n" if headline else "") + table(rows)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

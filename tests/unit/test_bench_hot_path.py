@@ -25,3 +25,59 @@ def test_the_hot_path_measurement_runs_and_records_every_call() -> None:
     # Recording does work the bare backend call does not: the wrapper is really in the path.
     assert 0 < result.plain_us < result.recorded_us
     assert result.cpu_us > 0 and result.recorded_wall_us > 0 and result.module_loop_us > 0
+
+
+def _bench_module(name: str) -> object:
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"ddpdoctor_bench_{name}",
+                                                      BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_the_headline_is_the_median_of_per_pair_ratios_and_met_only_inside_its_range() -> None:
+    whole = _bench_module("whole_job")
+    overhead = sys.modules["overhead"]
+
+    def job(step: float, cpu: float, others: float = 0.0, launcher: float = 0.3) -> object:
+        ranks = [{"rank": r, "step_ms": step, "cpu_s": cpu / 2, "steps": 300} for r in (0, 1)]
+        return overhead.JobResult(ranks, job_cpu_s=cpu + 5, wall_s=30.0,
+                                  others_cpu_s=others * 30.0, launcher_cpu_s=launcher)
+
+    pairs = [whole.Pair(job(50, 20), job(50 * r, 20 * r)) for r in (1.0, 1.005, 1.008, 1.02)]
+    step = whole.figures(pairs)[0]
+    assert step.ratios == [1.0, 1.005, 1.008, 1.02]
+    assert abs(step.median - 1.0065) < 1e-9
+    assert step.quartiles[1] > 1.01 and step.met is False  # median inside, range not: NO
+    quiet = whole.figures(pairs[:3])[0]
+    assert quiet.met is True
+    noisy = whole.Pair(job(50, 20, others=0.5), job(50, 20))
+    assert noisy.noisy and not pairs[0].noisy
+    assert whole.own_cpu_per_minute(pairs) == [0.6] * 4  # 0.3 CPU-s in a 30 s job
+    text = whole.tables(pairs + [noisy])
+    assert "| 5 | plain first |" in text and "| yes |" in text and "quiet pairs alone" in text
+
+
+def test_copies_of_real_traces_name_their_own_rank_and_keep_collective_lines() -> None:
+    real = _bench_module("real_traces")
+    header = b'{"kind": "header", "format": "ddpdoctor-trace", "version": 7, "rank": 0}\n'
+    group = (b'{"kind": "group", "t": 1.0, "group": "0", "ranks": [0, 1], "size": 2, '
+             b'"group_rank": 0, "backend": "gloo"}\n')
+    start = (b'{"kind": "process_start", "rank": 0, "local_rank": 0, "world_size": 2, '
+             b'"env": {"RANK": "0", "WORLD_SIZE": "2"}}\n')
+    import json
+
+    assert json.loads(real._rewrite(header, 9, 16))["rank"] == 9
+    g = json.loads(real._rewrite(group, 9, 16))
+    assert g["ranks"] == list(range(16)) and g["size"] == 16 and g["group_rank"] == 9
+    p = json.loads(real._rewrite(start, 9, 16))
+    assert (p["rank"], p["world_size"], p["env"]["RANK"], p["env"]["WORLD_SIZE"]) == \
+        (9, 16, "9", "16")
+    assert all(line.startswith(real._NAMED) for line in (header, group, start))
+    assert not b'{"id": 1, "kind": "collective"'.startswith(real._NAMED)
