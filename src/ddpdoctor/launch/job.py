@@ -72,6 +72,20 @@ class _Signals:
 FIRST_STATUS = 1.5  # seconds before the first progress update
 
 
+# Seconds between two reads of the traces. A poll costs ~1 ms of ddpdoctor's CPU (more with
+# many collectives a second): at the slow rate its own process stays under 1 CPU-second per
+# minute of the job (bench/whole_job.py). It polls fast once some rank is blocked or has
+# waited WAITED seconds in a collective (a DDP rank has one pending most of the time, for
+# milliseconds), so that a provable deadlock is still called within 2 s (bench/run.py, e).
+POLL_RUNNING = 0.5
+POLL_WAITING = 0.1
+WAITED = 0.3
+
+
+def _someone_waits(progress: JobProgress, now: float) -> bool:
+    return any(p.blocked or (p.waiting and now - min(q.seen for q in p.pending.values())
+                             >= WAITED) for p in progress.live())
+
 def _pump_terminal(fd: int, sink: Callable[[str, bool], None]) -> threading.Thread:
     """Forward what the job writes to its pseudo-terminal, as it arrives, to ``sink``."""
     def run() -> None:
@@ -130,8 +144,8 @@ def run_job(opts: RunOptions, logdir: Path,
             coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)
         while proc.poll() is None:
-            # Poll faster once some rank waits: a provable deadlock is called within 2 s.
-            time.sleep(0.1 if any(p.waiting for p in progress.live()) else 0.2)
+            time.sleep(POLL_WAITING if _someone_waits(progress, time.time())
+                       else POLL_RUNNING)
             now = time.time()
             progress.poll(now)
             if signals.received is not None:
