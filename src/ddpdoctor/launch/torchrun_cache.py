@@ -181,9 +181,11 @@ def parser() -> argparse.ArgumentParser:
             pass  # no cache yet, or one this code cannot read: the real parser writes it
     try:
         spec = _describe_real()
-        if spec is not None and path is not None:
-            _write(path, spec)
-            return build(spec)
-    except OSError:
+        if spec is not None:
+            rebuilt = build(spec)
+            if path is not None:
+                _write(path, spec)
+            return rebuilt
+    except Exception:  # noqa: BLE001 - a cache is an optimisation: never fail a run for it
         pass
     return torch_internals.torchrun_parser()
