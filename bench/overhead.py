@@ -347,6 +347,15 @@ def alternate(kinds: list[str], script: Path, args: list[str], rounds: int,
     return out, failed
 
 
+def interquartile(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles of ``values`` (the least and the greatest under 4)."""
+    r = sorted(values)
+    if len(r) < 4:
+        return r[0], r[-1]
+    q = statistics.quantiles(r, n=4)
+    return q[0], q[2]
+
+
 @dataclass
 class Paired:
     """A measure of two kinds over alternating rounds, as per-round ratios."""
@@ -366,11 +375,7 @@ class Paired:
     @property
     def low_high(self) -> tuple[float, float]:
         """The interquartile range of the per-round ratios (min–max under 4 rounds)."""
-        r = sorted(self.ratios)
-        if len(r) < 4:
-            return r[0], r[-1]
-        q = statistics.quantiles(r, n=4)
-        return q[0], q[2]
+        return interquartile(self.ratios)
 
     def spread(self) -> str:
         """'IQR ×0.98–1.03 of 8 rounds'."""

@@ -68,11 +68,7 @@ class Figure:
 
     @property
     def quartiles(self) -> tuple[float, float]:
-        r = sorted(self.ratios)
-        if len(r) < 4:
-            return r[0], r[-1]
-        q = statistics.quantiles(r, n=4)
-        return q[0], q[2]
+        return overhead.interquartile(self.ratios)
 
     @property
     def met(self) -> bool | None:
@@ -133,10 +129,10 @@ def tables(pairs: list[Pair]) -> str:
         lines.append(f"| {f.measure} | {f.base:.1f} {f.unit} | {f.value:.1f} {f.unit} | "
                      f"×{f.median:.3f} | ×{lo:.3f}–{hi:.3f} | {target} | {met} |")
     own = own_cpu_per_minute(pairs)
-    q = statistics.quantiles(own, n=4) if len(own) >= 4 else [min(own), 0, max(own)]
+    low, high = overhead.interquartile(own)
     lines.append(f"| ddpdoctor's own process, CPU per job-minute | — | "
-                 f"{statistics.median(own):.2f} CPU-s | | {q[0]:.2f}–{q[2]:.2f} | ≤ 1.00 | "
-                 f"{'yes' if q[2] <= 1.0 else 'NO'} |")
+                 f"{statistics.median(own):.2f} CPU-s | | {low:.2f}–{high:.2f} | ≤ 1.00 | "
+                 f"{'yes' if high <= 1.0 else 'NO'} |")
     lines += ["", f"{len(pairs)} pairs, {steps} steps each (plus 5 warm-up), DDP's default "
               f"buckets; a pair is noisy when others used more than {NOISY_CORES:.2f} cores "
               f"during either job.", "",
