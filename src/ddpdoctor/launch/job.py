@@ -144,8 +144,11 @@ def run_job(opts: RunOptions, logdir: Path,
             coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)
         while proc.poll() is None:
-            time.sleep(POLL_WAITING if _someone_waits(progress, time.time())
-                       else POLL_RUNNING)
+            try:  # returns as soon as the job ends: the report follows at once
+                proc.wait(POLL_WAITING if _someone_waits(progress, time.time())
+                          else POLL_RUNNING)
+            except subprocess.TimeoutExpired:
+                pass
             now = time.time()
             progress.poll(now)
             if signals.received is not None:
