@@ -384,7 +384,7 @@ def diff_real(work: Path, ranks: int = 1024) -> list[Row]:
     scale = f"{ranks} ranks × {info['collectives']:,}, copies of a real job's traces"
     return [
         Row("d", f"diff wall, whole command {scale}", "read + split the bytes", floor, wall,
-            "s", "≤ 5 s", wall <= 5.0,
+            "s", "≤ 5 s", wall <= 5.0 and found,
             f"median of {WHOLE_RUNS} ({min(walls):.2f}–{max(walls):.2f} s); read "
             f"{res['load']:.2f} s, compare+diagnose {res['diagnose']:.2f} s; "
             f"{info['bytes'] / MB:,.0f} MB; "
