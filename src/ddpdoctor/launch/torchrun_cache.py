@@ -31,6 +31,7 @@ from typing import Any
 from ddpdoctor.runtime import torch_internals
 
 FORMAT = 1  # of the cached description; part of the file's name
+_ENV = torch_internals.TORCHRUN_ENV_PREFIX
 _TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 # argparse's own action classes by name (the classes themselves are private to argparse).
 _ARGPARSE_KINDS = {"_StoreAction": "store", "_StoreTrueAction": "store_true",
@@ -47,7 +48,7 @@ class _Env(argparse.Action):
 
     def __init__(self, dest: str, default: Any = None, required: bool = False,
                  **kwargs: Any) -> None:
-        default = os.environ.get(f"PET_{dest.upper()}", default)
+        default = os.environ.get(_ENV + dest.upper(), default)
         super().__init__(dest=dest, default=default, required=required and not default,
                          **kwargs)
 
@@ -61,7 +62,7 @@ class _CheckEnv(argparse.Action):
     def __init__(self, dest: str, default: bool = False, **kwargs: Any) -> None:
         kwargs.pop("nargs", None)
         kwargs.pop("const", None)
-        default = bool(int(os.environ.get(f"PET_{dest.upper()}", "1" if default else "0")))
+        default = bool(int(os.environ.get(_ENV + dest.upper(), "1" if default else "0")))
         super().__init__(dest=dest, const=True, default=default, nargs=0, **kwargs)
 
     def __call__(self, parser: Any, namespace: Any, values: Any, option: Any = None) -> None:
@@ -78,11 +79,8 @@ def describe(parser: argparse.ArgumentParser) -> list[dict] | None:
     with no ``PET_*`` variable set, so that defaults are torch's own."""
     out = []
     for action in parser._actions:
-        cls = type(action)
-        if cls.__module__.startswith("torch.") and cls.__name__ in ("env", "check_env"):
-            kind = cls.__name__
-        else:
-            kind = _ARGPARSE_KINDS.get(cls.__name__, "unknown")
+        kind = torch_internals.torchrun_env_action(action) or \
+            _ARGPARSE_KINDS.get(type(action).__name__, "unknown")
         type_name = getattr(action.type, "__name__", None) if action.type else None
         default = action.default
         try:
@@ -149,7 +147,7 @@ def _cache_file() -> Path | None:
 
 
 def _describe_real() -> list[dict] | None:
-    saved = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith("PET_")]}
+    saved = {k: os.environ.pop(k) for k in [k for k in os.environ if k.startswith(_ENV)]}
     try:
         return describe(torch_internals.torchrun_parser())
     finally:

@@ -230,6 +230,21 @@ def torchrun_parser_sources() -> list[str]:
     return files if all(os.path.exists(f) for f in files) else []
 
 
+# torchrun's own argparse actions (torch.distributed.argparse_util): ``env`` takes its default
+# from PET_<DEST>, ``check_env`` is a flag whose default is PET_<DEST> (0 or 1).
+TORCHRUN_ENV_ACTIONS = ("env", "check_env")
+TORCHRUN_ENV_PREFIX = "PET_"
+
+
+def torchrun_env_action(action: Any) -> str | None:
+    """Which of :data:`TORCHRUN_ENV_ACTIONS` ``action`` is (None: another kind)."""
+    cls = type(action)
+    if cls.__module__ == "torch.distributed.argparse_util" and \
+            cls.__name__ in TORCHRUN_ENV_ACTIONS:
+        return cls.__name__
+    return None
+
+
 def parser_options(parser: Any) -> dict[str, Any]:
     """An ``argparse`` parser's actions by option string (argparse keeps no public map)."""
     return parser._option_string_actions
