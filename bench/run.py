@@ -41,7 +41,14 @@ f. trace bytes per collective on disk (CNN job); the trace of an hour at 10 step
    from the start; and a long all_reduce loop's traces with ``--max-trace-mb 0.25``;
 g. ``ddpdoctor diff`` wall time (start-up included) and peak RSS on the worst damaged inputs:
    2 GB sparse traces, a 2 GB fault file, absurd world sizes and sequence numbers, a line
-   nested 200,000 deep.
+   nested 200,000 deep;
+h. a whole job's log folders at scale (``--nodes``, default 2,048 nodes x 8 ranks x 10,000
+   collectives, ``synth.generate_nodes``): each node's folder as ``ddpdoctor run`` leaves it
+   (identical ranks as member files of the node's first, trace format 8), one rank diverging,
+   and again with the ranks in 4 behaviour classes (a group per block of nodes); the whole
+   ``ddpdoctor diff`` command over every folder (median of 3), its peak RSS, and ``ddpdoctor
+   timeline`` (one track per class of identical ranks). The baseline is what the same traces
+   weigh written whole.
 
 The machine's load average is printed before and after: other processes on the machine make
 every timing noisier (the alternation and the medians are there for that).
@@ -322,7 +329,8 @@ t1 = time.perf_counter()
 if sys.argv[2] == "idle":
     run = None
 else:
-    run = reader.load_run([sys.argv[1]])
+    from pathlib import Path as _Path
+    run = reader.load_run(sorted(_Path(sys.argv[1]).glob("node-*")) or [sys.argv[1]])
 t2 = time.perf_counter()
 report = diagnose(run) if run is not None else None
 t3 = time.perf_counter()
@@ -336,7 +344,8 @@ from pathlib import Path
 from ddpdoctor.trace import parallel, schema
 with open("/proc/self/status") as fh:
     hwm = next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
-files = [] if run is None else sorted(Path(sys.argv[1]).glob(schema.TRACE_GLOB))
+files = [] if run is None else sorted(Path(sys.argv[1]).glob(schema.TRACE_GLOB)) or \
+    sorted(Path(sys.argv[1]).glob("node-*/" + schema.TRACE_GLOB))
 workers = parallel.workers_for(files)
 hwm += workers * resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
 print(json.dumps({"load": t2 - t1, "diagnose": t3 - t2, "import": t1 - t0,
@@ -467,6 +476,64 @@ def diff_scale(shapes: list[tuple[int, int]], legacy_at: tuple[int, int] | None,
     return rows
 
 
+# -- h: a whole job's folders at scale ---------------------------------------------------------
+def diff_nodes(work: Path, nodes: int, per_node: int, colls: int,
+               classes: int) -> list[Row]:
+    """``ddpdoctor diff`` and ``ddpdoctor timeline`` over ``nodes`` folders as ``ddpdoctor
+    run`` leaves them (member files), one rank diverging, the ranks in ``classes`` classes."""
+    folder = work / f"nodes-{nodes}x{per_node}-{classes}"
+    ranks = nodes * per_node
+    say(f"h: generating {nodes} nodes x {per_node} ranks x {colls:,} collectives, "
+        f"{classes} class(es)")
+    t0 = time.perf_counter()
+    info = synth.generate_nodes(folder, nodes, per_node, colls, classes=classes)
+    say(f"h: {info['bytes'] / MB:,.0f} MB, {info['members']:,} member files, "
+        f"in {time.perf_counter() - t0:.0f} s; diff")
+    whole_mb = info["whole_bytes"] / MB
+    folders = [str(p) for p in sorted(folder.glob("node-*"))]
+    walls, out = [], None
+    for _ in range(WHOLE_RUNS):
+        t0 = time.perf_counter()
+        out = subprocess.run([sys.executable, "-m", "ddpdoctor", "diff", *folders],
+                             capture_output=True, text=True, timeout=900)
+        walls.append(time.perf_counter() - t0)
+    assert out is not None
+    res = _diff_child(folder, "compact")
+    d = info["diverge_rank"]
+    others = f"ranks 0-{d - 1}, {d + 1}-{ranks - 1}"
+    found = res["root"] is not None and res["root"][1] == info["diverge_seq"] and \
+        d in res["root"][2] and f"{others} issued" in out.stdout and f"rank {d} issued" in \
+        out.stdout
+    say("h: timeline")
+    t0 = time.perf_counter()
+    line = subprocess.run([sys.executable, "-m", "ddpdoctor", "timeline", "-o",
+                           str(work / "timeline.json"), *folders],
+                          capture_output=True, text=True, timeout=900)
+    timeline_wall = time.perf_counter() - t0
+    tracks = json.loads((work / "timeline.json").read_text())["metadata"]["tracks"] \
+        if line.returncode == 0 else -1
+    shutil.rmtree(folder, ignore_errors=True)
+    wall, rss = statistics.median(walls), res["maxrss_kb"] / 1024
+    scale = f"{nodes:,} nodes × {per_node} ranks × {colls:,}" + \
+        (f", {classes} behaviour classes" if classes > 1 else "")
+    return [
+        Row("h", f"diff wall, whole command, {scale}", "-", float("nan"), wall, "s",
+            "≤ 30 s", wall <= 30.0 and found,
+            f"median of {WHOLE_RUNS} ({min(walls):.1f}–{max(walls):.1f} s); read "
+            f"{res['load']:.1f} s, compare+diagnose {res['diagnose']:.1f} s; " +
+            (f"the report names {others} and rank {d}" if found
+             else "DIVERGENCE NOT NAMED")),
+        Row("h", f"diff peak RSS, {scale}", "-", float("nan"), rss, "MB", "≤ 2048 MB",
+            rss <= 2048, f"this process + {res['workers']} workers' peaks"),
+        Row("h", f"traces on disk, {scale}", "written whole", whole_mb,
+            info["bytes"] / MB, "MB", "", None,
+            f"{info['members']:,} of {ranks:,} ranks are member files"),
+        Row("h", f"timeline wall, {scale}", "-", float("nan"), timeline_wall, "s", "", None,
+            f"{tracks} track(s) for {ranks:,} ranks (one per class of identical ranks)"
+            if tracks > 0 else f"FAILED: {line.stderr[-300:]}"),
+    ]
+
+
 # -- g: diff on damaged inputs ---------------------------------------------------------------
 def _damaged_folder(folder: Path, kind: str) -> None:
     """Two ranks' traces, damaged as ``kind`` says (the worst inputs of the hardening issue)."""
@@ -595,6 +662,9 @@ def main() -> None:
     parser.add_argument("--skip", default="",
                         help="items to leave out, e.g. 'e,f' ('job': the whole-job headline)")
     parser.add_argument("--hang-timeout", type=float, default=5.0)
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="h: nodes of 8 ranks x 10,000 collectives (default 2048, about "
+                             "12 minutes and 11 GB of disk; quick 64)")
     parser.add_argument("--workdir", default=None,
                         help="where to write synthetic traces (default: a temporary folder)")
     parser.add_argument("--out", default=None, help="also write the table to this file")
@@ -639,6 +709,10 @@ def main() -> None:
                                5_000 if quick else 20_000)
         if "g" not in skip:
             rows += damaged(work)
+        if "h" not in skip:
+            nodes = args.nodes or (64 if quick else 2048)
+            for classes in (1, 4):
+                rows += diff_nodes(work, nodes, 8, 10_000, classes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows.sort(key=lambda row: row.item)  # c is measured before b, which uses it

@@ -26,13 +26,18 @@ like.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
-from dataclasses import dataclass
+import zlib
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.identical import class_lines
+from ddpdoctor.trace.shared_ref import SharedRef
 
 SCRIPT = "/work/job/train.py"
 BUCKETS = 5
@@ -114,7 +119,8 @@ BUCKET_OPS = tuple(Op("all_reduce", "ddp.bucket", ((n,),), ("float32",), "bwd", 
 LOG = Op("all_reduce", "user", ((1,),), ("float32",), "log", reduce_op="AVG", api="all_reduce")
 
 
-def schedule(n: int, diverge: bool, diverge_at: float) -> list[tuple[Op, int, int | None]]:
+def schedule(n: int, diverge: bool, diverge_at: float,
+             log: Op = LOG) -> list[tuple[Op, int, int | None]]:
     """(op, iteration, bucket) of a rank's first ``n`` collectives (``n + 2`` when it diverges:
     the evaluation adds two)."""
     out: list[tuple[Op, int, int | None]] = [(op, 0, None) for op in INIT]
@@ -127,7 +133,7 @@ def schedule(n: int, diverge: bool, diverge_at: float) -> list[tuple[Op, int, in
         out += [(BUF_F, iteration, None), (BUF_I, iteration, None)]
         out += [(op, iteration, b) for b, op in enumerate(BUCKET_OPS)]
         if iteration % LOG_EVERY == 0:
-            out.append((LOG, iteration, None))
+            out.append((log, iteration, None))
         iteration += 1
         if not evaluated and 0 <= eval_at <= len(out):
             # the DDP forward of evaluate(): a forward, so the iteration count moves on
@@ -138,8 +144,11 @@ def schedule(n: int, diverge: bool, diverge_at: float) -> list[tuple[Op, int, in
 
 
 def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
-               diverge_at: float, t0: float) -> list[str]:
-    """Every line of one rank's trace file."""
+               diverge_at: float, t0: float, blank: bool = False,
+               block: tuple[str, range] | None = None) -> list[str]:
+    """Every line of one rank's trace file; ``blank``: its collective and stack lines left
+    empty, as in a member file (format 8); ``block``: the rank logs its loss in a group of
+    its own block of ranks (name, ranks) instead of the default group."""
     lines = [json.dumps(schema.header(rank, run_id, 0))]
     lines.append(json.dumps({
         "kind": schema.PROCESS_START, "t": t0, "rank": rank, "local_rank": rank % 8,
@@ -149,14 +158,21 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
     lines.append(json.dumps({"kind": schema.GROUP, "t": t0, "group": "0", "desc": "default_pg",
                              "ranks": list(range(world)), "size": world, "group_rank": rank,
                              "backend": "gloo"}))
+    if block is not None:
+        lines.append(json.dumps({"kind": schema.GROUP, "t": t0, "group": block[0],
+                                 "desc": "undefined", "ranks": list(block[1]),
+                                 "size": len(block[1]), "group_rank": rank - block[1][0],
+                                 "backend": "gloo"}))
     stack_ids: dict[str, int] = {}
     statics: dict[Op, str] = {}
-    sched = schedule(n, diverge, diverge_at)
+    sched = schedule(n, diverge, diverge_at,
+                     LOG if block is None else dataclasses.replace(LOG, group=block[0]))
     t = t0 + 1.0 + rank * 1e-5
     ddp_logged = False
     still: list[int] = []  # ids the next ``done`` record lists as running
     late: list[int] = []  # slow buckets issued since the last ``done`` record
     issued: list[float] = []  # issue times since the last ``done`` record
+    seqs: dict[str, int] = {}  # per group, its last sequence number
     for cid, (op, iteration, bucket) in enumerate(sched, start=1):
         static = statics.get(op)
         if static is None:
@@ -164,7 +180,8 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
             if sid is None:
                 sid = stack_ids[op.stack] = len(stack_ids)
                 frames = [{"file": f, "line": ln, "function": fn} for f, ln, fn in STACKS[op.stack]]
-                lines.append(json.dumps({"kind": schema.STACK, "id": sid, "frames": frames}))
+                lines.append("" if blank else
+                             json.dumps({"kind": schema.STACK, "id": sid, "frames": frames}))
             static = statics[op] = static_json(op, sid)
         if not ddp_logged and iteration == 1:
             lines.append(json.dumps({
@@ -176,7 +193,9 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
             ddp_logged = True
         t += 0.0011
         last = diverge and cid > len(sched) - 2
-        lines.append(collective_line(cid, cid, iteration, "pending", bucket, static))
+        seq = seqs[op.group] = seqs.get(op.group, 0) + 1
+        lines.append("" if blank else
+                     collective_line(cid, seq, iteration, "pending", bucket, static))
         issued.append(round(t, 6))
         if last or (bucket == 0 and iteration % PENDING_EVERY == 0):
             late.append(cid)
@@ -222,17 +241,91 @@ def generate(out: str | os.PathLike, ranks: int, collectives: int, diverge_rank:
             "diverge_rank": diverge_rank, "diverge_seq": first_extra}
 
 
+def generate_nodes(out: str | os.PathLike, nodes: int, per_node: int, collectives: int,
+                   diverge_rank: int | None = None, diverge_at: float = 0.6,
+                   run_id: str = "synth", share: bool = True, classes: int = 1,
+                   on_node: Callable[[int], None] | None = None) -> dict:
+    """Write ``nodes`` folders ``node-<K>`` of ``per_node`` ranks each, as ``ddpdoctor run``
+    leaves them once each node's job has ended: with ``share``, every rank whose collective
+    lines are those of the node's first such rank is a member file of that rank's
+    (:mod:`ddpdoctor.trace.shared_lines`; ``tests/unit/test_shared_lines.py`` checks the bytes
+    are what it writes). ``classes``: the ranks fall in that many behaviour classes, blocks of
+    whole nodes, each logging its loss in a group of its own block (as tensor- or pipeline-
+    parallel groups do). Returns what :func:`generate` returns, and the member files."""
+    ranks = nodes * per_node
+    size = -(-nodes // classes) * per_node  # ranks in a block
+    blocks: list[tuple[str, range] | None] = [None] if classes <= 1 else \
+        [(str(j + 1), range(j * size, min(ranks, (j + 1) * size))) for j in range(classes)]
+    if diverge_rank is None:
+        diverge_rank = ranks // 2
+    t0 = 1_790_000_000.0
+    total = members = whole = 0
+    refs: dict[int, SharedRef] = {}  # per block, the class of its ranks but the diverging
+    for node in range(nodes):
+        folder = Path(out) / f"node-{node}"
+        folder.mkdir(parents=True, exist_ok=True)
+        holder = None
+        # In the order share_lines reads a folder: by file name (rank-10 before rank-8).
+        for rank in sorted(range(node * per_node, (node + 1) * per_node),
+                           key=schema.trace_filename):
+            diverge = rank == diverge_rank
+            j = rank // size if classes > 1 else 0
+            block = blocks[j]
+            if share and holder is not None and not diverge:
+                lines = rank_lines(rank, ranks, collectives, run_id, False, diverge_at, t0,
+                                   blank=True, block=block)
+                ref = SharedRef(holder, *astuple(refs[j])[1:])
+                data = ("\n".join(lines) + "\n").encode() + ref.line()
+                members += 1
+                whole += len(data) - len(ref.line()) - ref.lines + ref.length
+            else:
+                lines = rank_lines(rank, ranks, collectives, run_id, diverge, diverge_at, t0,
+                                   block=block)
+                data = ("\n".join(lines) + "\n").encode()
+                if share and not diverge and holder is None:
+                    holder = schema.trace_filename(rank)
+                    if j not in refs:
+                        common, _ = class_lines(data, data.find(b"\n") + 1)
+                        refs[j] = SharedRef(holder, common.count(b"\n"), len(common),
+                                            zlib.crc32(common))
+                whole += len(data)
+            (folder / schema.trace_filename(rank)).write_bytes(data)
+            total += len(data)
+        if on_node is not None:
+            on_node(node)
+    block = blocks[diverge_rank // size if classes > 1 else 0]
+    sched = schedule(collectives, True, diverge_at,
+                     LOG if block is None else dataclasses.replace(LOG, group=block[0]))
+    default = [op for op, _, _ in sched if op.group == "0"]  # its sequence numbers
+    first_extra = default.index(EVAL_F) + 1
+    return {"files": ranks, "bytes": total, "collectives": ranks * collectives,
+            "diverge_rank": diverge_rank, "diverge_seq": first_extra, "members": members,
+            "whole_bytes": whole}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="folder to write rank-<N>.jsonl into")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--collectives", type=int, default=50_000, help="per rank")
     parser.add_argument("--diverge-rank", type=int, default=None,
-                        help="the rank that evaluates alone (default: ranks // 3)")
+                        help="the rank that evaluates alone (default: ranks // 3; with "
+                             "--nodes, the middle rank)")
     parser.add_argument("--diverge-at", type=float, default=0.6)
+    parser.add_argument("--classes", type=int, default=1,
+                        help="with --nodes: behaviour classes, blocks of whole nodes that log "
+                             "their loss in a group of their own")
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="write this many node folders (node-<K>) of --ranks ranks each, "
+                             "as ddpdoctor run leaves them: identical ranks as member files")
     args = parser.parse_args()
     t0 = time.perf_counter()
-    info = generate(args.out, args.ranks, args.collectives, args.diverge_rank, args.diverge_at)
+    if args.nodes:
+        info = generate_nodes(args.out, args.nodes, args.ranks, args.collectives,
+                              args.diverge_rank, args.diverge_at, classes=args.classes)
+    else:
+        info = generate(args.out, args.ranks, args.collectives, args.diverge_rank,
+                        args.diverge_at)
     print(f"wrote {info['files']} traces, {info['bytes'] / 1e6:.1f} MB, "
           f"{info['bytes'] / info['collectives']:.0f} bytes per collective, "
           f"divergence on rank {info['diverge_rank']} at #{info['diverge_seq']} "

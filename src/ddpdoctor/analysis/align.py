@@ -216,10 +216,14 @@ def full_key(c: Collective, site: tuple | None) -> tuple:
 def _memberships(run: Run, names: set[str]) -> dict[str, dict[int, list[int]]]:
     """Per group: each rank's recorded member list."""
     views: dict[str, dict[int, list[int]]] = {}
+    ordered: dict[int, tuple[list[int], list[int]]] = {}  # ranks share equal lists (reader)
     for rank, trace in run.ranks.items():
         for name, group in trace.groups.items():
             if group.ranks:
-                views.setdefault(name, {})[rank] = sorted(group.ranks)
+                known = ordered.get(id(group.ranks))
+                if known is None:
+                    known = ordered[id(group.ranks)] = (group.ranks, sorted(group.ranks))
+                views.setdefault(name, {})[rank] = known[1]
     for name in names:
         views.setdefault(name, {})
     return views
@@ -227,7 +231,10 @@ def _memberships(run: Run, names: set[str]) -> dict[str, dict[int, list[int]]]:
 
 def _consensus(name: str, views: dict[int, list[int]], run: Run, users: set[int]) -> list[int]:
     if views:
-        counts = Counter(tuple(v) for v in views.values())
+        lists = {id(v): v for v in views.values()}  # most ranks share one list
+        counts: Counter[tuple[int, ...]] = Counter()
+        for i, n in Counter(id(v) for v in views.values()).items():
+            counts[tuple(lists[i])] += n
         return list(counts.most_common(1)[0][0])
     if name == DEFAULT_GROUP:
         return list(range(run.world_size))

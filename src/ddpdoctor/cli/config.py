@@ -48,6 +48,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "flight-recorder": ("flight_recorder", "bool"),
     "record-nccl": ("record_nccl", "bool"),
     "timeline": ("timeline_out", "str"),
+    "share-lines": ("share_lines", "bool"),
 }
 LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).

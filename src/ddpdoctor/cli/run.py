@@ -34,7 +34,13 @@ from ddpdoctor.launch.command import (
 )
 from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
-from ddpdoctor.launch.options import RunOptions, UsageError, check_options, check_script
+from ddpdoctor.launch.options import (
+    SHARE_FROM_RANKS,
+    RunOptions,
+    UsageError,
+    check_options,
+    check_script,
+)
 from ddpdoctor.render import live
 from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.json_report import JsonReporter
@@ -52,6 +58,7 @@ from ddpdoctor.trace.reader import (
     unreadable,
     wait_for_tails,
 )
+from ddpdoctor.trace.shared_lines import SharingDone, share_lines
 
 
 class Launcher(str, Enum):
@@ -141,6 +148,12 @@ def run_command(
         help="Record NCCL groups with ddpdoctor's own process-group wrapper (as gloo groups "
              "are) instead of PyTorch's flight recorder (checked on one GPU with "
              "scripts/gpu-check; a divergence between 2 NCCL ranks is not yet verified)."),
+    share_lines: Optional[bool] = typer.Option(
+        None, "--share-lines/--no-share-lines",
+        help="Once the job has ended, rewrite each rank whose collective lines are byte for "
+             "byte another rank's of the log folder as a short member file of that rank's "
+             "(trace format 8: a node of 8 identical ranks keeps its lines once). Default: "
+             f"on for jobs of {SHARE_FROM_RANKS} ranks or more."),
     expect_schedule: Optional[Path] = typer.Option(
         None, "--expect-schedule", metavar="FILE",
         help="Fail (exit 1) when the run's collective schedule differs from this file "
@@ -169,7 +182,7 @@ def run_command(
         max_steps=max_steps, max_trace_mb=max_trace_mb,
         expect_schedule=str(expect_schedule) if expect_schedule else None,
         reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
-        record_nccl=record_nccl)
+        record_nccl=record_nccl, share_lines=share_lines)
     name = " ".join(redact.mask_args([script, *(args or [])]))
 
     def usage_stop(message: str, logdir: Path | None = None) -> NoReturn:
@@ -252,6 +265,11 @@ def run_command(
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
     _write_ci_reports(result, junit_out, markdown_out)
+    if outcome.shared is not None and outcome.shared.members:
+        done = outcome.shared
+        say(f"{done.members} of {done.files} rank traces share their collective lines with "
+            f"another rank's, kept once: {done.bytes_before / 1e6:.1f} MB -> "
+            f"{done.bytes_after / 1e6:.1f} MB (--no-share-lines keeps every file whole)")
     say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     if not err.is_terminal and outcome.report is not None:
         # In a log the report may be far above the end: its verdict is the last line.
@@ -319,6 +337,7 @@ class RunOutcome:
     read_error: str | None = None
     teardown_only: bool = False
     schedule_diff: list[str] = field(default_factory=list)  # --expect-schedule differences
+    shared: SharingDone | None = None  # what --share-lines rewrote
 
 
 def prepare_run(opts: RunOptions) -> Path:
@@ -375,7 +394,11 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
         read_error = str(exc)
     except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback
         read_error = unreadable(exc)
-    return outcome_of(job, report, read_error, opts.ci_mode, changes)
+    outcome = outcome_of(job, report, read_error, opts.ci_mode, changes)
+    world = report.world_size if report is not None else 0
+    if opts.share_lines or (opts.share_lines is None and world >= SHARE_FROM_RANKS):
+        outcome.shared = share_lines(logdir)
+    return outcome
 
 
 def outcome_of(job: JobResult, report: Report | None, read_error: str | None, ci_mode: bool,

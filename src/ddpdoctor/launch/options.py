@@ -16,6 +16,10 @@ class UsageError(Exception):
     """Bad input from the user; the message is one line, shown without a traceback."""
 
 
+# Jobs of this many ranks or more keep identical ranks' collective lines once (--share-lines).
+SHARE_FROM_RANKS = 16
+
+
 @dataclass
 class RunOptions:
     """Everything ``ddpdoctor run`` was asked to do."""
@@ -40,6 +44,9 @@ class RunOptions:
     reports: bool = False  # --junit or --markdown: the run is a CI check
     flight_recorder: bool = False  # PyTorch's flight recorder instead of ddpdoctor's recorder
     record_nccl: bool = False  # wrap NCCL groups too (checked on one GPU)
+    # Rewrite identical ranks' traces as member files once the job has ended
+    # (trace/shared_lines.py): None decides by the job's size (SHARE_FROM_RANKS).
+    share_lines: bool | None = None
     _torchrun: Torchrun | None = field(default=None, repr=False)
 
     @property

@@ -8,18 +8,29 @@ to the end of its rank's trace. The root finding is marked on each rank involved
 arrows joining the collectives that met at the first divergence; a hang is marked where
 ddpdoctor asked for the stacks. Format: the "JSON Object Format" of the Trace Event Format
 (``traceEvents``, ``ph`` X/i/s/f/M, times in microseconds).
+
+A run of more than :data:`COLLAPSE_FROM` ranks draws one process per *class* of identical
+ranks instead (:func:`rank_classes`: the same collectives, from the same lines, ending the
+same way), named by its ranks ("ranks 0-8191, 8193-16383"), with the times of its lowest
+rank: 16,384 identical ranks are one track, and the rank that diverged is a track of its own.
 """
 
 from __future__ import annotations
 
 import json
+from array import array
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.analysis.terms import describe, op_text, site_text
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.model import Collective, Run
+from ddpdoctor.trace.index import index_of
+from ddpdoctor.trace.model import Collective, RankTrace, Run
+from ddpdoctor.trace.rank_text import rank_list
+
+COLLAPSE_FROM = 32  # ranks: a larger run draws one track per class of identical ranks
 
 
 def completion_times(path: str) -> dict[int, float]:
@@ -57,38 +68,53 @@ def _slice(c: Collective, pid: int, tid: int, end: float) -> dict[str, Any]:
                      "group": c.group, "state": c.state, "site": site_text(c.site)}}
 
 
+def rank_classes(run: Run) -> list[list[int]]:
+    """The ranks of ``run`` in classes of ranks that issued the same collectives (ops,
+    tensors, labels, source lines, groups, order) and ended the same way (finished or not,
+    the same collectives left incomplete); each class sorted, the classes by their lowest
+    rank."""
+    seen: dict[int, Hashable] = {}  # by id of a list or prototypes that ranks share
+
+    def once(obj: Any, key: Any) -> Hashable:
+        known = seen.get(id(obj))
+        if known is None:
+            known = seen[id(obj)] = key(obj)
+        return known
+
+    def codes_key(codes: list[int]) -> Hashable:
+        return array("q", codes).tobytes()
+
+    def protos_key(protos: Any) -> Hashable:
+        return tuple((p.group, describe(p), site_text(p.site)) for p in protos)
+
+    classes: dict[Hashable, list[int]] = {}
+    for rank, trace in sorted(run.ranks.items()):
+        index = index_of(trace.collectives)
+        groups = tuple((name, once(pos.codes, codes_key))
+                       for name, pos in sorted(index.by_group().items()))
+        ending = (trace.finished, trace.hang is not None,
+                  tuple(c.id for c in index.incomplete(8)))
+        key = (once(index.protos, protos_key), groups, len(index.p2p()), ending)
+        classes.setdefault(key, []).append(rank)
+    return sorted(classes.values())
+
+
 def build(run: Run, report: Report | None = None) -> dict[str, Any]:
     """The trace-event document of ``run`` (with ``report``'s root finding and hang marks)."""
     events: list[dict[str, Any]] = []
     tids: dict[str, int] = {}
     where: dict[tuple[int, str, int], dict] = {}
-    for rank, trace in sorted(run.ranks.items()):
+    tracks = rank_classes(run) if len(run.ranks) > COLLAPSE_FROM else \
+        [[rank] for rank in sorted(run.ranks)]
+    for ranks in tracks:
+        rank, trace = ranks[0], run.ranks[ranks[0]]
+        name = f"rank {rank}" if len(ranks) == 1 else \
+            f"{rank_list(ranks)} ({len(ranks)} identical ranks; rank {rank}'s times)"
         events.append({"name": "process_name", "ph": "M", "pid": rank,
-                       "args": {"name": f"rank {rank}"}})
+                       "args": {"name": name}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": rank,
                        "args": {"sort_index": rank}})
-        ends = completion_times(trace.path) if trace.version >= 3 else {}
-        colls = list(trace.collectives)
-        last = max((c.t for c in colls), default=0.0)
-        for key in ("hang", "exit", "exception"):
-            rec = getattr(trace, key) or {}
-            if isinstance(rec.get("t"), (int, float)):
-                last = max(last, float(rec["t"]))
-        for c in colls:
-            tid = tids.setdefault(c.group, len(tids))
-            end = c.t_end if isinstance(c.t_end, (int, float)) else ends.get(c.id)
-            if end is None:
-                end = last if c.state != schema.COMPLETED else c.t
-            event = _slice(c, rank, tid, end)
-            events.append(event)
-            if c.seq is not None:
-                where[(rank, c.group, c.seq)] = event
-        for group, tid in tids.items():
-            events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
-                           "args": {"name": f"group {group}"}})
-        if trace.hang and isinstance(trace.hang.get("t"), (int, float)):
-            events.append({"name": "hang: ddpdoctor asked for the stacks", "ph": "i", "s": "p",
-                           "pid": rank, "tid": 0, "ts": round(trace.hang["t"] * 1e6, 1)})
+        _draw_rank(trace, rank, events, tids, where)
     root = report.root if report is not None else None
     if root is not None and root.group is not None and root.seq is not None:
         matched = sorted((where[k] for k in where if k[1] == root.group and k[2] == root.seq),
@@ -105,7 +131,36 @@ def build(run: Run, report: Report | None = None) -> dict[str, Any]:
                            "ts": b["ts"]})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "metadata": {"verdict": report.verdict if report else None,
-                         "root": root.kind if root else None}}
+                         "root": root.kind if root else None, "ranks": len(run.ranks),
+                         "tracks": len(tracks)}}
+
+
+def _draw_rank(trace: RankTrace, rank: int, events: list[dict[str, Any]], tids: dict[str, int],
+               where: dict[tuple[int, str, int], dict]) -> None:
+    """One rank's slices (one thread per group) and hang mark, as process ``rank``; each
+    collective's slice is kept in ``where`` by (rank, group, seq)."""
+    ends = completion_times(trace.path) if trace.version >= 3 else {}
+    colls = list(trace.collectives)
+    last = max((c.t for c in colls), default=0.0)
+    for key in ("hang", "exit", "exception"):
+        rec = getattr(trace, key) or {}
+        if isinstance(rec.get("t"), (int, float)):
+            last = max(last, float(rec["t"]))
+    for c in colls:
+        tid = tids.setdefault(c.group, len(tids))
+        end = c.t_end if isinstance(c.t_end, (int, float)) else ends.get(c.id)
+        if end is None:
+            end = last if c.state != schema.COMPLETED else c.t
+        event = _slice(c, rank, tid, end)
+        events.append(event)
+        if c.seq is not None:
+            where[(rank, c.group, c.seq)] = event
+    for group, tid in tids.items():
+        events.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                       "args": {"name": f"group {group}"}})
+    if trace.hang and isinstance(trace.hang.get("t"), (int, float)):
+        events.append({"name": "hang: ddpdoctor asked for the stacks", "ph": "i", "s": "p",
+                       "pid": rank, "tid": 0, "ts": round(trace.hang["t"] * 1e6, 1)})
 
 
 def write(run: Run, report: Report | None, out: Path) -> int:

@@ -19,8 +19,10 @@ drops the whole line.
 
 from __future__ import annotations
 
+import itertools
 import math
 import mmap
+import zlib
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ from itertools import accumulate, compress, repeat
 from operator import add, ge, itemgetter, le, methodcaller, not_, sub
 from typing import BinaryIO
 
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import schema, shared_ref
 from ddpdoctor.trace.compact import (
     BLOCK,
     DONE_LINE,
@@ -41,6 +43,7 @@ from ddpdoctor.trace.compact import (
 from ddpdoctor.trace.model import RankTrace
 from ddpdoctor.trace.padding import file_size
 from ddpdoctor.trace.records import Fold
+from ddpdoctor.trace.shared_ref import BadMember, NeedsClass, SharedRef
 
 
 @dataclass
@@ -53,6 +56,19 @@ class RankClass:
     stack_lines: list[int]  # which of them are stack records
     reader: LineReader  # the first rank's pass: tails, prototypes, stacks, tail codes
     log: CollectiveLog  # the first rank's, which decodes for all
+    path: str = ""  # the file of the first rank
+    _crc: int | None = None
+
+    def crc(self) -> int:
+        """CRC-32 of the class's lines (what a member file's ``shared`` record names)."""
+        if self._crc is None:
+            self._crc = zlib.crc32(self.common)
+        return self._crc
+
+    def ref(self, name: str) -> SharedRef:
+        """The ``shared`` record of a member of this class whose folder holds its lines in
+        the file ``name``."""
+        return SharedRef(name, len(self.starts) - 1, len(self.common), self.crc())
 
     def own_records(self, data: bytes | mmap.mmap, start: int) -> list[tuple[int, bytes]] | None:
         """The records of its own in the file ``data`` (from byte ``start``), each with the
@@ -121,6 +137,7 @@ class Shared:
 
     codes: dict[bytes, list[int]] = field(default_factory=dict)
     classes: list[RankClass] = field(default_factory=list)
+    by_path: dict[str, RankClass] = field(default_factory=dict)  # files read as a class's
 
     def class_of(self, data: bytes | mmap.mmap, start: int) -> tuple[RankClass, list] | None:
         """The class whose lines the file ``data`` holds, with the file's own records."""
@@ -137,7 +154,8 @@ class Shared:
             return False
         while self.classes and (len(self.classes) >= MAX_CLASSES or size + sum(
                 len(c.common) for c in self.classes) > MAX_CLASS_BYTES):
-            del self.classes[0]
+            gone = self.classes.pop(0)
+            self.by_path = {p: c for p, c in self.by_path.items() if c is not gone}
         return True
 
 
@@ -149,25 +167,38 @@ MAX_CLASS_BYTES = 64 * 1024 * 1024  # and the bytes they hold, at most
 BULK_MAX = 32 * 1024 * 1024
 
 
+Membership = tuple[RankClass, list[tuple[int, bytes]]]  # a class, and a member's own records
+
+
 def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
-                pool: Shared) -> None:
+                pool: Shared) -> Membership | None:
     """Fill ``trace`` (format 4) from the open trace file ``fh``, from byte ``start``, as
     :func:`~ddpdoctor.trace.compact.read_compact` does: from its own records alone when its
-    other lines are a known class's, else by reading it in full (and founding a class).
-    Raises :class:`~ddpdoctor.trace.compact.NotCompact` as that function does."""
+    other lines are a known class's (or, a member file of format 8, were left empty for the
+    class's file to hold), else by reading it in full (and founding a class). Returns the
+    class and the rank's own records when its file holds a known class's lines in full.
+    Raises :class:`~ddpdoctor.trace.compact.NotCompact` as that function does,
+    :class:`~ddpdoctor.trace.shared_ref.NeedsClass` for a member file read before the file
+    that holds its lines, and :class:`~ddpdoctor.trace.shared_ref.BadMember` for one whose
+    lines cannot be joined back."""
     size = file_size(fh)
     if truncated or not start < size <= BULK_MAX:
         read_compact(trace, fh, start, truncated, pool.codes)
-        return
+        return None
     # Mapped, not read: a member of a known class is compared with it in place (a copy of
     # the file would cost more than the comparison). Trace files are only appended to; the
     # mapping ends where the data does (before a killed writer's padding).
     with mmap.mmap(fh.fileno(), size, flags=_MAP_FLAGS, prot=mmap.PROT_READ) as mapped:
         whole = mapped[-1:] == b"\n"  # else the file grew since it was looked at
+        ref = shared_ref.find(mapped, size) if whole and trace.version >= 8 else None
+        if ref is not None:
+            trace.collectives = _read_member(trace, mapped, start, ref[0], ref[1], pool)
+            return None
         found = pool.class_of(mapped, start) if whole else None
         if found is not None:
             trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
-            return
+            pool.by_path[trace.path] = found[0]
+            return found
         mapped.seek(start)
         reader = read_compact(trace, mapped, start, truncated, pool.codes)  # type: ignore[arg-type]
         log = trace.collectives
@@ -176,7 +207,34 @@ def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
                 pool.room(len(mapped) - start):
             cls = _new_class(mapped, start, reader, log)
             if cls is not None:
+                cls.path = trace.path
                 pool.classes.append(cls)
+                pool.by_path[trace.path] = cls
+    return None
+
+
+def _read_member(trace: RankTrace, data: mmap.mmap, start: int, ref: SharedRef, end: int,
+                 pool: Shared) -> CollectiveLog:
+    """The log of a member file (format 8): its empty lines are the lines of the class read
+    from the file ``ref`` names, its other lines (up to byte ``end``, where the ``shared``
+    record begins) its own records."""
+    held_in = ref.path_beside(trace.path)
+    cls = pool.by_path.get(held_in)
+    if cls is None:
+        raise NeedsClass(held_in)
+    if (cls.crc(), len(cls.common), len(cls.starts) - 1) != (ref.crc32, ref.length, ref.lines):
+        raise BadMember(f"{trace.path}: its collective lines were kept in {ref.file}, which "
+                        f"now holds other lines (it was changed or replaced)")
+    lines = data[start:end].split(b"\n")
+    lines.pop()  # past the last line end
+    own_lines = list(compress(lines, lines))
+    if len(lines) - len(own_lines) != ref.lines or \
+            not all(map(bytes.startswith, own_lines, repeat(_RANK_RECORD))) or \
+            any(map(bytes.startswith, own_lines, repeat(_STACK_LINE))):
+        raise BadMember(f"{trace.path}: a member file whose lines do not fit {ref.file}'s "
+                        f"(a damaged file)")
+    own = list(zip(map(sub, compress(itertools.count(), lines), itertools.count()), own_lines))
+    return _member_log(trace, cls, own, start, data, blank=True)
 
 
 _STACK_LINE = b'{"kind": "stack", '
@@ -193,6 +251,26 @@ def _new_class(data: mmap.mmap, start: int, reader: LineReader,
     its lines but its own records (``{"kind": `` begins every line but a collective line,
     and no JSON value can hold that text: a quote inside a string is escaped), when the
     reader took every one of them for a collective or a stack record; else None."""
+    common, own = class_lines(data, start)
+    starts = array("q", [0])
+    stack_lines: list[int] = []
+    end = common.find(b"\n")
+    while end >= 0:  # once per class: the offsets its members are read by
+        if common.startswith(_STACK_LINE, starts[-1]):
+            stack_lines.append(len(starts) - 1)
+        starts.append(end + 1)
+        end = common.find(b"\n", end + 1)
+    codes = log.codes
+    if len(starts) - 1 - len(stack_lines) != len(codes) or \
+            len(reader.others) != len(stack_lines) + own:
+        return None
+    return RankClass(common, starts, stack_lines, reader, log)
+
+
+def class_lines(data: bytes | mmap.mmap, start: int) -> tuple[bytes, int]:
+    """The lines of the whole file ``data`` from byte ``start`` that a class of ranks shares
+    (every line but the rank's own records), joined, and how many own records were left
+    out."""
     find = data.find
     own = 0
     with memoryview(data) as view:
@@ -212,26 +290,15 @@ def _new_class(data: mmap.mmap, start: int, reader: LineReader,
         common = b"".join(pieces)
         for piece in pieces:
             piece.release()
-    starts = array("q", [0])
-    stack_lines: list[int] = []
-    end = common.find(b"\n")
-    while end >= 0:  # once per class: the offsets its members are read by
-        if common.startswith(_STACK_LINE, starts[-1]):
-            stack_lines.append(len(starts) - 1)
-        starts.append(end + 1)
-        end = common.find(b"\n", end + 1)
-    codes = log.codes
-    if len(starts) - 1 - len(stack_lines) != len(codes) or \
-            len(reader.others) != len(stack_lines) + own:
-        return None
-    return RankClass(common, starts, stack_lines, reader, log)
+    return common, own
 
 
 def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], start: int,
-                data: bytes | mmap.mmap) -> CollectiveLog:
+                data: bytes | mmap.mmap, blank: bool = False) -> CollectiveLog:
     """The log of a rank whose collective and stack lines are its class's: its ``own``
     records (each after so many class lines) folded at the line numbers they have in its
-    file (``data``), the rest shared."""
+    file (``data``), the rest shared. ``blank``: the file is a member file, whose class
+    lines are empty."""
     first = cls.reader
     reader = LineReader(trace, False)
     reader.stacks, reader.fold = first.stacks, Fold(first.stacks)
@@ -260,7 +327,8 @@ def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], 
     common, sparse = cls.common, reader.sparse
     for k, line_no in enumerate(range(BLOCK, total + 1, BLOCK)):
         p = bisect_left(own_lines, line_no)  # own records before it
-        offset = start + starts[line_no - 1 - p] + sizes[p]
+        j = line_no - 1 - p  # class lines before it
+        offset = start + (j if blank else starts[j]) + sizes[p]
         sparse.append(offset)
         if k % 16 and line_no + BLOCK <= total:
             continue
@@ -268,8 +336,9 @@ def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], 
         # class line's.
         if p < len(own_lines) and own_lines[p] == line_no:
             head = lines[p][:32]
+        elif blank:
+            head = b"\n"
         else:
-            j = line_no - 1 - p
             head = common[starts[j]:min(starts[j] + 32, starts[j + 1] - 1)]
         if data[offset - 1:offset + len(head)] != b"\n" + head:
             raise NotCompact("line offsets out of step")
@@ -327,3 +396,25 @@ def _fold_in_bulk(reader: LineReader, lines: list[bytes], counts: list[int],
         clock.index = array("q", bytes(8 * len(firsts)))
         clock.sorted = all(map(le, map(add, firsts, lengths), firsts[1:]))
     return True
+
+
+def expand_member(path: str, ref: SharedRef) -> bytes:
+    """The member file at ``path`` with its empty lines filled from the file ``ref`` names,
+    and its ``shared`` record left out: the file as the rank wrote it, for the record-by-record
+    reader. Raises :class:`~ddpdoctor.trace.shared_ref.BadMember` when that cannot be done."""
+    held_in = ref.path_beside(path)
+    try:
+        with open(path, "rb") as fh:
+            member = fh.read()
+        with open(held_in, "rb") as fh:
+            held = fh.read()
+    except OSError as exc:
+        raise BadMember(f"{path}: its collective lines were kept in {ref.file}, which cannot "
+                        f"be read ({exc.strerror})") from None
+    head_end = held.find(b"\n") + 1
+    common, _ = class_lines(held, head_end) if head_end and held.endswith(b"\n") else (b"", 0)
+    if (zlib.crc32(common), len(common), common.count(b"\n")) != \
+            (ref.crc32, ref.length, ref.lines):
+        raise BadMember(f"{path}: its collective lines were kept in {ref.file}, which now "
+                        f"holds other lines (it was changed or replaced)")
+    return shared_ref.joined(member, member.find(b"\n") + 1, common)

@@ -15,6 +15,7 @@ both paths build the same collectives.
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import os
 import re
@@ -24,12 +25,13 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ddpdoctor.trace import flight_recorder, padding, parallel, schema
+from ddpdoctor.trace import flight_recorder, padding, parallel, schema, shared_ref
 from ddpdoctor.trace.compact import NotCompact, read_compact
-from ddpdoctor.trace.identical import Shared, read_shared
+from ddpdoctor.trace.identical import Membership, Shared, expand_member, read_shared
 from ddpdoctor.trace.model import RankTrace, Run, is_internal_file
 from ddpdoctor.trace.rank_text import rank_list
 from ddpdoctor.trace.records import MAX_LINE, Fold, apply_record, is_int, line_chunks, parse_line
+from ddpdoctor.trace.shared_ref import BadMember, NeedsClass
 
 MAX_RANKS = 1 << 17  # a world size or rank beyond this is damage, not a job
 
@@ -140,20 +142,64 @@ def _regular(path: Path) -> None:
 
 def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
     """Read one rank's trace file (``pool`` lets ranks with identical collective sequences
-    share one copy of it, and read identical ranks' files by comparing bytes)."""
+    share one copy of it, and read identical ranks' files by comparing bytes). A member file
+    (format 8) is read through the file of its folder that holds its collective lines."""
+    _regular(path)
+    ref = shared_ref.of_file(str(path))
+    if ref is not None and pool is None:
+        pool = Shared()
+    try:
+        try:
+            trace = _read_fast(path, pool)
+        except NeedsClass as need:
+            _read_holder(Path(need.path), pool)
+            try:
+                trace = _read_fast(path, pool)
+            except NeedsClass:
+                trace = None
+        if trace is not None:
+            return trace
+        if ref is not None:
+            return _read_records(path, io.BytesIO(expand_member(str(path), ref)))
+        with open(path, "rb") as fh:
+            return _read_records(path, padding.open_data(fh))
+    except BadMember as exc:
+        raise TraceError(str(exc)) from None
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def _read_fast(path: Path, pool: Shared | None) -> RankTrace | None:
+    with open(path, "rb") as fh:
+        read = _read_compact(path, padding.open_data(fh), pool)
+    return read[0] if read is not None else None
+
+
+def membership(path: Path, pool: Shared) -> Membership | None:
+    """Read the trace file at ``path`` into ``pool``: the class of identical ranks whose lines
+    it holds in full, and its own records, when ``pool`` knew the class already; else None
+    (the file founded a class, or is read some other way). Raises :class:`TraceError` for a
+    file that is no trace."""
     _regular(path)
     try:
         with open(path, "rb") as fh:
-            trace = _read_compact(path, padding.open_data(fh), pool)
+            read = _read_compact(path, padding.open_data(fh), pool)
+    except (NeedsClass, BadMember):
+        return None  # a member file already
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
-    if trace is not None:
-        return trace
+    return read[1] if read is not None else None
+
+
+def _read_holder(path: Path, pool: Shared | None) -> None:
+    """Read the file holding a member's collective lines into ``pool``, unless it is a member
+    file itself (a member never holds another's lines) or cannot be read."""
+    if pool is None or shared_ref.of_file(str(path)) is not None:
+        return
     try:
-        with open(path, "rb") as fh:
-            return _read_records(path, padding.open_data(fh))
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+        read_rank(path, pool)
+    except TraceError:
+        pass  # the member is then unreadable, and says why
 
 
 # What the ranks read by this process share (a worker process's own copy, from the fork):
@@ -229,9 +275,11 @@ def _new_trace(path: Path, head: dict, truncated: bool) -> RankTrace:
                      cut=os.path.exists(schema.cut_marker(str(path))))
 
 
-def _read_compact(path: Path, fh: BinaryIO, pool: Shared | None) -> RankTrace | None:
-    """The fast path, reading the file in chunks; None when the file needs the record-by-
-    record path (which also reports a bad header)."""
+def _read_compact(path: Path, fh: BinaryIO,
+                  pool: Shared | None) -> tuple[RankTrace, Membership | None] | None:
+    """The fast path, reading the file in chunks, with the class of identical ranks whose
+    lines the file holds in full, if the pool knew one; None when the file needs the record-
+    by-record path (which also reports a bad header)."""
     first = fh.readline(MAX_LINE + 1)
     if not first.endswith(b"\n"):
         return None  # header only, cut off, or oversized: leave it to the other path
@@ -244,14 +292,15 @@ def _read_compact(path: Path, fh: BinaryIO, pool: Shared | None) -> RankTrace | 
         return None
     trace = _new_trace(path, head, truncated)
     fh.seek(len(first))
+    membership = None
     try:
         if pool is not None and trace.version >= 4:
-            read_shared(trace, fh, len(first), truncated, pool)
+            membership = read_shared(trace, fh, len(first), truncated, pool)
         else:
             read_compact(trace, fh, len(first), truncated)
     except NotCompact:
         return None
-    return trace
+    return trace, membership
 
 
 def fault_signal(path: Path) -> int | None:
@@ -379,9 +428,11 @@ def _read_ranks(files: list[Path], notes: list[str],
     rounds: dict[int, dict[int, RankTrace]] = {}
     earlier: dict[int, list[RankTrace]] = {}  # torchrun attempt -> its ranks' traces
     traces = parallel.in_batches(_read_batch, files, parallel.workers_for(files))
+    members = _MemberLists()
     for done, (path, trace) in enumerate(zip(files, traces), start=1):
         if on_file is not None:
             on_file(done, len(files))
+        members.share(trace)
         ranks = rounds.setdefault(trace.round, {})
         other = ranks.get(trace.rank)
         if other is not None:
@@ -399,6 +450,29 @@ def _read_ranks(files: list[Path], notes: list[str],
         notes.append(f"torchrun restarted the job: this report is attempt {latest}'s; in "
                      f"attempt {attempt}, {endings}{more}")
     return dict(sorted(rounds.items()))
+
+
+class _MemberLists:
+    """Makes the equal member lists of ranks read by worker processes one list again: each
+    batch of ranks comes with its own copy (the reader of one process shares them,
+    ``records.parse_line``), and 16,384 ranks' copies of a 16,384-rank default group would
+    hold the job's square in memory."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[list[int], list[int]]] = {}  # group -> (seen, kept)
+        self.kept: dict[tuple[int, ...], list[int]] = {}
+
+    def share(self, trace: RankTrace) -> None:
+        for name, group in trace.groups.items():
+            if len(group.ranks) < 256:
+                continue
+            seen = self.last.get(name)
+            if seen is not None and group.ranks is seen[0]:  # the same batch as the last
+                group.ranks = seen[1]
+                continue
+            kept = self.kept.setdefault(tuple(group.ranks), group.ranks)
+            self.last[name] = (group.ranks, kept)
+            group.ranks = kept
 
 
 def _ending_text(trace: RankTrace) -> str:

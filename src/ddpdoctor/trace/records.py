@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO, TypeGuard
+from typing import Any, BinaryIO, TypeGuard
 
 from ddpdoctor.trace import ops, schema
 from ddpdoctor.trace.model import (
@@ -73,10 +73,58 @@ def parse_line(raw: bytes) -> object:
     """The decoded JSON of one line; None when it is not JSON (or too long to be a record)."""
     if len(raw) > MAX_LINE:
         return None
+    if raw.startswith(_GROUP_LINE):
+        return _parse_group(raw)
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
         return None
+
+
+# Every rank of a job records its groups' member lists, the default group's holding every
+# rank: at 16,384 ranks that is 16,384 numbers on every rank's line, and decoding, checking and
+# keeping a list per rank costs the whole job's square. Lists written alike are decoded once
+# and shared by every rank that wrote them (they are never changed).
+_GROUP_LINE = b'{"kind": "%s", ' % schema.GROUP.encode()
+_RANKS_KEY = b'"ranks": ['
+_MEMBER_LISTS: dict[bytes, list[int] | None] = {}  # the list's text -> the list, None if bad
+_SHARED_LISTS: set[int] = set()  # ids of the lists in _MEMBER_LISTS, checked already
+_MAX_MEMBER_LISTS = 64
+
+
+def _parse_group(raw: bytes) -> object:
+    begin = raw.find(_RANKS_KEY)
+    end = raw.find(b"]", begin) + 1 if begin >= 0 else 0
+    if end <= 0 or end - begin < 4096:  # a short list: decoded as it is
+        try:
+            return json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            return None
+    text = raw[begin + len(_RANKS_KEY) - 1:end]
+    members = _MEMBER_LISTS.get(text, _MISSING)
+    if members is _MISSING:
+        try:
+            value = json.loads(text)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            value = None
+        members = value if isinstance(value, list) and \
+            all(is_int(r) and 0 <= r < MAX_RANKS for r in value) else None
+        if len(_MEMBER_LISTS) >= _MAX_MEMBER_LISTS:
+            _MEMBER_LISTS.clear()
+            _SHARED_LISTS.clear()
+        _MEMBER_LISTS[text] = members
+        if members is not None:
+            _SHARED_LISTS.add(id(members))
+    try:
+        rec = json.loads(raw[:begin + len(_RANKS_KEY) - 1] + b"0" + raw[end:])
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if isinstance(rec, dict) and "ranks" in rec:
+        rec["ranks"] = members if members is not None else "damaged"
+    return rec
+
+
+_MISSING: Any = object()
 
 
 @dataclass
@@ -153,6 +201,7 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
         elif kind == schema.GROUP:
             members = rec.get("ranks", [])
             if not isinstance(rec["group"], str) or not isinstance(members, list) or \
+                    id(members) not in _SHARED_LISTS and \
                     not all(is_int(r) and 0 <= r < MAX_RANKS for r in members):
                 return False
             trace.groups[rec["group"]] = Group(rec["group"], str(rec.get("desc", "")), members)

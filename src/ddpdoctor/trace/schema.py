@@ -30,7 +30,12 @@ FORMAT = "ddpdoctor-trace"
 #    ``recvs`` (elements to and from each rank of the group: the split sizes of all_to_all,
 #    the lists of gather and scatter), ``row`` (elements per row of all_to_all_single) and
 #    ``tag`` (a point-to-point op's tag, when not 0). Versions 3 to 6 are read as before.
-VERSION = 7
+# 8: a file may be a *member* of another rank's file of the same folder (``ddpdoctor run``
+#    rewrites a rank whose collective and stack lines are byte for byte another's once the
+#    job has ended, ``trace/shared_lines.py``): each of those lines is left empty, and the
+#    last line is a ``shared`` record naming the file that holds them. The lines of version 7
+#    otherwise. Versions 3 to 7 are read as before.
+VERSION = 8
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
 # damaged, not padded.
 PAD_MAX = 256 * 1024
@@ -55,6 +60,7 @@ DONE = "done"  # every collective with id <= upto completed, except those listed
 ACTIVITY = "activity"  # the rank is outside collectives: where its main thread is, its CPU
 PEERS = "peers"  # several nodes: every rank's state, read from the job's c10d store
 THREAD_EXCEPTION = "thread_exception"  # a thread of the rank died: its name, error and frames
+SHARED = "shared"  # the last line of a member file: which file holds its empty lines (version 8)
 
 # The layout of a collective line, which the writer (``runtime/writer.py``) formats by hand and
 # the reader's fast path (``trace/compact.py``) relies on byte for byte: these fields in this

@@ -1,0 +1,105 @@
+"""Once a job has ended, keep the collective lines that ranks share once per folder (format 8).
+
+Data-parallel ranks issue the same collectives from the same lines, and from format 4 on they
+write them byte for byte alike: a node of 8 ranks writes its collective lines 8 times, and a
+2,048-node job of 10,000 collectives 43 GB of traces that no machine reads in seconds.
+:func:`share_lines` rewrites every rank of a log folder whose collective and ``stack`` lines
+are, in full, those of a rank read before it (:func:`~ddpdoctor.trace.reader.membership`) as a
+*member file*: the same header and own records (``done``, ``activity``, ``exit``, ...) on the
+same lines, each shared line left empty, and a last ``shared`` record naming the file that holds
+them (:mod:`ddpdoctor.trace.shared_ref`). A member is read by comparing nothing and decoding
+nothing of the shared lines. Nothing else is rewritten: the first rank of each class, a rank
+whose lines differ anywhere, a damaged, cut, capped or still growing file.
+
+Each rewrite is checked before it replaces the file: the member's lines joined back with the
+class's must give the original bytes. The new file is written beside the old one and renamed
+over it, so a launcher killed in between leaves the original.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddpdoctor.trace import schema
+from ddpdoctor.trace.identical import RankClass, Shared
+from ddpdoctor.trace.reader import TraceError, membership
+from ddpdoctor.trace.shared_ref import joined
+
+
+@dataclass
+class SharingDone:
+    """What :func:`share_lines` did to a folder."""
+
+    files: int = 0  # trace files looked at
+    members: int = 0  # rewritten as member files
+    bytes_before: int = 0  # of every trace file looked at
+    bytes_after: int = 0
+
+
+def share_lines(logdir: str | os.PathLike) -> SharingDone:
+    """Rewrite the rank traces in ``logdir`` whose collective lines another rank's file of the
+    folder holds in full as member files of that file (see the module's text)."""
+    done = SharingDone()
+    pool = Shared()
+    for path in sorted(Path(logdir).glob(schema.TRACE_GLOB)):
+        try:
+            size = path.stat().st_size
+            done.files += 1
+            done.bytes_before += size
+            found = membership(path, pool)
+        except (TraceError, OSError):
+            found = None
+            size = 0
+        if found is not None and _rewrite(path, *found):
+            done.members += 1
+            size = path.stat().st_size
+        done.bytes_after += size
+    return done
+
+
+def member_bytes(original: bytes, start: int, cls: RankClass,
+                 own: list[tuple[int, bytes]], holder: str) -> bytes:
+    """The member file of a rank whose file ``original`` holds its header up to byte
+    ``start``, then ``cls``'s lines with its ``own`` records (each after so many class lines)
+    among them; ``holder``: the name of the file of its folder that holds ``cls``'s lines."""
+    parts = [original[:start]]
+    before = 0
+    for lines, line in own:
+        parts.append(b"\n" * (lines - before))
+        parts.append(line + b"\n")
+        before = lines
+    parts.append(b"\n" * (len(cls.starts) - 1 - before))
+    parts.append(cls.ref(holder).line())
+    return b"".join(parts)
+
+
+def _rewrite(path: Path, cls: RankClass, own: list[tuple[int, bytes]]) -> bool:
+    """Replace ``path`` by its member file, when its class's first file lies in the same
+    folder and the member joins back to the very bytes it replaces."""
+    holder = Path(cls.path)
+    if holder.parent != path.parent or holder == path:
+        return False
+    try:
+        original = path.read_bytes()
+        start = original.find(b"\n") + 1
+        member = member_bytes(original, start, cls, own, holder.name)
+        if joined(member, start, cls.common) != original:
+            return False
+        tmp = path.with_name(f".{path.name}.shared")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(member)
+            if os.stat(path).st_size != len(original):
+                os.unlink(tmp)  # it grew meanwhile: a rank still writes
+                return False
+            os.replace(tmp, path)
+        except OSError:
+            if tmp.exists():
+                tmp.unlink()
+            return False
+    except OSError:
+        return False
+    return True
