@@ -188,3 +188,25 @@ def test_a_large_run_s_timeline_has_one_track_per_class_of_identical_ranks(
     assert {e["pid"] for e in marks} == {0, 21}
     assert report.findings[0].seq == info["diverge_seq"]
     assert doc["metadata"]["tracks"] == 2 and doc["metadata"]["ranks"] == 40
+
+
+def test_the_default_group_s_member_list_is_decoded_once_and_shared(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synth = _synth()
+    folder = tmp_path / "nodes"
+    synth.generate_nodes(folder, 40, 8, 60, diverge_rank=100)  # 320 ranks: a long list
+    bad = folder / "node-3" / "rank-24.jsonl"  # a founder: whole
+    assert shared_ref.of_file(str(bad)) is None
+    text = bad.read_text()
+    bad.write_text(text.replace('"ranks": [0, 1, 2,', '"ranks": [0, -1, 2,', 1))
+    monkeypatch.setattr(parallel, "_threads_running", lambda: False)
+    for workers in (False, True):
+        with monkeypatch.context() as m:
+            m.setattr(parallel, "MIN_BYTES", 0 if workers else 1 << 60)
+            m.setattr(parallel, "FILES_PER_TASK", 7)
+            run = load_run(sorted(folder.iterdir()))
+        lists = {id(t.groups["0"].ranks) for r, t in run.ranks.items() if r != 24}
+        assert len(lists) == 1, workers
+        assert run.ranks[0].groups["0"].ranks == list(range(320))
+        assert "0" not in run.ranks[24].groups and run.ranks[24].damaged_lines == 1
+        assert any("rank 24" in note for note in run.notes)

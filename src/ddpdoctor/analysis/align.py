@@ -449,7 +449,7 @@ def align(run: Run) -> Alignment:
         users = set(seqs.get(name, {})) | set(p2p.get(name, {}))
         members = _consensus(name, views[name], run, users)
         g = GroupAlignment(name, members, seqs.get(name, {}))
-        distinct = {tuple(v) for v in views[name].values()}
+        distinct = {tuple(v) for v in {id(v): v for v in views[name].values()}.values()}
         strays = users - set(members)
         if len(distinct) > 1 or strays:
             g.membership = dict(views[name])

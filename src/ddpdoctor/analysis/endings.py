@@ -148,17 +148,21 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     waiters: dict[int, Collective] = {}
     # The ranks still waiting, found once (not once per finished rank: 1024 ranks).
     waits: list[tuple[int, Collective, int]] = []
+    members: dict[str, set[int]] = {}  # per group, as a set (16,384 ranks: not a list)
     for other, o in states.items():
         w = o.waiting
         if o.status != rs.FINISHED and w is not None and w.seq is not None:
             waits.append((other, w, w.seq))
+            g = alignment.groups.get(w.group)
+            if g is not None and w.group not in members:
+                members[w.group] = set(g.members)
     for rank, s in sorted(states.items()):
         if s.status != rs.FINISHED:
             continue
         found = False
         for other, w, seq in waits:
             g = alignment.groups.get(w.group)
-            if g is not None and rank in g.members and g.length(rank) < seq:
+            if g is not None and rank in members[w.group] and g.length(rank) < seq:
                 waiters[other] = w
                 found = True
         if found:

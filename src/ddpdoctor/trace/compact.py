@@ -418,11 +418,16 @@ class CollectiveLog(Sequence[Collective]):
         protos, codes = self.protos, self.codes
         p2p = {i for i, p in enumerate(protos) if is_p2p(p)}
         names = {p.group for i, p in enumerate(protos) if i not in p2p}
-        if p2p:
+        twin = self._twin
+        if twin is not None and twin.codes is codes and twin.protos is protos:
+            # The same lines: the same positions (16,384 ranks of several groups would each
+            # hold a copy).
+            self.p2p_ordinals, self.groups = twin.p2p_ordinals, twin.groups
+        elif p2p:
             self.p2p_ordinals = [k for k, c in enumerate(codes) if c in p2p]
-        if len(names) == 1 and not p2p:
+        if not self.groups and len(names) == 1 and not p2p:
             self.groups[names.pop()] = (codes, None)
-        else:
+        elif not self.groups:
             for name in names:
                 members = {i for i, p in enumerate(protos) if p.group == name and i not in p2p}
                 ordinals = [k for k, c in enumerate(codes) if c in members]

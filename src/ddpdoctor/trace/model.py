@@ -6,6 +6,7 @@ These are plain dataclasses so that tests can build runs by hand (see
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -40,6 +41,7 @@ def numel(shapes: Sequence[Sequence[int]]) -> int:
     return sum(math.prod(shape) for shape in shapes)
 
 
+@functools.lru_cache(maxsize=4096)  # asked for every frame of every rank's collectives
 def is_internal_file(path: str) -> bool:
     """Whether ``path`` is not the user's own code: torch, ddpdoctor, an installed library or
     the Python standard library."""
