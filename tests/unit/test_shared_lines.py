@@ -106,6 +106,21 @@ def test_what_is_left_whole(tmp_path: Path) -> None:
     assert _report(load_run([shared])) == _report(load_run([whole]))
 
 
+def test_files_too_large_to_found_a_class_are_not_read_for_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.trace import reader, shared_lines
+
+    whole = writer_job(tmp_path / "whole", None, world=3, iterations=40, eval_rank=None)
+    read: list[Path] = []
+    real = reader.membership
+    monkeypatch.setattr(shared_lines, "membership",
+                        lambda path, pool: read.append(path) or real(path, pool))
+    monkeypatch.setattr(shared_lines, "BULK_MAX", 100)
+    done = share_lines(whole)
+    assert (done.files, done.members, read) == (3, 0, [])
+    assert done.bytes_after == done.bytes_before
+
+
 def test_a_member_whose_lines_are_gone_or_changed_is_unreadable(tmp_path: Path) -> None:
     whole = writer_job(tmp_path / "whole", None, world=3, iterations=60, eval_rank=None)
     gone = _shared_copy(whole, tmp_path / "gone")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.identical import RankClass, Shared
+from ddpdoctor.trace.identical import BULK_MAX, RankClass, Shared
 from ddpdoctor.trace.reader import TraceError, membership
 from ddpdoctor.trace.shared_ref import joined
 
@@ -48,7 +48,8 @@ def share_lines(logdir: str | os.PathLike) -> SharingDone:
             size = path.stat().st_size
             done.files += 1
             done.bytes_before += size
-            found = membership(path, pool)
+            # A file over BULK_MAX is never a class's (read in chunks): not read for nothing.
+            found = membership(path, pool) if size <= BULK_MAX else None
         except (TraceError, OSError):
             found = None
             size = 0
