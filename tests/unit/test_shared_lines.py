@@ -90,6 +90,20 @@ def test_identical_ranks_are_members_of_the_first_and_twice_is_once(tmp_path: Pa
     assert _fields(load_run([shared])) == _fields(load_run([whole]))
 
 
+@pytest.mark.parametrize("kept", [0, 1])
+def test_a_file_forgotten_as_a_holder_is_read_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: int) -> None:
+    from ddpdoctor.trace import identical
+
+    whole = writer_job(tmp_path / "whole", None, world=4, iterations=80, eval_rank=None)
+    shared = _shared_copy(whole, tmp_path / "shared")
+    share_lines(shared)
+    # 1: each member finds its file forgotten and reads it again; 0: not even then (its lines
+    # are joined back and read record by record).
+    monkeypatch.setattr(identical, "MAX_PATHS", kept)
+    assert _fields(load_run([shared])) == _fields(load_run([whole]))
+
+
 def test_what_is_left_whole(tmp_path: Path) -> None:
     whole = writer_job(tmp_path / "whole", None, world=4, iterations=80, eval_rank=None)
     data = (whole / "rank-1.jsonl").read_bytes()

@@ -147,6 +147,14 @@ class Shared:
                 return cls, own
         return None
 
+    def remember(self, path: str, cls: RankClass) -> None:
+        """The file ``path`` holds ``cls``'s lines (member files of its folder name it): the
+        last :data:`MAX_PATHS` files are kept (a member is read close to its file; one read
+        after it was forgotten reads the file again)."""
+        self.by_path[path] = cls
+        if len(self.by_path) > MAX_PATHS:
+            del self.by_path[next(iter(self.by_path))]
+
     def room(self, size: int) -> bool:
         """Make room for a class of ``size`` bytes, the oldest classes given up for it;
         False when it cannot be kept at all."""
@@ -160,6 +168,7 @@ class Shared:
 
 
 MAX_CLASSES = 4  # classes kept at once (each holds its lines' bytes)
+MAX_PATHS = 64  # files remembered as holding a class's lines
 MAX_CLASS_BYTES = 64 * 1024 * 1024  # and the bytes they hold, at most
 # A larger file is read in chunks, never whole: a class holds its lines' bytes, and a file is
 # mapped while it is compared, so memory would grow with the file (8 ranks × 200,000
@@ -197,7 +206,7 @@ def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
         found = pool.class_of(mapped, start) if whole else None
         if found is not None:
             trace.collectives = _member_log(trace, found[0], found[1], start, mapped)
-            pool.by_path[trace.path] = found[0]
+            pool.remember(trace.path, found[0])
             return found
         mapped.seek(start)
         reader = read_compact(trace, mapped, start, truncated, pool.codes)  # type: ignore[arg-type]
@@ -209,7 +218,7 @@ def read_shared(trace: RankTrace, fh: BinaryIO, start: int, truncated: bool,
             if cls is not None:
                 cls.path = trace.path
                 pool.classes.append(cls)
-                pool.by_path[trace.path] = cls
+                pool.remember(trace.path, cls)
     return None
 
 
