@@ -217,6 +217,19 @@ def test_a_large_run_s_timeline_has_one_track_per_class_of_identical_ranks(
     assert {e["pid"] for e in marks} == {0, 21}
     assert report.findings[0].seq == info["diverge_seq"]
     assert doc["metadata"]["tracks"] == 2 and doc["metadata"]["ranks"] == 40
+    # Read record by record (plain lists, an index made anew for each rank): the same.
+    from ddpdoctor.trace import reader
+    from ddpdoctor.trace.compact import NotCompact
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise NotCompact("record by record")
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(reader, "read_compact", refuse)
+        m.setattr(reader, "read_shared", refuse)
+        slow = load_run(sorted(folder.iterdir()))
+    assert isinstance(slow.ranks[3].collectives, list)
+    assert timeline.rank_classes(slow) == [[r for r in range(40) if r != 21], [21]]
 
 
 def test_the_default_group_s_member_list_is_decoded_once_and_shared(

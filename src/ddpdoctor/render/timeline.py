@@ -73,13 +73,15 @@ def rank_classes(run: Run) -> list[list[int]]:
     tensors, labels, source lines, groups, order) and ended the same way (finished or not,
     the same collectives left incomplete); each class sorted, the classes by their lowest
     rank."""
-    seen: dict[int, Hashable] = {}  # by id of a list or prototypes that ranks share
+    # By id of a list or prototypes that ranks share; each kept alive here, so that no other
+    # object can take its id.
+    seen: dict[int, tuple[Any, Hashable]] = {}
 
     def once(obj: Any, key: Any) -> Hashable:
         known = seen.get(id(obj))
-        if known is None:
-            known = seen[id(obj)] = key(obj)
-        return known
+        if known is None or known[0] is not obj:
+            known = seen[id(obj)] = (obj, key(obj))
+        return known[1]
 
     def codes_key(codes: list[int]) -> Hashable:
         return array("q", codes).tobytes()
