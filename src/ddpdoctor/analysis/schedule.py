@@ -124,7 +124,8 @@ def from_run(run: Run) -> Schedule:
     for rank in sorted(run.ranks):
         trace = run.ranks[rank]
         for name, group in trace.groups.items():
-            groups.setdefault(name, list(group.ranks))
+            if name not in groups:  # a copy per group, not per rank (16,384 ranks share one)
+                groups[name] = list(group.ranks)
         init, steady = [], []
         last = it or 0
         for c in trace.collectives:
