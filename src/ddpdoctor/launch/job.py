@@ -116,6 +116,7 @@ def _someone_waits(progress: JobProgress, now: float) -> bool:
     return any(p.blocked or (p.waiting and now - min(q.seen for q in p.pending.values())
                              >= WAITED) for p in progress.live())
 
+
 def _pump_terminal(fd: int, sink: Callable[[str, bool], None]) -> threading.Thread:
     """Forward what the job writes to its pseudo-terminal, as it arrives, to ``sink``."""
     def run() -> None:

@@ -90,6 +90,7 @@ _RANKS_KEY = b'"ranks": ['
 _MEMBER_LISTS: dict[bytes, list[int] | None] = {}  # the list's text -> the list, None if bad
 _SHARED_LISTS: set[int] = set()  # ids of the lists in _MEMBER_LISTS, checked already
 _MAX_MEMBER_LISTS = 64
+_MISSING: Any = object()
 
 
 def _parse_group(raw: bytes) -> object:
@@ -122,9 +123,6 @@ def _parse_group(raw: bytes) -> object:
     if isinstance(rec, dict) and "ranks" in rec:
         rec["ranks"] = members if members is not None else "damaged"
     return rec
-
-
-_MISSING: Any = object()
 
 
 @dataclass

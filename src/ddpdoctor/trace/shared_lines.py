@@ -18,6 +18,7 @@ over it, so a launcher killed in between leaves the original.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,16 +47,20 @@ def share_lines(logdir: str | os.PathLike) -> SharingDone:
     for path in sorted(Path(logdir).glob(schema.TRACE_GLOB)):
         try:
             size = path.stat().st_size
-            done.files += 1
-            done.bytes_before += size
+        except OSError:
+            continue
+        done.files += 1
+        done.bytes_before += size
+        try:
             # A file over BULK_MAX is never a class's (read in chunks): not read for nothing.
             found = membership(path, pool) if size <= BULK_MAX else None
-        except (TraceError, OSError):
-            found = None
-            size = 0
-        if found is not None and _rewrite(path, *found):
-            done.members += 1
-            size = path.stat().st_size
+        except TraceError:
+            found = None  # not a trace: left as it is
+        if found is not None:
+            written = _rewrite(path, *found)
+            if written is not None:
+                done.members += 1
+                size = written
         done.bytes_after += size
     return done
 
@@ -76,31 +81,29 @@ def member_bytes(original: bytes, start: int, cls: RankClass,
     return b"".join(parts)
 
 
-def _rewrite(path: Path, cls: RankClass, own: list[tuple[int, bytes]]) -> bool:
+def _rewrite(path: Path, cls: RankClass, own: list[tuple[int, bytes]]) -> int | None:
     """Replace ``path`` by its member file, when its class's first file lies in the same
-    folder and the member joins back to the very bytes it replaces."""
+    folder and the member joins back to the very bytes it replaces; its size, or None when
+    the file was left as it is."""
     holder = Path(cls.path)
     if holder.parent != path.parent or holder == path:
-        return False
+        return None
+    tmp = path.with_name(f".{path.name}.shared")
     try:
         original = path.read_bytes()
         start = original.find(b"\n") + 1
         member = member_bytes(original, start, cls, own, holder.name)
         if joined(member, start, cls.common) != original:
-            return False
-        tmp = path.with_name(f".{path.name}.shared")
+            return None
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(member)
-            if os.stat(path).st_size != len(original):
-                os.unlink(tmp)  # it grew meanwhile: a rank still writes
-                return False
-            os.replace(tmp, path)
-        except OSError:
-            if tmp.exists():
-                tmp.unlink()
-            return False
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(member)
+        if os.stat(path).st_size != len(original):  # it grew meanwhile: a rank still writes
+            tmp.unlink()
+            return None
+        os.replace(tmp, path)
+        return len(member)
     except OSError:
-        return False
-    return True
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return None
