@@ -76,7 +76,7 @@ class Op:
 
 
 def static_json(op: Op, stack_id: int) -> str:
-    """The static fields of a collective line, exactly as ``TraceWriter._encode_static``."""
+    """The static fields of a site record, exactly as ``TraceWriter._static_fields``."""
     numel = 0
     for shape in op.shapes:
         n = 1
@@ -95,12 +95,23 @@ def static_json(op: Op, stack_id: int) -> str:
     return json.dumps(out)[1:-1]
 
 
+def site_line(site_id: int, static: str) -> str:
+    """A site record (format 9), exactly as ``TraceWriter._encode_static`` writes it."""
+    return f'{{"kind": "{schema.SITE}", "id": {site_id}, {static}}}'
+
+
+def site_ref(site_id: int) -> str:
+    """How a collective line names its site (its last field)."""
+    return f'"{schema.SITE_REF}": {site_id}'
+
+
 def collective_line(cid: int, seq: int, iteration: int, state: str, bucket: int | None,
-                    static: str) -> str:
-    """One collective line, exactly as ``TraceWriter._encode_collective`` formats it."""
+                    ref: str) -> str:
+    """One collective line, exactly as ``TraceWriter.write_at`` formats it (``ref``: what
+    :func:`site_ref` gives)."""
     extra = "" if bucket is None else f', "bucket": {bucket}'
     return (f'{{"id": {cid}, "kind": "collective", "seq": {seq}, '
-            f'"iteration": {iteration}, "state": "{state}"{extra}, {static}}}')
+            f'"iteration": {iteration}, "state": "{state}"{extra}, {ref}}}')
 
 
 BUF_F = Op("broadcast", "ddp.buffers", ((1024,),), ("float32",), "fwd", root=0)
@@ -146,7 +157,7 @@ def schedule(n: int, diverge: bool, diverge_at: float,
 def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
                diverge_at: float, t0: float, blank: bool = False,
                block: tuple[str, range] | None = None) -> list[str]:
-    """Every line of one rank's trace file; ``blank``: its collective and stack lines left
+    """Every line of one rank's trace file; ``blank``: its collective, stack and site lines left
     empty, as in a member file (format 8); ``block``: the rank logs its loss in a group of
     its own block of ranks (name, ranks) instead of the default group."""
     lines = [json.dumps(schema.header(rank, run_id, 0))]
@@ -182,7 +193,8 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
                 frames = [{"file": f, "line": ln, "function": fn} for f, ln, fn in STACKS[op.stack]]
                 lines.append("" if blank else
                              json.dumps({"kind": schema.STACK, "id": sid, "frames": frames}))
-            static = statics[op] = static_json(op, sid)
+            lines.append("" if blank else site_line(len(statics), static_json(op, sid)))
+            static = statics[op] = site_ref(len(statics))
         if not ddp_logged and iteration == 1:
             lines.append(json.dumps({
                 "kind": schema.DDP_INIT, "t": t, "index": 0, "module": "Net",

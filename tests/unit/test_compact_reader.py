@@ -177,9 +177,33 @@ def _reorder(a: int, b: int):
 def _edit(index: int, old: bytes, new: bytes):
     def change(d: bytes) -> bytes:
         lines = _lines(d)
+        assert old in lines[index]  # a damage that changes nothing tests nothing
         lines[index] = lines[index].replace(old, new, 1)
         return b"\n".join(lines)
     return change
+
+
+def _nth(prefix: bytes, n: int, change_line):
+    """Change the ``n``-th line that begins with ``prefix`` (None: drop it)."""
+    def change(d: bytes) -> bytes:
+        lines = _lines(d)
+        i = [i for i, ln in enumerate(lines) if ln.startswith(prefix)][n]
+        new = change_line(lines[i])
+        assert new != lines[i]
+        lines[i:i + 1] = [] if new is None else [new]
+        return b"\n".join(lines)
+    return change
+
+
+def _move_after_use(d: bytes) -> bytes:
+    """A site record written after the first collective line that names it."""
+    lines = _lines(d)
+    i = next(i for i, ln in enumerate(lines) if ln.startswith(_SITE) and b'"id": 2,' in ln)
+    use = next(j for j in range(i, len(lines)) if lines[j].endswith(b'"site": 2}'))
+    return b"\n".join(lines[:i] + lines[i + 1:use + 1] + [lines[i]] + lines[use + 1:])
+
+
+_SITE = b'{"kind": "site", '
 
 
 def _swap_collectives(start: int):
@@ -207,12 +231,22 @@ DAMAGE = {
     "foreign-key-order": _insert(150, json.dumps(
         {"kind": "collective", "rank": 0, "id": 99999, "group": "0", "seq": 5,
          "op": "barrier", "label": "user", "state": "completed"}).encode()),
-    "collective-without-group": _edit(120, b'"group": "0", ', b""),
+    "site-without-group": _nth(_SITE, 1, lambda ln: ln.replace(b'"group": "0", ', b"")),
     "stack-redefined": _insert(700, b'{"kind": "stack", "id": 0, "frames": []}'),
+    "site-redefined": _nth(_SITE, 3, lambda ln: ln + b"\n" + ln.replace(b'"id": 3,',
+                                                                     b'"id": 0,')),
+    "lost-site-line": _nth(_SITE, 2, lambda ln: None),
+    "site-after-its-first-use": _move_after_use,
+    "collective-naming-no-site": _nth(b'{"id": 90, ', 0,
+                                      lambda ln: ln[:ln.rindex(b": ") + 2] + b"999}"),
+    "site-id-not-a-number": _nth(b'{"id": 95, ', 0,
+                                 lambda ln: ln[:ln.rindex(b": ") + 2] + b'"3"}'),
     "bad-state-record": _insert(300, b'{"kind": "state", "id": "x", "state": "completed"}'),
     "state-for-unknown-id": _insert(300, b'{"kind": "state", "id": 77777, "state": "failed", '
                                          b'"t": 5.0}'),
-    "bad-utf8-in-tail": _edit(130, b'"label": "ddp', b'"label": "\xff\xfeddp'),
+    "bad-utf8-in-site": _nth(_SITE, 2, lambda ln: ln.replace(b'"label": "', b'"label": "\xff\xfe')),
+    "bad-utf8-in-tail": _nth(b'{"id": 130, ', 0, lambda ln: ln.replace(b'"state": "p',
+                                                                       b'"state": "\xff\xfep')),
     "bad-number-in-head": _edit(140, b'"iteration": ', b'"iteration": 1.2.3'),
 }
 
@@ -223,6 +257,26 @@ def test_damaged_traces_read_the_same(job: Path, tmp_path: Path, name: str) -> N
         pytest.skip("a damaged variable head: the compact path keeps the collective its "
                     "tail describes (see trace/compact.py), the other path drops the line")
     _assert_same(_mutate(job, tmp_path / "logs", 0, DAMAGE[name]))
+
+
+def test_a_lost_site_line_loses_the_collectives_that_name_it(job: Path, tmp_path: Path) -> None:
+    """A collective whose site's line was lost is damage: counted, never read as another op
+    (format 9)."""
+    data = (job / "rank-0.jsonl").read_bytes()
+    site = [ln for ln in _lines(data) if ln.startswith(_SITE)][2]
+    sid = json.loads(site)["id"]
+    naming = [json.loads(ln)["id"] for ln in _lines(data)
+              if ln.startswith(b'{"id": ') and ln.endswith(b'"site": %d}' % sid)]
+    assert naming
+    whole = load_run([job]).ranks[0].collectives
+    run = _assert_same(_mutate(job, tmp_path / "logs", 0, DAMAGE["lost-site-line"]))
+    trace = run.ranks[0]
+    assert trace.damaged_lines >= len(naming)
+    by_id = {c.id: c for c in whole}
+    kept = list(trace.collectives)
+    assert kept and not {c.id for c in kept} & set(naming)
+    assert all((c.op, c.label, c.shapes) == (by_id[c.id].op, by_id[c.id].label,
+                                             by_id[c.id].shapes) for c in kept)
 
 
 def test_cut_off_anywhere_reads_the_same(job: Path, tmp_path: Path) -> None:
@@ -277,11 +331,13 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
             writer.works[cid] = "completed"
             assert written_id == cid
             sid = stacks.setdefault(op.stack, len(stacks))
+            wanted.append(synth.site_line(cid - 1, synth.static_json(op, sid)))
             wanted.append(synth.collective_line(cid, cid, 7, "pending", bucket,
-                                                synth.static_json(op, sid)))
+                                                synth.site_ref(cid - 1)))
     finally:
         writer.close()
-    written = [line for line in path.read_text().splitlines() if '"kind": "collective"' in line]
+    written = [line for line in path.read_text().splitlines()
+               if '"kind": "collective"' in line or '"kind": "site"' in line]
     assert written == wanted
     folder = tmp_path / "synth"
     info = synth.generate(folder, 3, 3000, diverge_rank=1)

@@ -246,7 +246,15 @@ def test_a_detail_keeps_the_last_collectives_of_each_group_and_the_end(tmp_path:
     assert lines[0]["kind"] == "header" and lines[0]["partial"] is True
     colls = [x for x in lines if x["kind"] == "collective"]
     assert len(colls) == 2 * detail.KEEP and colls[-1]["id"] == 50
-    assert {x["kind"] for x in lines} >= {"stack", "process_start", "done", "hang"}
+    assert {x["kind"] for x in lines} >= {"stack", "site", "process_start", "done", "hang"}
+    # The sites those collectives name come with them: read back, each is in its group.
+    other = tmp_path / "other"
+    _node(other, [1], 2)  # a node of its own ranks, given rank 0's detail
+    detail.write(other, 0, detail.extract(r.path))
+    remote = load_run([other]).ranks[0]
+    assert remote.remote and not remote.damaged_lines
+    kept = list(remote.collectives)
+    assert [(c.id, c.group) for c in kept] == [(x["id"], str((x["id"] - 1) % 2)) for x in colls]
 
 
 def test_a_node_that_cannot_reach_the_store_decides_nothing_and_the_report_says_so(

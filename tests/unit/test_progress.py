@@ -23,6 +23,7 @@ class Rank:
         self.path = folder / f"rank-{rank}.jsonl"
         self.rank, self.id = rank, 0
         self.seq: dict[str, int] = {}
+        self.sites: dict[tuple, int] = {}
         self._write({**schema.header(rank, "r", 0)},
                     {"kind": "process_start", "rank": rank, "world_size": world, "pid": 1},
                     {"kind": "stack", "id": 0, "frames": [{"file": "t.py", "line": 5 + rank,
@@ -36,10 +37,14 @@ class Rank:
     def coll(self, op: str = "all_reduce", shape: int = 4, group: str = "0") -> int:
         self.id += 1
         seq = self.seq[group] = self.seq.get(group, 0) + 1
-        self._write({"kind": "collective", "id": self.id, "rank": self.rank, "seq": seq,
-                     "iteration": 1, "t": T0, "state": "pending", "group": group, "op": op,
-                     "label": "user", "shapes": [[shape]], "dtypes": ["float32"],
-                     "numel": shape, "stack": 0})
+        site = self.sites.get((group, op, shape))
+        if site is None:  # its static part, once (format 9)
+            site = self.sites[(group, op, shape)] = len(self.sites)
+            self._write({"kind": "site", "id": site, "group": group, "op": op, "label": "user",
+                         "shapes": [[shape]], "dtypes": ["float32"], "numel": shape,
+                         "stack": 0})
+        self._write({"id": self.id, "kind": "collective", "seq": seq, "iteration": 1,
+                     "state": "pending", "site": site})
         return self.id
 
     def done(self, *pending: int) -> None:

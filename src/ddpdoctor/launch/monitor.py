@@ -29,7 +29,7 @@ from ddpdoctor.analysis.hang_rules import (
 )
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import Collective, Site, site_from
-from ddpdoctor.trace.records import collective_from
+from ddpdoctor.trace.records import collective_from, site_fields, with_site
 from ddpdoctor.trace.schema import Stop
 
 _READ_BLOCK = 64 * 1024
@@ -43,6 +43,7 @@ class _Tail:
         self.rank: int | None = None
         self.round = 0
         self.stacks: dict[int, list[Site]] = {}
+        self.sites: dict[int, dict] = {}  # format 9: static parts by site id
 
     def lines(self) -> list[bytes]:
         # A running rank's trace ends in the NUL bytes its writer has reserved (see
@@ -121,7 +122,7 @@ class JobProgress:
     def _apply(self, prog: RankProgress, tail: _Tail, rec: dict, now: float) -> None:
         kind = rec.get("kind")
         if kind == schema.COLLECTIVE:
-            c = collective_from(prog.rank, rec, tail.stacks)
+            c = collective_from(prog.rank, with_site(rec, tail.sites), tail.stacks)
             prog.last_op = f"{c.op} ({c.label})"
             prog.iteration = c.iteration or prog.iteration
             # Issuing is progress: a rank back from a long checkpoint that joins the barrier
@@ -147,6 +148,10 @@ class JobProgress:
                 self._complete(prog, now)
         elif kind == schema.STACK:
             tail.stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
+        elif kind == schema.SITE:
+            static = site_fields(rec)
+            if static is not None:
+                tail.sites[rec["id"]] = static
         elif kind == schema.GROUP:
             self.members[str(rec["group"])] = [int(r) for r in rec.get("ranks", [])]
         elif kind == schema.PROCESS_START:

@@ -1,7 +1,8 @@
 """Trace writer: each collective is on disk *before* it is issued; completions follow in bulk.
 
 The training thread encodes a collective's line (the part that repeats from iteration to
-iteration is encoded once per call site and cached) and stores it into a shared mapping of
+iteration is written once per call site, as a ``site`` record that the lines name by its id)
+and stores it into a shared mapping of
 the trace file (:mod:`ddpdoctor.runtime.trace_file`) before the backend runs the collective.
 Stored data lives in the kernel's page cache, so whatever way the rank dies afterwards — an
 exception, ``os._exit``, SIGABRT from gloo, SIGSEGV, SIGKILL — the collective it was in, and
@@ -53,7 +54,7 @@ class Site:
         self.tensors, self.reduce_op, self.root, self.peer = tensors, reduce_op, root, peer
         self.stack = stack
         self.meta = meta  # ((field, value), ...): sends, recvs, row, tag (schema version 7)
-        self.text = ""  # the static part of the line (the writer fills it in)
+        self.text = ""  # how its lines name its site record (the writer fills it in)
 
 
 class CollectiveRecord:
@@ -197,6 +198,7 @@ class TraceWriter:
         self._settled_id = 0  # the last id written when the writer thread last looked
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, Site] = {}
+        self._site_records = 0  # site records written (their ids: 0, 1, ...)
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
         self._lock = HotLock()
@@ -415,7 +417,17 @@ class TraceWriter:
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
     def _encode_static(self, site: Site, lines: list[str]) -> str:
-        """The static part of ``site``'s lines; its call stack's record first, when new."""
+        """What ``site``'s lines end with: ``"site": N``, after its ``site`` record (and its
+        call stack's record before that, when new) appended to ``lines``."""
+        site_id = self._site_records
+        self._site_records += 1
+        lines.append(f'{{"kind": "{schema.SITE}", "id": {site_id}, '
+                     f'{self._static_fields(site, lines)}}}')
+        return f'"{schema.SITE_REF}": {site_id}'
+
+    def _static_fields(self, site: Site, lines: list[str]) -> str:
+        """The static part of ``site`` as JSON fields (no braces); its call stack's record
+        appended to ``lines`` first, when new."""
         stack_id = self._stacks.get(site.stack)
         if stack_id is None:
             stack_id = self._stacks[site.stack] = len(self._stacks)

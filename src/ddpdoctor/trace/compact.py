@@ -2,11 +2,12 @@
 
 A long job writes tens of thousands of collective lines per rank that differ only in their
 ids (format 3: and times): the part the writer caches (group, op, label, tensors, stack; see
-``TraceWriter._encode_collective``) repeats. :func:`read_compact` therefore reads a trace file
-written in the writer's exact layout without decoding every line: each collective line is
-reduced to the bytes from its ``"state"`` field to its end, which are interned (one dict
-lookup per line), and only the first line of every distinct tail is decoded and checked
-field by field against the layout. What a rank keeps is a :class:`CollectiveLog`: one
+``TraceWriter._encode_static``; from format 9 a ``site`` record that the lines name) repeats.
+:func:`read_compact` therefore reads a trace file written in the writer's exact layout without
+decoding every line: each collective line is reduced to the bytes from its ``"state"`` field
+to its end, which are interned (one dict lookup per line), and only the first line of every
+distinct tail is decoded (with the site it names) and checked field by field against the
+layout. What a rank keeps is a :class:`CollectiveLog`: one
 prototype :class:`~ddpdoctor.trace.model.Collective` per distinct static part, a list of small
 ints (which prototype each collective is, shared by every rank whose list is identical) and a
 sparse index of line offsets. A full ``Collective`` (its id, seq, iteration, time, state) is
@@ -59,6 +60,7 @@ from ddpdoctor.trace.records import (
     parse_line,
     repeat_fields,
     run_member,
+    with_site,
 )
 
 # How a collective line begins, before its id: formats 4 and 5 (the same lines), and format 3.
@@ -87,7 +89,8 @@ DONE_LINE = re.compile(rb'\{"kind": "done", "t": (' + _NUMBER + rb'), "upto": ('
                         + schema.ISSUED.encode() + rb'": \[\[(' + _INT + rb'), \[')
 _ITERATION = re.compile(rb', "iteration": (\d+), "')  # in the head, before the tail
 _VARIABLE_TAIL = schema.COLLECTIVE_VARIABLE
-_TAIL_FIELDS = frozenset(schema.COLLECTIVE_VARIABLE + schema.COLLECTIVE_STATIC)
+_TAIL_FIELDS = frozenset(schema.COLLECTIVE_VARIABLE + schema.COLLECTIVE_STATIC
+                         + (schema.SITE_REF,))
 BLOCK = 64  # lines per entry of the sparse offset index
 
 
@@ -154,6 +157,7 @@ class CollectiveLog(Sequence[Collective]):
         self.protos = reader.protos
         self.codes = codes
         self.stacks = reader.stacks
+        self.sites = reader.fold.sites
         self.groups: dict[str, tuple[list[int], list[int] | None]] = {}
         self.p2p_ordinals: list[int] = []
         self.incomplete_ordinals: list[int] = []
@@ -388,7 +392,7 @@ class CollectiveLog(Sequence[Collective]):
     def _decode(self, raw: bytes, ordinal: int) -> Collective:
         try:
             rec = json.loads(raw.decode("utf-8"))
-            c = collective_from(self.rank, rec, self.stacks) \
+            c = collective_from(self.rank, with_site(rec, self.sites), self.stacks) \
                 if rec.get("kind") == schema.COLLECTIVE else None
             if c is not None and "t" not in rec:  # format 4
                 e = self.explicit(ordinal)
@@ -617,10 +621,16 @@ class LineReader:
         if (not isinstance(tail_rec, dict) or list(rec)[:len(head)] != head
                 or list(rec)[len(head):] != list(tail_rec)
                 or not set(tail_rec) <= _TAIL_FIELDS
-                or "stack" in rec and not (is_int(rec["stack"]) and rec["stack"] in self.stacks)
                 or tail_rec.get("state") not in (schema.PENDING, schema.COMPLETED,
                                                  schema.FAILED)):
             raise NotCompact("collective line outside the writer's layout")
+        try:  # a site named before its record: a lost line, read record by record
+            tail_rec = with_site(tail_rec, self.fold.sites)
+        except (KeyError, TypeError):
+            raise NotCompact("collective line naming no site") from None
+        if "stack" in tail_rec and not (is_int(tail_rec["stack"])
+                                        and tail_rec["stack"] in self.stacks):
+            raise NotCompact("collective line naming no stack")
         try:
             proto = collective_from(self.trace.rank, {**tail_rec, "id": 0}, self.stacks)
         except (KeyError, TypeError, ValueError):
@@ -667,6 +677,8 @@ class LineReader:
             return 0
         if kind == schema.STACK and (not is_int(rec.get("id")) or rec["id"] in self.stacks):
             raise NotCompact("stack redefined, or a stack id that is not a number")
+        if kind == schema.SITE and (not is_int(rec.get("id")) or rec["id"] in self.fold.sites):
+            raise NotCompact("site redefined, or a site id that is not a number")
         if kind == schema.REPEAT:
             if repeat_fields(rec) is None or self.members + rec["n"] > MAX_RUN_MEMBERS:
                 self._damaged(line)

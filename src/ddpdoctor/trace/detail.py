@@ -5,7 +5,7 @@ When a job of several nodes is stopped for a hang, the diagnosis on each node ne
 verdict names (``analysis/digest.py``), wherever they ran. The node that holds such a rank
 cuts from its trace what the analysis reads of the end of a run: the header, the records that
 describe the process and its groups, the last :data:`KEEP` collectives of each group (with
-the stack records they refer to) and what the rank did at the end (its last ``done``, hang,
+the site and stack records they refer to) and what the rank did at the end (its last ``done``, hang,
 exception, exit and warning records). Every other node writes that as
 ``remote-<rank>.jsonl`` in its log folder: a trace whose earlier positions are unknown (the
 header says ``"partial": true``), read beside the node's own traces. Standard library only.
@@ -37,7 +37,8 @@ def extract(path: Path, keep: int = KEEP) -> bytes:
     header["partial"] = True
     kept: list[tuple[int, bytes]] = []  # (line number, line)
     stacks: dict[int, tuple[int, bytes]] = {}
-    groups: dict[str, deque[tuple[int, bytes, int | None]]] = {}
+    sites: dict[int, tuple[int, bytes, dict]] = {}  # format 9: a site's line and record
+    groups: dict[str, deque[tuple[int, bytes, int | None, int | None]]] = {}
     last_done: tuple[int, bytes] | None = None
     for number, raw in enumerate(body.split(b"\n")):
         try:
@@ -48,21 +49,28 @@ def extract(path: Path, keep: int = KEEP) -> bytes:
             continue
         kind = rec.get("kind")
         if kind == schema.COLLECTIVE:
-            key = str(rec.get("group")) if rec.get("seq") is not None else "p2p"
-            stack = rec.get("stack")
+            site = rec.get(schema.SITE_REF)
+            site = site if isinstance(site, int) and site in sites else None
+            static = sites[site][2] if site is not None else rec
+            key = str(static.get("group")) if rec.get("seq") is not None else "p2p"
+            stack = static.get("stack")
             groups.setdefault(key, deque(maxlen=keep)).append(
-                (number, raw, stack if isinstance(stack, int) else None))
+                (number, raw, stack if isinstance(stack, int) else None, site))
         elif kind == schema.STACK and isinstance(rec.get("id"), int):
             stacks.setdefault(rec["id"], (number, raw))
+        elif kind == schema.SITE and isinstance(rec.get("id"), int):
+            sites.setdefault(rec["id"], (number, raw, rec))
         elif kind == schema.DONE:
             last_done = (number, raw)
         elif kind == schema.STATE:
             kept.append((number, raw))  # a failure: small, and rare
         elif kind in _DESCRIBE or kind in _END:
             kept.append((number, raw))
-    used = {stack for lines in groups.values() for _, _, stack in lines}
+    used = {stack for lines in groups.values() for _, _, stack, _ in lines}
     kept += [stacks[s] for s in used if s in stacks]
-    kept += [(n, raw) for lines in groups.values() for n, raw, _ in lines]
+    named = {site for lines in groups.values() for _, _, _, site in lines if site is not None}
+    kept += [sites[s][:2] for s in named]
+    kept += [(n, raw) for lines in groups.values() for n, raw, _, _ in lines]
     if last_done is not None:
         kept.append(last_done)
     kept.sort()

@@ -1,7 +1,8 @@
 """Ranks whose collective lines are byte for byte the same, read by comparing bytes (format 4).
 
 A format-4 collective line carries neither the rank nor a time, so ranks that issued the same
-collectives from the same lines wrote the same collective and ``stack`` lines; only their own
+collectives from the same lines wrote the same collective, ``stack`` and (format 9) ``site``
+lines; only their own
 records (``done``, ``activity``, ``exit``, ..., every line that begins with ``{"kind": ``)
 differ. The first rank of such a class is read in full
 (:func:`~ddpdoctor.trace.compact.read_compact`) and kept (:class:`Shared`, a few per
@@ -48,12 +49,12 @@ from ddpdoctor.trace.shared_ref import BadMember, NeedsClass, SharedRef
 
 @dataclass
 class RankClass:
-    """Ranks whose collective and ``stack`` lines are byte for byte the same (format 4):
-    what the first of them read, which the others share."""
+    """Ranks whose collective, ``stack`` and ``site`` lines are byte for byte the same
+    (format 4): what the first of them read, which the others share."""
 
     common: bytes  # those lines, in order
     starts: array  # the byte offset of each in ``common``, then len(common)
-    stack_lines: list[int]  # which of them are stack records
+    record_lines: list[int]  # which of them are stack or site records
     reader: LineReader  # the first rank's pass: tails, prototypes, stacks, tail codes
     log: CollectiveLog  # the first rank's, which decodes for all
     path: str = ""  # the file of the first rank
@@ -99,7 +100,7 @@ class RankClass:
                 if end < 0:
                     return None
                 line = data[pos:end]
-                if line.startswith(_STACK_LINE):  # a class line
+                if line.startswith(_CLASS_RECORDS):  # a class line
                     break
                 own.append((li, line))
                 pos = end + 1
@@ -239,16 +240,20 @@ def _read_member(trace: RankTrace, data: mmap.mmap, start: int, ref: SharedRef, 
     own_lines = list(compress(lines, lines))
     if len(lines) - len(own_lines) != ref.lines or \
             not all(map(bytes.startswith, own_lines, repeat(_RANK_RECORD))) or \
-            any(map(bytes.startswith, own_lines, repeat(_STACK_LINE))):
+            any(map(bytes.startswith, own_lines, repeat(_CLASS_RECORDS))):
         raise BadMember(f"{trace.path}: a member file whose lines do not fit {ref.file}'s "
                         f"(a damaged file)")
     own = list(zip(map(sub, compress(itertools.count(), lines), itertools.count()), own_lines))
     return _member_log(trace, cls, own, start, data, blank=True)
 
 
+# The records a class of ranks shares with its collective lines: they define what those
+# lines name (a call stack; from format 9 a site's static part).
 _STACK_LINE = b'{"kind": "stack", '
+_SITE_LINE = b'{"kind": "site", '
+_CLASS_RECORDS = (_STACK_LINE, _SITE_LINE)
 _RANK_RECORD = schema.RANK_RECORD
-_RANK_LEN, _STACK_LEN = len(_RANK_RECORD), len(_STACK_LINE)
+_RANK_LEN, _STACK_LEN, _SITE_LEN = len(_RANK_RECORD), len(_STACK_LINE), len(_SITE_LINE)
 # The whole file is compared: mapping its pages at once costs less than faulting them in.
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 _OWN_MARK = b"\n" + _RANK_RECORD
@@ -259,21 +264,21 @@ def _new_class(data: mmap.mmap, start: int, reader: LineReader,
     """The class founded by the rank just read in full from ``data`` (from byte ``start``):
     its lines but its own records (``{"kind": `` begins every line but a collective line,
     and no JSON value can hold that text: a quote inside a string is escaped), when the
-    reader took every one of them for a collective or a stack record; else None."""
+    reader took every one of them for a collective, a stack or a site record; else None."""
     common, own = class_lines(data, start)
     starts = array("q", [0])
-    stack_lines: list[int] = []
+    record_lines: list[int] = []
     end = common.find(b"\n")
     while end >= 0:  # once per class: the offsets its members are read by
-        if common.startswith(_STACK_LINE, starts[-1]):
-            stack_lines.append(len(starts) - 1)
+        if common.startswith(_CLASS_RECORDS, starts[-1]):
+            record_lines.append(len(starts) - 1)
         starts.append(end + 1)
         end = common.find(b"\n", end + 1)
     codes = log.codes
-    if len(starts) - 1 - len(stack_lines) != len(codes) or \
-            len(reader.others) != len(stack_lines) + own:
+    if len(starts) - 1 - len(record_lines) != len(codes) or \
+            len(reader.others) != len(record_lines) + own:
         return None
-    return RankClass(common, starts, stack_lines, reader, log)
+    return RankClass(common, starts, record_lines, reader, log)
 
 
 def class_lines(data: bytes | mmap.mmap, start: int) -> tuple[bytes, int]:
@@ -288,7 +293,8 @@ def class_lines(data: bytes | mmap.mmap, start: int) -> tuple[bytes, int]:
         hit = find(_OWN_MARK, start - 1)
         while hit >= 0:
             begin = hit + 1
-            if find(_STACK_LINE, begin, begin + _STACK_LEN) == begin:  # a class line
+            if find(_STACK_LINE, begin, begin + _STACK_LEN) == begin or \
+                    find(_SITE_LINE, begin, begin + _SITE_LEN) == begin:  # a class line
                 hit = find(_OWN_MARK, begin)
                 continue
             pieces.append(view[pos:begin])
@@ -304,26 +310,26 @@ def class_lines(data: bytes | mmap.mmap, start: int) -> tuple[bytes, int]:
 
 def _member_log(trace: RankTrace, cls: RankClass, own: list[tuple[int, bytes]], start: int,
                 data: bytes | mmap.mmap, blank: bool = False) -> CollectiveLog:
-    """The log of a rank whose collective and stack lines are its class's: its ``own``
+    """The log of a rank whose collective, stack and site lines are its class's: its ``own``
     records (each after so many class lines) folded at the line numbers they have in its
     file (``data``), the rest shared. ``blank``: the file is a member file, whose class
     lines are empty."""
     first = cls.reader
     reader = LineReader(trace, False)
-    reader.stacks, reader.fold = first.stacks, Fold(first.stacks)
+    reader.stacks, reader.fold = first.stacks, Fold(first.stacks, first.fold.sites)
     reader.tails, reader.tail_proto, reader.tail_state = \
         first.tails, first.tail_proto, first.tail_state
     reader.protos, reader.proto_ids = first.protos, first.proto_ids
-    starts, stacks = cls.starts, cls.stack_lines
+    starts, records = cls.starts, cls.record_lines
     lines = [line for _, line in own]
     js = [j for j, _ in own]  # class lines before each
-    # Collective lines before each: class lines less the stack lines among them (these come
-    # early: past the last one, a constant).
-    after = bisect_right(js, stacks[-1]) if stacks else 0
-    counts = [j - bisect_left(stacks, j) for j in js[:after]] + \
-        list(map(sub, js[after:], repeat(len(stacks))))
+    # Collective lines before each: class lines less the stack and site lines among them
+    # (these mostly come early: past the last one, a constant).
+    after = bisect_right(js, records[-1]) if records else 0
+    counts = [j - bisect_left(records, j) for j in js[:after]] + \
+        list(map(sub, js[after:], repeat(len(records))))
     own_lines = array("q", map(add, js, range(1, len(own) + 1)))  # their line numbers
-    reader.others.extend(sorted(counts + [k - i for i, k in enumerate(stacks)]))
+    reader.others.extend(sorted(counts + [k - i for i, k in enumerate(records)]))
     if not _fold_in_bulk(reader, lines, counts, own_lines):
         other, done, match = reader._other, reader._done, DONE_LINE.match
         for line, count, line_no in zip(lines, counts, own_lines):

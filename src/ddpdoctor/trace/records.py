@@ -132,6 +132,7 @@ class Fold:
     collectives in file order, by id and by position in their group (gaps None)."""
 
     stacks: dict[int, list[Site]] = field(default_factory=dict)
+    sites: dict[int, dict] = field(default_factory=dict)  # version 9: static parts by site id
     collectives: list[Collective] | None = None  # None: collective records are not folded
     by_id: dict[int, Collective] = field(default_factory=dict)
     by_group: dict[str, list[Collective | None]] = field(default_factory=dict)
@@ -151,6 +152,7 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
         if kind == schema.COLLECTIVE:
             if colls is None:
                 return False
+            rec = with_site(rec, fold.sites)
             c = collective_from(trace.rank, rec, stacks)
             if "t" not in rec:  # format 4: the issue time comes with a later done record
                 c.t = fold.last_t
@@ -196,6 +198,11 @@ def apply_record(trace: RankTrace, rec: dict, fold: Fold) -> bool:
             if not is_int(rec["id"]) or not isinstance(frames, list):
                 return False
             stacks[rec["id"]] = [site_from(f) for f in frames]
+        elif kind == schema.SITE:
+            static = site_fields(rec)
+            if static is None:
+                return False
+            fold.sites[rec["id"]] = static
         elif kind == schema.GROUP:
             members = rec.get("ranks", [])
             if not isinstance(rec["group"], str) or not isinstance(members, list) or \
@@ -339,6 +346,33 @@ def check_collective(rec: dict) -> None:
     total = numel(shapes)
     if not all(isinstance(d, str) for d in dtypes) or rec.get("numel", total) != total:
         raise ValueError("numel")
+
+
+_STATIC_FIELDS = frozenset(schema.COLLECTIVE_STATIC)
+
+
+def site_fields(rec: dict) -> dict | None:
+    """The static part a ``site`` record holds (checked with the collective that names it,
+    :func:`check_collective`); None when its id is no number or it holds other fields."""
+    static = {k: v for k, v in rec.items() if k != "kind" and k != "id"}
+    if not is_int(rec.get("id")) or not static.keys() <= _STATIC_FIELDS:
+        return None
+    return static
+
+
+def with_site(rec: dict, sites: dict[int, dict]) -> dict:
+    """A collective record with the static part of the site it names (version 9) in place of
+    the name; one that names none, as it is. KeyError when the site was not defined before
+    it (its line lost), TypeError when the name is no number."""
+    ref = rec.get(schema.SITE_REF)
+    if ref is None:
+        return rec
+    if not is_int(ref):
+        raise TypeError("site")
+    out = dict(sites[ref])
+    out.update(rec)
+    del out[schema.SITE_REF]
+    return out
 
 
 def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:

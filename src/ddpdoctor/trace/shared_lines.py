@@ -3,13 +3,14 @@
 Data-parallel ranks issue the same collectives from the same lines, and from format 4 on they
 write them byte for byte alike: a node of 8 ranks writes its collective lines 8 times, and a
 2,048-node job of 10,000 collectives 43 GB of traces that no machine reads in seconds.
-:func:`share_lines` rewrites every rank of a log folder whose collective and ``stack`` lines
-are, in full, those of a rank read before it (:func:`~ddpdoctor.trace.reader.membership`) as a
-*member file*: the same header and own records (``done``, ``activity``, ``exit``, ...) on the
-same lines, each shared line left empty, and a last ``shared`` record naming the file that holds
-them (:mod:`ddpdoctor.trace.shared_ref`). A member is read by comparing nothing and decoding
-nothing of the shared lines. Nothing else is rewritten: the first rank of each class, a rank
-whose lines differ anywhere, a damaged, cut, capped or still growing file.
+:func:`share_lines` rewrites every rank of a log folder whose collective, ``stack`` and
+``site`` lines are, in full, those of a rank read before it
+(:func:`~ddpdoctor.trace.reader.membership`) as a *member file*: the same header and own
+records (``done``, ``activity``, ``exit``, ...) on the same lines, each shared line left empty,
+and a last ``shared`` record naming the file that holds them
+(:mod:`ddpdoctor.trace.shared_ref`). A member is read by comparing nothing and decoding nothing
+of the shared lines. Nothing else is rewritten: the first rank of each class, a rank whose
+lines differ anywhere, a damaged, cut, capped or still growing file.
 
 Each rewrite is checked before it replaces the file: the member's lines joined back with the
 class's must give the original bytes. The new file is written beside the old one and renamed

@@ -1,7 +1,7 @@
 """The ``shared`` record that ends a member file (trace format 8), and how a reader finds it.
 
-A rank whose collective and ``stack`` lines are byte for byte another rank's (the usual case:
-data-parallel ranks issue the same collectives from the same lines) is rewritten by
+A rank whose collective, ``stack`` and ``site`` lines are byte for byte another rank's (the
+usual case: data-parallel ranks issue the same collectives from the same lines) is rewritten by
 ``ddpdoctor run`` once the job has ended (:mod:`ddpdoctor.trace.shared_lines`): each of those
 lines is left empty and the file ends with one record naming the file of the same folder that
 holds them, with their count, length and CRC-32, so that a reader can tell the lines it joins
