@@ -621,16 +621,34 @@ def trace_size(jobs: list[overhead.JobResult], steps: int, seconds: float,
                 f"{lines:,} collectives in {len(jobs)} jobs; the rest: done, stack, activity, "
                 f"process records")]
     paced = int(seconds * 10)
-    say(f"f: the CNN job at 10 steps/s for {paced} steps, without a cap and capped from the "
-        f"start")
+    hour = 3600.0
+    # An hour's trace is what the steps add: the difference between a job of ``paced`` steps
+    # and one of a third as many (start-up, DDP's construction and the exit cancel out).
+    short = paced // 3
+    for buckets, what in (("25", "DDP's default buckets"), ("0.5", "bucket_cap_mb=0.5")):
+        say(f"f: the CNN job ({what}) at 10 steps/s, {paced} and {short} steps, no cap")
+        sizes = {}
+        for steps in (paced, short):
+            args = ["--steps", str(steps), "--size", "8", "--batch", "4", "--pace", "0.1",
+                    "--bucket-cap-mb", buckets]
+            sizes[steps] = overhead.job(overhead.DOCTOR, overhead.CNN, args,
+                                        options=("--max-trace-mb", "1e6"))
+        per_step = (sizes[paced].trace_bytes - sizes[short].trace_bytes) / 2 / (paced - short)
+        colls = (sizes[paced].collective_lines - sizes[short].collective_lines) / 2 / \
+            (paced - short)
+        rows.append(Row("f", f"uncapped trace per hour per rank at 10 steps/s, CNN, {what}",
+                        "", float("nan"), per_step * 10 * hour / MB, "MB", "≤ 30 MB",
+                        per_step * 10 * hour <= 30 * MB,
+                        f"{per_step:.0f} B a step a rank ({colls:.1f} collectives, "
+                        f"{per_step / colls:.0f} B each with their done records), the "
+                        f"difference of {paced}- and {short}-step jobs; at 20 steps/s "
+                        f"{per_step * 20 * hour / MB:.1f} MB"))
+    full_rate = per_step * 10  # the many-bucket job: bytes per second per rank
+    say(f"f: the same job capped from the start ({paced} steps)")
     args = ["--steps", str(paced), "--size", "8", "--batch", "4", "--pace", "0.1"]
-    full = overhead.job(overhead.DOCTOR, overhead.CNN, args, options=("--max-trace-mb", "1e6"))
     capped = overhead.job(overhead.DOCTOR, overhead.CNN, args, options=("--max-trace-mb", "0"))
-    wall = statistics.median(r["wall_s"] for r in full.ranks)
-    full_rate = full.trace_bytes / 2 / wall  # bytes per second per rank
     capped_rate = capped.trace_bytes / 2 / statistics.median(r["wall_s"] for r in capped.ranks)
     cap = DEFAULT_CAP_MB * MB
-    hour = 3600.0
     fill = cap / full_rate
     per_hour = full_rate * hour if fill >= hour else cap + capped_rate * (hour - fill)
     rows.append(Row("f", "trace per hour per rank at 10 steps/s, default cap", "no cap",

@@ -105,13 +105,12 @@ def site_ref(site_id: int) -> str:
     return f'"{schema.SITE_REF}": {site_id}'
 
 
-def collective_line(cid: int, seq: int, iteration: int, state: str, bucket: int | None,
-                    ref: str) -> str:
+def collective_line(cid: int, seq: int, iteration: int, bucket: int | None, ref: str) -> str:
     """One collective line, exactly as ``TraceWriter.write_at`` formats it (``ref``: what
     :func:`site_ref` gives)."""
     extra = "" if bucket is None else f', "bucket": {bucket}'
     return (f'{{"id": {cid}, "kind": "collective", "seq": {seq}, '
-            f'"iteration": {iteration}, "state": "{state}"{extra}, {ref}}}')
+            f'"iteration": {iteration}, {ref}{extra}}}')
 
 
 BUF_F = Op("broadcast", "ddp.buffers", ((1024,),), ("float32",), "fwd", root=0)
@@ -207,7 +206,7 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
         last = diverge and cid > len(sched) - 2
         seq = seqs[op.group] = seqs.get(op.group, 0) + 1
         lines.append("" if blank else
-                     collective_line(cid, seq, iteration, "pending", bucket, static))
+                     collective_line(cid, seq, iteration, bucket, static))
         issued.append(round(t, 6))
         if last or (bucket == 0 and iteration % PENDING_EVERY == 0):
             late.append(cid)

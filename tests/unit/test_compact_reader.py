@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -199,7 +200,7 @@ def _move_after_use(d: bytes) -> bytes:
     """A site record written after the first collective line that names it."""
     lines = _lines(d)
     i = next(i for i, ln in enumerate(lines) if ln.startswith(_SITE) and b'"id": 2,' in ln)
-    use = next(j for j in range(i, len(lines)) if lines[j].endswith(b'"site": 2}'))
+    use = next(j for j in range(i, len(lines)) if re.search(rb'"site": 2[,}]', lines[j]))
     return b"\n".join(lines[:i] + lines[i + 1:use + 1] + [lines[i]] + lines[use + 1:])
 
 
@@ -238,15 +239,15 @@ DAMAGE = {
     "lost-site-line": _nth(_SITE, 2, lambda ln: None),
     "site-after-its-first-use": _move_after_use,
     "collective-naming-no-site": _nth(b'{"id": 90, ', 0,
-                                      lambda ln: ln[:ln.rindex(b": ") + 2] + b"999}"),
+                                      lambda ln: re.sub(rb'"site": \d+', b'"site": 999', ln)),
     "site-id-not-a-number": _nth(b'{"id": 95, ', 0,
-                                 lambda ln: ln[:ln.rindex(b": ") + 2] + b'"3"}'),
+                                 lambda ln: re.sub(rb'"site": (\d+)', rb'"site": "\1"', ln)),
     "bad-state-record": _insert(300, b'{"kind": "state", "id": "x", "state": "completed"}'),
     "state-for-unknown-id": _insert(300, b'{"kind": "state", "id": 77777, "state": "failed", '
                                          b'"t": 5.0}'),
     "bad-utf8-in-site": _nth(_SITE, 2, lambda ln: ln.replace(b'"label": "', b'"label": "\xff\xfe')),
-    "bad-utf8-in-tail": _nth(b'{"id": 130, ', 0, lambda ln: ln.replace(b'"state": "p',
-                                                                       b'"state": "\xff\xfep')),
+    "bad-utf8-in-tail": _nth(b'{"id": 130, ', 0, lambda ln: ln.replace(b'"site": ',
+                                                                       b'"\xff\xfesite": ')),
     "bad-number-in-head": _edit(140, b'"iteration": ', b'"iteration": 1.2.3'),
 }
 
@@ -265,8 +266,8 @@ def test_a_lost_site_line_loses_the_collectives_that_name_it(job: Path, tmp_path
     data = (job / "rank-0.jsonl").read_bytes()
     site = [ln for ln in _lines(data) if ln.startswith(_SITE)][2]
     sid = json.loads(site)["id"]
-    naming = [json.loads(ln)["id"] for ln in _lines(data)
-              if ln.startswith(b'{"id": ') and ln.endswith(b'"site": %d}' % sid)]
+    naming = [rec["id"] for rec in map(json.loads, _lines(data)[1:-1])
+              if rec.get("site") == sid and rec["kind"] == "collective"]
     assert naming
     whole = load_run([job]).ranks[0].collectives
     run = _assert_same(_mutate(job, tmp_path / "logs", 0, DAMAGE["lost-site-line"]))
@@ -332,8 +333,7 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
             assert written_id == cid
             sid = stacks.setdefault(op.stack, len(stacks))
             wanted.append(synth.site_line(cid - 1, synth.static_json(op, sid)))
-            wanted.append(synth.collective_line(cid, cid, 7, "pending", bucket,
-                                                synth.site_ref(cid - 1)))
+            wanted.append(synth.collective_line(cid, cid, 7, bucket, synth.site_ref(cid - 1)))
     finally:
         writer.close()
     written = [line for line in path.read_text().splitlines()
@@ -477,7 +477,8 @@ def test_damaged_members_read_the_same(synthetic: tuple[Path, dict], tmp_path: P
 
 
 def _as_format3(data: bytes) -> bytes:
-    """A format-4 trace rewritten as format 3 wrote it (rank and time on every line)."""
+    """A format-9 trace rewritten as format 3 wrote it (rank, time, state and static part on
+    every collective line; no site records)."""
     lines = data.split(b"\n")
     head = json.loads(lines[0])
     times = {}
@@ -486,15 +487,20 @@ def _as_format3(data: bytes) -> bytes:
             for first, ts in json.loads(line)["issued"]:
                 times.update({first + k: t for k, t in enumerate(ts)})
     out = [json.dumps({**head, "version": 3}).encode()]
+    sites: dict[int, dict] = {}
     for line in lines[1:]:
+        if line.startswith(b'{"kind": "site"'):
+            rec = json.loads(line)
+            sites[rec["id"]] = {k: v for k, v in rec.items() if k not in ("kind", "id")}
+            continue
         if line.startswith(b'{"id": '):
-            cid = int(line[7:line.index(b",")])
-            _, rest = line.split(b', "kind": "collective", ', 1)
-            seq, rest = rest.split(b', "iteration": ', 1)
-            iteration, tail = rest.split(b', "state": ', 1)
-            line = (b'{"kind": "collective", "id": %d, "rank": %d, %s, "iteration": %s, '
-                    b'"t": %.6f, "state": %s' % (cid, head["rank"], seq, iteration,
-                                                  times[cid], tail))
+            rec = json.loads(line)
+            cid = rec["id"]
+            old = {"kind": "collective", "id": cid, "rank": head["rank"], "seq": rec["seq"],
+                   "iteration": rec["iteration"], "t": times[cid], "state": "pending"}
+            old.update((k, rec[k]) for k in ("p2p_seq", "bucket") if k in rec)
+            old.update(sites[rec["site"]])
+            line = json.dumps(old).encode()
         elif line.startswith(b'{"kind": "done"'):
             rec = json.loads(line)
             del rec["issued"]

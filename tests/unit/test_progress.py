@@ -44,7 +44,7 @@ class Rank:
                          "shapes": [[shape]], "dtypes": ["float32"], "numel": shape,
                          "stack": 0})
         self._write({"id": self.id, "kind": "collective", "seq": seq, "iteration": 1,
-                     "state": "pending", "site": site})
+                     "site": site})
         return self.id
 
     def done(self, *pending: int) -> None:

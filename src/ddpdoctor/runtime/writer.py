@@ -268,12 +268,12 @@ class TraceWriter:
                 extra = f', "p2p_seq": {p2p_seq}'
             if bucket is not None:
                 extra += f', "bucket": {bucket}'
-            # "state" is always pending here: the line is written before the collective runs.
-            # The layout is the one trace/schema.py declares (COLLECTIVE_HEAD ...): the
-            # reader's fast path depends on it byte for byte.
+            # No "state": the line is written before the collective runs, so it is pending
+            # (format 9). The layout is the one trace/schema.py declares (COLLECTIVE_HEAD,
+            # SITE_REF, ...): the reader's fast path depends on it byte for byte.
             line = (f'{{"id": {cid}, "kind": "collective", '
                     f'"seq": {"null" if seq is None else seq}, '
-                    f'"iteration": {iteration}, "state": "pending"{extra}, {site.text}}}\n')
+                    f'"iteration": {iteration}, {site.text}{extra}}}\n')
             data = ("\n".join(lines) + "\n" + line if lines else line).encode()  # ASCII JSON
             try:
                 self._file.fast_write(data)

@@ -51,6 +51,7 @@ from ddpdoctor.trace.issue_times import IssueTimes
 from ddpdoctor.trace.model import Collective, Completion, GroupPositions, RankTrace, Site
 from ddpdoctor.trace.records import (
     MAX_RUN_MEMBERS,
+    STATES,
     Fold,
     apply_record,
     collective_from,
@@ -71,8 +72,11 @@ _PREFIXES = {3: b'{"kind": "collective", "id": %d, ',
              **{v: _PREFIX_V4 for v in range(4, schema.VERSION + 1)}}
 _HEADS = {3: list(schema.COLLECTIVE_HEAD_V3),
           **{v: list(schema.COLLECTIVE_HEAD) for v in range(4, schema.VERSION + 1)}}
-_PREFIX_LEN = len(b'{"id": ')  # the ``"state"`` of a line's tail lies past this in both
-STATE_MARK = b'"state": "'
+_PREFIX_LEN = len(b'{"id": ')  # a line's tail lies past this in every format
+STATE_MARK = b'"state": "'  # where the tail of a collective line begins, formats 3 to 8
+SITE_MARK = b'"%s": ' % schema.SITE_REF.encode()  # and from format 9
+_TAIL_MARKS = {**{v: STATE_MARK for v in range(3, 9)},
+               **{v: SITE_MARK for v in range(9, schema.VERSION + 1)}}
 _STATE_PREFIX = b'{"kind": "state", "id": '
 _STATE_LINE = re.compile(
     rb'\{"kind": "state", "id": (\d+), "state": "([a-z_]+)", "t": (-?\d+(?:\.\d+)?)\}')
@@ -580,7 +584,7 @@ class LineReader:
         others = self.others
         other = self._other
         new_tail = self._new_tail
-        mark, plen = STATE_MARK, _PREFIX_LEN
+        mark, plen = _TAIL_MARKS[self.version], _PREFIX_LEN
         # A collective line must start with the id that comes next: a lost, repeated or
         # reordered collective line sends the file down the record-by-record path.
         version = self.version
@@ -616,13 +620,13 @@ class LineReader:
         if not isinstance(rec, dict):
             self._damaged(line)
             return -1
-        tail_rec = parse_line(b"{" + tail) if tail.startswith(STATE_MARK) else None
+        tail_rec = parse_line(b"{" + tail) if tail.startswith(_TAIL_MARKS[self.version]) \
+            else None
         head = self.head
         if (not isinstance(tail_rec, dict) or list(rec)[:len(head)] != head
                 or list(rec)[len(head):] != list(tail_rec)
                 or not set(tail_rec) <= _TAIL_FIELDS
-                or tail_rec.get("state") not in (schema.PENDING, schema.COMPLETED,
-                                                 schema.FAILED)):
+                or tail_rec.get("state", schema.PENDING) not in STATES):
             raise NotCompact("collective line outside the writer's layout")
         try:  # a site named before its record: a lost line, read record by record
             tail_rec = with_site(tail_rec, self.fold.sites)
@@ -644,7 +648,7 @@ class LineReader:
             self.protos.append(proto)
         code = self.tails[tail] = len(self.tail_proto)
         self.tail_proto.append(pid)
-        self.tail_state.append(str(tail_rec["state"]))
+        self.tail_state.append(str(tail_rec.get("state", schema.PENDING)))
         return code
 
     def _other(self, line: bytes, count: int, line_no: int) -> int:

@@ -378,7 +378,8 @@ def with_site(rec: dict, sites: dict[int, dict]) -> dict:
 def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Collective:
     """A :class:`Collective` from a decoded ``collective`` record (raises KeyError, TypeError or
     ValueError on a malformed one, see :func:`check_collective`). The one place both reading
-    paths build collectives."""
+    paths build collectives. A record without ``state`` is pending: from format 9 the line,
+    written before the collective runs, leaves it out."""
     check_collective(rec)
     return Collective(
         rank=rank, id=int(rec["id"]), group=str(rec["group"]), seq=rec.get("seq"),
@@ -387,7 +388,7 @@ def collective_from(rank: int, rec: dict, stacks: dict[int, list[Site]]) -> Coll
         numel=int(rec.get("numel", 0)), reduce_op=rec.get("reduce_op"),
         root=rec.get("root"), peer=rec.get("peer"), p2p_seq=rec.get("p2p_seq"),
         api=rec.get("api"), bucket=rec.get("bucket"), iteration=rec.get("iteration"),
-        t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.COMPLETED)),
+        t=float(rec.get("t", 0.0)), state=str(rec.get("state", schema.PENDING)),
         stack=stacks.get(rec.get("stack", -1), []), sends=_counts(rec.get("sends")),
         recvs=_counts(rec.get("recvs")), row=_count(rec.get("row")), tag=_count(rec.get("tag")))
 

@@ -36,8 +36,9 @@ FORMAT = "ddpdoctor-trace"
 #    last line is a ``shared`` record naming the file that holds them. The lines of version 7
 #    otherwise. Versions 3 to 7 are read as before.
 # 9: a collective's static part (the COLLECTIVE_STATIC fields) is written once per call site,
-#    as a ``site`` record, and each collective line names it (``"site": N``) instead of
-#    repeating it: a line of DDP's gradient bucket is ~100 bytes instead of ~220. Collective
+#    as a ``site`` record, and each collective line names it (``"site": N``, right after
+#    ``iteration``) instead of repeating it; the line has no ``state`` (always pending since
+#    version 3): a line of DDP's gradient bucket is ~85 bytes instead of ~220. Collective
 #    lines that carry their static part inline (versions 4 to 8) are read as before.
 VERSION = 9
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
@@ -70,9 +71,10 @@ SITE = "site"  # a call site's static part, which collective lines name by its i
 # The layout of a collective line, which the writer (``runtime/writer.py``) formats by hand and
 # the reader's fast path (``trace/compact.py``) relies on byte for byte: these fields in this
 # order, ``json.dumps`` spacing, then the variable fields present and the static part (the
-# ``COLLECTIVE_STATIC`` fields present, in this order; from version 9 the writer writes them
-# in a ``site`` record, ``{"kind": "site", "id": N, <static part>}``, before the first line
-# that names it with SITE_REF, and ``stack`` records before that). ``state`` lines are
+# ``COLLECTIVE_STATIC`` fields present, in this order). From version 9: the head, SITE_REF,
+# then ``p2p_seq`` and ``bucket`` when present (no ``state``); the static part is in a
+# ``site`` record, ``{"kind": "site", "id": N, <static part>}``, written before the first
+# line that names it (and its ``stack`` record before that). ``state`` lines are
 # ``{"kind": "state", "id": N, "state": "...", "t": T}``. Every other record of a rank begins
 # with ``{"kind": `` (RANK_RECORD). A file in any other layout is still read, record by record;
 # ``tests/unit/test_compact_reader.py`` checks the writer keeps to it.
