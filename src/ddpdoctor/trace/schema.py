@@ -38,7 +38,7 @@ FORMAT = "ddpdoctor-trace"
 # 9: a collective's static part (the COLLECTIVE_STATIC fields) is written once per call site,
 #    as a ``site`` record, and each collective line names it (``"site": N``, right after
 #    ``iteration``) instead of repeating it; the line has no ``state`` (always pending since
-#    version 3): a line of DDP's gradient bucket is ~85 bytes instead of ~220. Collective
+#    version 3): a line of DDP's gradient bucket is ~85 bytes instead of ~250. Collective
 #    lines that carry their static part inline (versions 4 to 8) are read as before.
 VERSION = 9
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
