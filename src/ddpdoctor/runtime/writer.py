@@ -2,8 +2,8 @@
 
 The training thread encodes a collective's line (the part that repeats from iteration to
 iteration is written once per call site, as a ``site`` record that the lines name by its id)
-and stores it into a shared mapping of
-the trace file (:mod:`ddpdoctor.runtime.trace_file`) before the backend runs the collective.
+and stores it into a shared mapping of the trace file (:mod:`ddpdoctor.runtime.trace_file`)
+before the backend runs the collective.
 Stored data lives in the kernel's page cache, so whatever way the rank dies afterwards — an
 exception, ``os._exit``, SIGABRT from gloo, SIGSEGV, SIGKILL — the collective it was in, and
 every one before it, can be read.

@@ -4,26 +4,27 @@ A long job writes tens of thousands of collective lines per rank that differ onl
 ids (format 3: and times): the part the writer caches (group, op, label, tensors, stack; see
 ``TraceWriter._encode_static``; from format 9 a ``site`` record that the lines name) repeats.
 :func:`read_compact` therefore reads a trace file written in the writer's exact layout without
-decoding every line: each collective line is reduced to the bytes from its ``"state"`` field
-to its end, which are interned (one dict lookup per line), and only the first line of every
-distinct tail is decoded (with the site it names) and checked field by field against the
-layout. What a rank keeps is a :class:`CollectiveLog`: one
-prototype :class:`~ddpdoctor.trace.model.Collective` per distinct static part, a list of small
-ints (which prototype each collective is, shared by every rank whose list is identical) and a
-sparse index of line offsets. A full ``Collective`` (its id, seq, iteration, time, state) is
-decoded from its line only when the analysis asks for it: around a divergence, at the end of
-a rank, for point-to-point pairing. The file is read in chunks of :data:`CHUNK` bytes, so
-memory grows with the number of collectives (a few bytes each), not with the file's size.
+decoding every line: each collective line is reduced to its tail, the bytes from its
+``"state"`` field (format 9: its ``"site"`` field) to its end, which are interned (one dict
+lookup per line), and only the first line of every distinct tail is decoded (with the site it
+names) and checked field by field against the layout. What a rank keeps is a
+:class:`CollectiveLog`: one prototype :class:`~ddpdoctor.trace.model.Collective` per distinct
+static part, a list of small ints (which prototype each collective is, shared by every rank
+whose list is identical) and a sparse index of line offsets. A full ``Collective`` (its id,
+seq, iteration, time, state) is decoded from its line only when the analysis asks for it:
+around a divergence, at the end of a rank, for point-to-point pairing. The file is read in
+chunks of :data:`CHUNK` bytes, so memory grows with the number of collectives (a few bytes
+each), not with the file's size.
 
-Anything outside the layout (keys in another order, a collective line that decodes but does
-not match, a redefined stack) raises :class:`NotCompact` and the reader falls back to decoding
-every line; damaged lines are counted as the record-by-record reader counts them. The checks
-that make the positions trustworthy: every collective line must carry the next ``id`` (the
-recorder numbers collectives 1, 2, 3, ...), so a lost, repeated or reordered line sends the file
-down the record-by-record path; and the first and last collective of each group carry ``seq``
-equal to their position in the group. (Sequence numbers in between are not decoded: two
-threads issuing on one group at once could write two of them in swapped order, and such a
-trace is read in file order.)
+Anything outside the layout (keys in another order, a collective line that decodes but does not
+match, a redefined stack or site) raises :class:`NotCompact` and the reader falls back to
+decoding every line; damaged lines are counted as the record-by-record reader counts them. The
+checks that make the positions trustworthy: every collective line must carry the next ``id``
+(the recorder numbers collectives 1, 2, 3, ...), so a lost, repeated or reordered line sends
+the file down the record-by-record path; and the first and last collective of each group carry
+``seq`` equal to their position in the group. (Sequence numbers in between are not decoded: two
+threads issuing on one group at once could write two of them in swapped order, and such a trace
+is read in file order.)
 
 Ranks whose collective lines are byte for byte the same (format 4) are read by comparing bytes
 (:mod:`ddpdoctor.trace.identical`); such a rank's log decodes through the first one's

@@ -5,8 +5,8 @@ When a job of several nodes is stopped for a hang, the diagnosis on each node ne
 verdict names (``analysis/digest.py``), wherever they ran. The node that holds such a rank
 cuts from its trace what the analysis reads of the end of a run: the header, the records that
 describe the process and its groups, the last :data:`KEEP` collectives of each group (with
-the site and stack records they refer to) and what the rank did at the end (its last ``done``, hang,
-exception, exit and warning records). Every other node writes that as
+the site and stack records they refer to) and what the rank did at the end (its last
+``done``, hang, exception, exit and warning records). Every other node writes that as
 ``remote-<rank>.jsonl`` in its log folder: a trace whose earlier positions are unknown (the
 header says ``"partial": true``), read beside the node's own traces. Standard library only.
 """

@@ -2,9 +2,8 @@
 
 A format-4 collective line carries neither the rank nor a time, so ranks that issued the same
 collectives from the same lines wrote the same collective, ``stack`` and (format 9) ``site``
-lines; only their own
-records (``done``, ``activity``, ``exit``, ..., every line that begins with ``{"kind": ``)
-differ. The first rank of such a class is read in full
+lines; only their own records (``done``, ``activity``, ``exit``, ..., every line that begins
+with ``{"kind": ``) differ. The first rank of such a class is read in full
 (:func:`~ddpdoctor.trace.compact.read_compact`) and kept (:class:`Shared`, a few per
 process); a later rank's file, mapped rather than read, is compared with the class's lines
 block by block (:meth:`RankClass.own_records`: memcmp, no pass over its lines), and when every

@@ -83,7 +83,7 @@ COLLECTIVE_HEAD_V3 = ("kind", "id", "rank", "seq", "iteration", "t")
 RANK_RECORD = b'{"kind": '
 ISSUED = "issued"  # in a ``done`` record: [[first id, [issue time, ...]], ...]
 COLLECTIVE_VARIABLE = ("state", "p2p_seq", "bucket")
-SITE_REF = "site"  # version 9: the last field of a collective line, the id of its site record
+SITE_REF = "site"  # version 9: after a collective line's iteration, the id of its site record
 COLLECTIVE_STATIC = ("group", "op", "label", "shapes", "dtypes", "numel", "stack", "reduce_op",
                      "api", "root", "peer", "sends", "recvs", "row", "tag")
 
