@@ -215,7 +215,9 @@ def rank_lines(rank: int, world: int, n: int, run_id: str, diverge: bool,
             late = []
             lines.append(json.dumps({"kind": schema.DONE, "t": round(t + 0.0005, 6),
                                      "upto": cid, "pending": still,
-                                     schema.ISSUED: [[cid - len(issued) + 1, issued]]}))
+                                     schema.ISSUED: [[cid - len(issued) + 1, issued[0],
+                                                      [round((t - issued[0]) * 1e6)
+                                                       for t in issued]]]}))
             issued = []
     if still and not diverge:
         lines.append(json.dumps({"kind": schema.DONE, "t": round(t + 0.001, 6),

@@ -22,6 +22,7 @@ from ddpdoctor.trace.compact import CollectiveLog, NotCompact
 from ddpdoctor.trace.index import ListIndex, index_of
 from ddpdoctor.trace.model import Collective, Run
 from ddpdoctor.trace.reader import TraceError, load_run
+from ddpdoctor.trace.records import issued_of
 
 from .writer_jobs import writer_job
 
@@ -416,12 +417,15 @@ def test_the_writer_puts_issue_times_in_done_records(tmp_path: Path) -> None:
     lines = (folder / "rank-1.jsonl").read_bytes().splitlines()
     assert all(b'"t": ' not in line for line in lines if line.startswith(b'{"id": '))
     dones = [json.loads(line) for line in lines if line.startswith(b'{"kind": "done"')]
-    issued = [run for d in dones for run in d.get("issued", [])]
+    issued = [run for d in dones for run in issued_of(d)]
     assert issued and sum(len(times) for _, times in issued) == \
         sum(1 for line in lines if line.startswith(b'{"id": '))
+    assert all(len(run) == 3 and all(type(us) is int and us >= 0 for us in run[2])
+               for d in dones for run in d.get("issued", []))  # format 9: µs after the first
     run = load_run([folder])
-    first, times = issued[0]
-    assert run.ranks[1].collectives[first - 1].t == times[0]
+    log = run.ranks[1].collectives
+    for first, times in issued:
+        assert [c.t for c in log[first - 1:first - 1 + len(times)]] == times
 
 
 def test_a_rank_killed_before_its_issue_times_were_written(
@@ -444,7 +448,7 @@ def test_a_rank_killed_before_its_issue_times_were_written(
     covered = done[-1]["upto"]
     assert len(log) > covered
     assert all(c.t == done[-1]["t"] for c in log[covered:])
-    assert log[covered - 1].t == done[-1]["issued"][-1][1][-1]
+    assert log[covered - 1].t == issued_of(done[-1])[-1][1][-1]
     assert all(c.state == "pending" for c in log[covered:])
 
 
@@ -484,7 +488,7 @@ def _as_format3(data: bytes) -> bytes:
     times = {}
     for line in lines:
         if line.startswith(b'{"kind": "done"'):
-            for first, ts in json.loads(line)["issued"]:
+            for first, ts in issued_of(json.loads(line)):
                 times.update({first + k: t for k, t in enumerate(ts)})
     out = [json.dumps({**head, "version": 3}).encode()]
     sites: dict[int, dict] = {}
@@ -511,7 +515,7 @@ def _as_format3(data: bytes) -> bytes:
 
 def _as_format8(data: bytes) -> bytes:
     """A format-9 trace rewritten as format 8 wrote it (``state`` and the static part on every
-    collective line, in the writer's layout of then; no site records)."""
+    collective line, in the writer's layout of then, no site records; issue times in full)."""
     lines = data.split(b"\n")
     out = [json.dumps({**json.loads(lines[0]), "version": 8}).encode()]
     sites: dict[int, str] = {}
@@ -527,6 +531,12 @@ def _as_format8(data: bytes) -> bytes:
             line = (f'{{"id": {rec["id"]}, "kind": "collective", "seq": {rec["seq"]}, '
                     f'"iteration": {rec["iteration"]}, "state": "pending"{extra}, '
                     f'{sites[rec["site"]]}}}').encode()
+        elif line.startswith(b'{"kind": "done"'):  # issue times in full, not as offsets
+            rec = json.loads(line)
+            if "issued" in rec:
+                rec["issued"] = [[first, [round(t, 6) for t in ts]]
+                                 for first, ts in issued_of(rec)]
+            line = json.dumps(rec).encode()
         out.append(line)
     return b"\n".join(out)
 
@@ -547,9 +557,13 @@ def test_format_8_traces_still_take_the_fast_path(synthetic: tuple[Path, dict],
                for t in run.ranks.values())
     assert len(members) >= 6  # 8 ranks, one diverging: the others read through one class
     new = load_run([folder])
+
+    def fields(c: Collective) -> dict:  # issue times agree to the microsecond
+        return {**dataclasses.asdict(c), "t": round(c.t * 1e6)}
+
     for r, trace in run.ranks.items():
-        assert [dataclasses.asdict(c) for c in trace.collectives[-50:]] == \
-            [dataclasses.asdict(c) for c in new.ranks[r].collectives[-50:]]
+        assert [fields(c) for c in trace.collectives[-50:]] == \
+            [fields(c) for c in new.ranks[r].collectives[-50:]]
     assert diagnose(run).findings[0].seq == info["diverge_seq"]
 
 

@@ -12,6 +12,7 @@ from ddpdoctor.runtime import writer
 from ddpdoctor.runtime.pg_wrapper import quiet_failure_check
 from ddpdoctor.runtime.writer import _work_state, issued_json
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.records import issued_of
 
 
 class _Future:
@@ -106,10 +107,11 @@ def test_torch_set_to_repeat_warnings_turns_is_success_off(success_api: None) ->
 
 
 def _general(unreported: list[float]) -> list:
-    """What ``issued`` means: [first id, [time, ...]] per run of consecutive ids."""
+    """What ``issued`` means: [first id, [time, ...]] per run of consecutive ids (times in
+    microseconds)."""
     runs: list = []
     for i in range(0, len(unreported), 2):
-        cid, t = int(unreported[i]), round(unreported[i + 1], 6)
+        cid, t = int(unreported[i]), round(unreported[i + 1] * 1e6)
         if runs and cid == runs[-1][0] + len(runs[-1][1]):
             runs[-1][1].append(t)
         else:
@@ -123,9 +125,14 @@ def test_issue_times_list_each_run_of_ids(ids: list[int]) -> None:
     for cid in ids:
         unreported += [cid, 1790000000.0 + cid * 0.0003512]
     text = issued_json([int(c) for c in unreported[0::2]], unreported[1::2])
-    assert json.loads(text) == _general(unreported)
+    runs = json.loads(text)
+    # Each run: its first id, its first time to the microsecond, µs from it (format 9).
+    assert all(len(run) == 3 and all(type(us) is int for us in run[2]) for run in runs)
     assert all(len(t.split(".")[1]) == 6 for t in text.replace("]", "").split(", ")
                if "." in t)
+    decoded = [[first, [round(t * 1e6) for t in times]]
+               for first, times in issued_of({schema.ISSUED: runs})]
+    assert decoded == _general(unreported)
 
 
 def test_the_writer_tracks_what_runs_until_its_work_completes(tmp_path) -> None:
@@ -155,6 +162,7 @@ def test_the_writer_tracks_what_runs_until_its_work_completes(tmp_path) -> None:
     records = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
     done = [r for r in records if r["kind"] == schema.DONE]
     assert [(d["upto"], d["pending"]) for d in done] == [(4, [2, 3]), (4, [3]), (4, [])]
-    assert done[0][schema.ISSUED] == [[1, [101.0, 102.0, 103.0, 104.0]]]
+    # The first issue time, then microseconds from it (format 9).
+    assert done[0][schema.ISSUED] == [[1, 101.0, [0, 1_000_000, 2_000_000, 3_000_000]]]
     assert [(r["id"], r["state"]) for r in records if r["kind"] == schema.STATE] == \
         [(4, schema.FAILED)]

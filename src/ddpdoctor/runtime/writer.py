@@ -479,25 +479,33 @@ class TraceWriter:
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
 
 
-_MICROSECONDS = "{:.6f}".format
+
+def _run_json(first: int, times: Sequence[float]) -> str:
+    """One run of ``issued``: ``[first id, first issue time, [µs after it, ...]]``, every
+    time taken to the microsecond before the differences (no error builds up)."""
+    base = round(times[0] * 1e6)
+    offsets = ", ".join([str(round(t * 1e6) - base) for t in times])
+    return f"[{first}, {base // 1_000_000}.{base % 1_000_000:06d}, [{offsets}]]"
 
 
 def issued_json(ids: Sequence[int], times: Sequence[float]) -> str:
-    """The ``issued`` field of a ``done`` record as JSON: ``[first id, [issue time, ...]]``
-    for each run of consecutive ids (``ids`` grow; a capped trace leaves gaps where runs
-    fold), ``times`` the issue time of each id. Times to the microsecond, formatted directly:
-    rounding each and encoding it with json.dumps cost the writer thread 1 µs per collective,
-    half its work."""
+    """The ``issued`` field of a ``done`` record as JSON: ``[first id, first issue time,
+    [microseconds from it to each issue time, ...]]`` for each run of consecutive ids (``ids``
+    grow; a capped trace leaves gaps where runs fold), ``times`` the issue time of each id.
+    Formatted directly: each time rounded and encoded with json.dumps cost the writer thread
+    1 µs per collective, half its work; integer offsets cost about half of formatting each
+    time to the microsecond (0.20 µs a time against 0.36, single process), and 8 bytes
+    instead of 19 (format 9)."""
     first = ids[0]
     if ids[-1] - first == len(ids) - 1:  # one run (ids only grow): the common case
-        return f"[[{first}, [{', '.join(map(_MICROSECONDS, times))}]]]"
-    runs: list[tuple[int, list[str]]] = []
-    run: list[str] = []
+        return f"[{_run_json(first, times)}]"
+    runs: list[tuple[int, list[float]]] = []
+    run: list[float] = []
     last = -2
     for cid, t in zip(ids, times):
         if cid != last + 1:
             run = []
             runs.append((cid, run))
-        run.append(_MICROSECONDS(t))
+        run.append(t)
         last = cid
-    return "[" + ", ".join(f"[{start}, [{', '.join(ts)}]]" for start, ts in runs) + "]"
+    return "[" + ", ".join(_run_json(start, ts) for start, ts in runs) + "]"

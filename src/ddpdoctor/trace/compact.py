@@ -91,7 +91,8 @@ DONE_PREFIX = b'{"kind": "done", "t": '
 # record of any other shape is decoded as JSON.
 DONE_LINE = re.compile(rb'\{"kind": "done", "t": (' + _NUMBER + rb'), "upto": (' + _INT
                         + rb'), "pending": \[((?:' + _INT + rb'(?:, ' + _INT + rb')*)?)\], "'
-                        + schema.ISSUED.encode() + rb'": \[\[(' + _INT + rb'), \[')
+                        + schema.ISSUED.encode() + rb'": \[\[(' + _INT + rb'), (?:'
+                        + _NUMBER + rb', )?\[')  # format 9: the run's first time, then offsets
 _ITERATION = re.compile(rb', "iteration": (\d+), "')  # in the head, before the tail
 _VARIABLE_TAIL = schema.COLLECTIVE_VARIABLE
 _TAIL_FIELDS = frozenset(schema.COLLECTIVE_VARIABLE + schema.COLLECTIVE_STATIC
@@ -699,9 +700,9 @@ class LineReader:
         elif kind == schema.DONE:
             self.best_upto = self.trace.completion.upto
             raw = rec.get(schema.ISSUED)
-            runs = [(run[0], len(run[1]), i) for i, run in enumerate(raw)
-                    if isinstance(run, list) and len(run) == 2 and is_int(run[0])
-                    and isinstance(run[1], list)] if isinstance(raw, list) else []
+            runs = [(run[0], len(run[-1]), i) for i, run in enumerate(raw)
+                    if isinstance(run, list) and len(run) in (2, 3) and is_int(run[0])
+                    and isinstance(run[-1], list)] if isinstance(raw, list) else []
             self.clock.note(count, self.fold.last_t, line_no, runs)
         elif self.fold.last_t != before:
             self.clock.note(count, self.fold.last_t, line_no)

@@ -275,11 +275,18 @@ def clock_time(rec: dict) -> float | None:
 
 def issued_run(run: object) -> tuple[int, list[float]] | None:
     """One entry of a ``done`` record's ``issued``, ``(first id, issue times)``; None when
-    malformed."""
-    if isinstance(run, list) and len(run) == 2 and is_int(run[0]) and 0 < run[0] < MAX_ID \
-            and isinstance(run[1], list) and set(map(type, run[1])) <= _NUMBER_TYPES:
+    malformed. Format 9 writes ``[first id, first issue time, [µs after it, ...]]``, formats
+    4 to 8 ``[first id, [issue time, ...]]``."""
+    if not (isinstance(run, list) and len(run) in (2, 3) and is_int(run[0])
+            and 0 < run[0] < MAX_ID and isinstance(run[-1], list)
+            and set(map(type, run[-1])) <= _NUMBER_TYPES):
+        return None
+    if len(run) == 2:
         return run[0], list(map(float, run[1]))
-    return None
+    base = run[1]
+    if type(base) not in _NUMBER_TYPES:
+        return None
+    return run[0], [base + us / 1e6 for us in run[2]]
 
 
 _NUMBER_TYPES = {int, float}  # what json.loads makes of a number (bool is a type of its own)

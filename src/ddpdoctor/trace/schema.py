@@ -38,8 +38,10 @@ FORMAT = "ddpdoctor-trace"
 # 9: a collective's static part (the COLLECTIVE_STATIC fields) is written once per call site,
 #    as a ``site`` record, and each collective line names it (``"site": N``, right after
 #    ``iteration``) instead of repeating it; the line has no ``state`` (always pending since
-#    version 3): a line of DDP's gradient bucket is ~85 bytes instead of ~250. Collective
-#    lines that carry their static part inline (versions 4 to 8) are read as before.
+#    version 3): a line of DDP's gradient bucket is ~85 bytes instead of ~250. A ``done``
+#    record's ``issued`` runs are [first id, first time, [µs after it, ...]]. Collective
+#    lines that carry their static part inline and issue times in full (versions 4 to 8)
+#    are read as before.
 VERSION = 9
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
 # damaged, not padded.
@@ -81,7 +83,9 @@ SITE = "site"  # a call site's static part, which collective lines name by its i
 COLLECTIVE_HEAD = ("id", "kind", "seq", "iteration")
 COLLECTIVE_HEAD_V3 = ("kind", "id", "rank", "seq", "iteration", "t")
 RANK_RECORD = b'{"kind": '
-ISSUED = "issued"  # in a ``done`` record: [[first id, [issue time, ...]], ...]
+# In a ``done`` record: [[first id, [issue time, ...]], ...]; from version 9 [[first id,
+# first issue time, [µs after it, ...]], ...].
+ISSUED = "issued"
 COLLECTIVE_VARIABLE = ("state", "p2p_seq", "bucket")
 SITE_REF = "site"  # version 9: after a collective line's iteration, the id of its site record
 COLLECTIVE_STATIC = ("group", "op", "label", "shapes", "dtypes", "numel", "stack", "reduce_op",
