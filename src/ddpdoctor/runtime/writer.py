@@ -479,7 +479,6 @@ class TraceWriter:
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
 
 
-
 def _run_json(first: int, times: Sequence[float]) -> str:
     """One run of ``issued``: ``[first id, first issue time, [µs after it, ...]]``, every
     time taken to the microsecond before the differences (no error builds up)."""
