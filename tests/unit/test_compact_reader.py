@@ -22,7 +22,7 @@ from ddpdoctor.trace.compact import CollectiveLog, NotCompact
 from ddpdoctor.trace.index import ListIndex, index_of
 from ddpdoctor.trace.model import Collective, Run
 from ddpdoctor.trace.reader import TraceError, load_run
-from ddpdoctor.trace.records import issued_of
+from ddpdoctor.trace.records import issued_of, site_fields
 
 from .writer_jobs import writer_job
 
@@ -491,11 +491,11 @@ def _as_format3(data: bytes) -> bytes:
             for first, ts in issued_of(json.loads(line)):
                 times.update({first + k: t for k, t in enumerate(ts)})
     out = [json.dumps({**head, "version": 3}).encode()]
-    sites: dict[int, dict] = {}
+    sites: dict[int, dict] = {}  # written by the writer: every site record is whole
     for line in lines[1:]:
         if line.startswith(b'{"kind": "site"'):
             rec = json.loads(line)
-            sites[rec["id"]] = {k: v for k, v in rec.items() if k not in ("kind", "id")}
+            sites[rec["id"]] = site_fields(rec)
             continue
         if line.startswith(b'{"id": '):
             rec = json.loads(line)
@@ -522,8 +522,7 @@ def _as_format8(data: bytes) -> bytes:
     for line in lines[1:]:
         if line.startswith(b'{"kind": "site"'):
             rec = json.loads(line)
-            sites[rec["id"]] = json.dumps({k: v for k, v in rec.items()
-                                           if k not in ("kind", "id")})[1:-1]
+            sites[rec["id"]] = json.dumps(site_fields(rec))[1:-1]
             continue
         if line.startswith(b'{"id": '):
             rec = json.loads(line)
