@@ -44,6 +44,8 @@ CNN = HERE / "cnn_job.py"
 SMALL_OPS = HERE / "small_ops.py"
 TAG_ENV = "DDPDOCTOR_BENCH_TAG"
 PLAIN, DOCTOR, DETAIL = "plain", "ddpdoctor", "detail"
+# plain torchrun with PyTorch's flight recorder off (torch 2.13 keeps 2,000 entries by default)
+NO_FR = "plain, no flight recorder"
 
 
 class _Future:
@@ -258,12 +260,14 @@ runpy.run_module("ddpdoctor", run_name="__main__", alter_sys=True)
 def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = None,
         timeout: float = 300.0, options: tuple[str, ...] = ()) -> JobResult:
     """Run ``script`` once on 2 gloo ranks: plain torchrun, under ``ddpdoctor run`` (with
-    ``options``), or plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``."""
+    ``options``), plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, or plain torchrun
+    with PyTorch's flight recorder off."""
     tag = uuid.uuid4().hex
     work = Path(tempfile.mkdtemp(prefix="ddpdoctor-bench-"))
     # TMPDIR: what torchrun and the ranks leave in the temporary folder goes with ``work``.
     environ = dict(os.environ, **(env or {}), **{TAG_ENV: tag, "TMPDIR": str(work)})
     environ.pop("TORCH_DISTRIBUTED_DEBUG", None)
+    environ.pop("TORCH_FR_BUFFER_SIZE", None)  # torch's default, unless NO_FR
     # A user's install has its modules' bytecode cached: a job must not compile ddpdoctor's
     # sources on every start because this shell says not to write bytecode.
     environ.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -276,6 +280,8 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
                "--master-port", str(free_port()), str(script), *args]
         if kind == DETAIL:
             environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+        if kind == NO_FR:
+            environ["TORCH_FR_BUFFER_SIZE"] = "0"
     cpu0, busy0, wall0 = _children_cpu(), machine_busy_cpu(), time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)

@@ -1,6 +1,7 @@
 """Small-op workload for the bench: a loop of ``all_reduce`` on one float32 on 2 gloo ranks, the
 case where a per-collective cost shows most. Each rank prints one line ``BENCH {json}``: the
-median µs per op and its process CPU µs per op (every thread: ddpdoctor's writer included).
+median µs per op, its process CPU µs per op (every thread: ddpdoctor's writer included) and
+the calling thread's CPU µs per op.
 
 ``--wrapper-ab`` (under ``ddpdoctor run``): blocks of all-reduces through ddpdoctor's recording
 group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks through
@@ -144,16 +145,18 @@ def main() -> None:
     t = torch.ones(1)
     for _ in range(200):
         dist.all_reduce(t)
-    chunks = []
+    chunks, thread = [], []
     cpu0 = time.process_time()
     for _ in range(10):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(args.ops // 10):
             dist.all_reduce(t)
+        thread.append((time.thread_time() - c0) / (args.ops // 10))
         chunks.append((time.perf_counter() - t0) / (args.ops // 10))
     cpu = time.process_time() - cpu0
     result = {"rank": dist.get_rank(), "op_us": statistics.median(chunks) * 1e6,
-              "cpu_us": cpu / (args.ops // 10 * 10) * 1e6}
+              "cpu_us": cpu / (args.ops // 10 * 10) * 1e6,
+              "thread_us": statistics.median(thread) * 1e6}
     if args.wrapper_ab:
         result.update(wrapper_ab(t, args.ops))
     print("BENCH " + json.dumps(result), flush=True)

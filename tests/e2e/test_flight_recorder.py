@@ -13,7 +13,7 @@ import pytest
 
 from ddpdoctor.launch.command import free_port
 
-from .jobs import EXAMPLES, REPO, SCRIPTS, marker_line, run_job
+from .jobs import EXAMPLES, REPO, SCRIPTS, ddpdoctor, kill_job_processes, marker_line, run_job
 
 SCRIPT = SCRIPTS / "fr_dump_job.py"
 
@@ -77,3 +77,41 @@ def test_run_with_the_flight_recorder_dumps_it_on_a_hang_and_diagnoses(tmp_path:
     root = job.report["findings"][0]
     assert root["cause"] == "rank_conditional_collective"
     assert root["ranks"]["0"]["site"]["line"] == marker_line(path, "rank0_barrier")
+
+
+
+def _flight_recorder_in_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                              size: str | None) -> list[dict]:
+    """What PyTorch's flight recorder held at the end of each rank of a clean recorded job,
+    with ``TORCH_FR_BUFFER_SIZE`` unset (None) or set by the user."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    folder = tmp_path / "fr"
+    folder.mkdir()
+    env = {"FR_DIR": str(folder), **({"TORCH_FR_BUFFER_SIZE": size} if size else {})}
+    try:
+        proc = ddpdoctor("run", "--logdir", str(tmp_path / "logs"), "--hang-timeout", "10",
+                         "--nproc-per-node", "2", str(SCRIPTS / "fr_entries.py"), env=env,
+                         timeout=90)
+    finally:
+        leftovers = kill_job_processes(tmp_path / "logs")
+    assert not leftovers, f"processes of the job outlived ddpdoctor: {leftovers}"
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads((folder / f"rank-{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.timeout(120)
+def test_a_recorded_gloo_job_does_not_pay_for_a_second_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch 2.13 keeps 2,000 entries by default; ddpdoctor records every gloo collective
+    # itself, so on a host with no CUDA device the flight recorder is switched off.
+    ranks = _flight_recorder_in_ranks(tmp_path, monkeypatch, None)
+    assert ranks == [{"entries": 0, "size": "0"}] * 2
+
+
+@pytest.mark.timeout(120)
+def test_a_flight_recorder_the_user_sized_is_left_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ranks = _flight_recorder_in_ranks(tmp_path, monkeypatch, "64")
+    for rank in ranks:
+        assert rank["size"] == "64" and 0 < rank["entries"] <= 64, rank

@@ -6,6 +6,7 @@ import ast
 import gc
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -163,6 +164,7 @@ os.environ.update({"DDPDOCTOR_LOGDIR": sys.argv[1], "RANK": "2", "LOCAL_RANK": "
 import threading
 from ddpdoctor.runtime import bootstrap
 bootstrap.boot()
+import pytest
 import torch
 import torch.distributed
 print("imported", torch.__version__)
@@ -198,3 +200,44 @@ def test_an_exception_deep_in_torch_keeps_the_users_frame() -> None:
     kept = kept_frames([user, *deep])
     assert kept[0] == user and kept[1:] == deep[-MAX_FRAMES:]
     assert kept_frames(deep[:5]) == deep[:5]
+
+
+def test_the_flight_recorder_is_switched_off_only_where_it_would_repeat_ddpdoctors_record(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddpdoctor.runtime import env
+    from ddpdoctor.runtime.torch_hooks import flight_recorder_redundant as redundant
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert redundant("gloo", {})
+    assert not redundant("nccl", {}), "NCCL groups ddpdoctor wraps keep their CUDA states"
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        assert not redundant("gloo", {name: "2000"}), "the user sized it"
+        assert not redundant("gloo", {name: "0"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not redundant("gloo", {}), "a GPU host may make NCCL groups later"
+    assert redundant("gloo", {env.CPU: "1"}), "CPU mode makes every NCCL group a gloo one"
+
+
+def test_an_nccl_group_beside_recorded_gloo_ones_has_its_flight_recorder_dumped_on_a_hang(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from ddpdoctor.runtime import pg_wrapper, torch_hooks
+    from ddpdoctor.runtime import torch_internals as internals
+
+    class Recording:  # stands for the job's recording default group
+        pass
+
+    recorder = SimpleNamespace(flight_recorder=False)
+    monkeypatch.setattr(torch_hooks, "_recorder", recorder)
+    monkeypatch.setattr(pg_wrapper, "RecordingProcessGroup", Recording)
+    monkeypatch.setattr(internals, "default_group", Recording)
+    monkeypatch.setattr(torch_hooks, "_inner_kind", "gloo")
+    made: list[object] = []
+    new_group = torch_hooks._wrap_new_group(lambda *a, **k: made.append(k.get("backend")))
+    new_group([0, 1], backend="gloo")
+    assert made == [torch_hooks.PLUGIN] and not recorder.flight_recorder
+    new_group([0, 1], backend="nccl")
+    assert made[-1] == "nccl" and recorder.flight_recorder
+    new_group([0, 1])  # the default group's backend: recorded gloo, not the NCCL just made
+    assert made[-1] == torch_hooks.PLUGIN and torch_hooks._inner_kind == "gloo"

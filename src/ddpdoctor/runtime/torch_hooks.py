@@ -5,6 +5,8 @@
 * wraps ``init_process_group`` / ``new_group`` so gloo groups are created through it, then
   restores the name ``gloo`` in c10d's world map (``get_backend()``, DDP's logger and
   ``monitored_barrier`` look the backend up by name);
+* switches PyTorch's flight recorder off where it would keep a second record of the
+  collectives ddpdoctor records (``flight_recorder_redundant``);
 * counts DDP forwards (the ``iteration`` of each record) and join shadow iterations, and records
   each DDP construction with its flags;
 * records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it);
@@ -25,7 +27,7 @@ import functools
 import importlib
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -133,8 +135,28 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
     return pg
 
 
+FR_BUFFER_SIZE = "TORCH_FR_BUFFER_SIZE"  # entries of PyTorch's flight recorder; 0: off
+# the same, as torch releases before the flight recorder's own name spelled it
+_FR_SETTINGS = (FR_BUFFER_SIZE, "TORCH_NCCL_TRACE_BUFFER_SIZE")
+
+
+def flight_recorder_redundant(inner_kind: str, environ: Mapping[str, str]) -> bool:
+    """Whether PyTorch's flight recorder would only keep what ddpdoctor records: the job's
+    groups are gloo groups ddpdoctor wraps and no NCCL group can follow (no CUDA device, or
+    CPU mode), and the user did not size the recorder. Its size is read once per process
+    and holds for every group, so a GPU host keeps it for the NCCL groups it may make."""
+    if inner_kind != "gloo" or any(name in environ for name in _FR_SETTINGS):
+        return False
+    if environ.get(env.CPU) == "1":
+        return True
+    import torch
+
+    return not torch.cuda.is_available()
+
+
 _NCCL_NAMES = ("nccl", "cuda:nccl")
 _inner_kind = "gloo"  # what the next recording group wraps: gloo, or nccl (opt-in)
+_default_kind = "gloo"  # what the recording default group wraps: a new group's without backend
 
 
 def _recordable(backend: Any) -> bool:
@@ -184,10 +206,14 @@ def _wrap_init(real: Callable) -> Callable:
         if _backend_override:
             backend = _backend_override
         recording = _recordable(backend) and os.environ.get(env.FLIGHT_RECORDER) != "1"
+        if recording and flight_recorder_redundant(_inner_kind, os.environ):
+            # Read once, when the first group is made: PyTorch would keep a second record
+            # of every collective ddpdoctor records (its default from 2.13 on).
+            os.environ[FR_BUFFER_SIZE] = "0"
         if not recording:
             # What ddpdoctor does not record itself, PyTorch's flight recorder does; the
             # watchdog dumps it into the log folder on a hang (read back by ``diff``).
-            os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
+            os.environ.setdefault(FR_BUFFER_SIZE, "2000")
             _recorder.flight_recorder = True
         if _recorder.group_ready:  # made again after destroy_process_group: a new round
             _recorder.next_round()
@@ -203,6 +229,8 @@ def _wrap_init(real: Callable) -> Callable:
             _recorder.init_done(False)
             raise
         pg = internals.default_group()
+        global _default_kind
+        _default_kind = _inner_kind
         name = _inner_kind if recording else str(dist.get_backend())
         _recorder.start(dist.get_rank(), dist.get_world_size(), name)
         _recorder.init_done(True)
@@ -238,12 +266,20 @@ def _wrap_new_group(real: Callable) -> Callable:
         default = internals.default_group()
         from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
+        if backend is None:  # the default group's backend, not the last group's
+            global _inner_kind
+            _inner_kind = _default_kind
+
         if isinstance(default, RecordingProcessGroup) and (backend is None
                                                             or _recordable(backend)):
             if isinstance(args, list):
                 args[2] = PLUGIN
             else:
                 kwargs["backend"] = PLUGIN
+        elif backend is not None:
+            # An NCCL group beside recorded gloo ones: only the flight recorder keeps its
+            # collectives (its size was read with the first group), dumped on a hang.
+            _recorder.flight_recorder = True
         pg = real(*args, **kwargs)
         if pg is not None and pg is not dist.GroupMember.NON_GROUP_MEMBER:
             _finish_group(pg)
