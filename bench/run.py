@@ -1,8 +1,9 @@
 """Every performance figure of ddpdoctor: ``python bench/run.py`` (``--quick``).
 
 First the headline, what a user sees (``whole_job.py``): whole jobs of plain torchrun and
-``ddpdoctor run`` in pairs, the median of the per-pair ratios with their interquartile range,
-the other tenants' CPU during each job, and ddpdoctor's own process's CPU per job-minute. Then
+``ddpdoctor run`` in units of four (plain, ddpdoctor, ddpdoctor, plain, or the reverse), the
+median of the per-unit ratios with their interquartile range, the other tenants' CPU during
+each job, and ddpdoctor's own process's CPU per job-minute. Then
 the table that explains it, each figure a ratio against a baseline measured in the same
 invocation:
 
@@ -726,8 +727,8 @@ def main() -> None:
     headline = ""
     try:
         if "job" not in skip:
-            say("headline: whole jobs, plain torchrun and ddpdoctor run in pairs")
-            headline = whole_job.tables(whole_job.run_pairs(4 if quick else 8,
+            say("headline: whole jobs, plain torchrun and ddpdoctor run in units of four")
+            headline = whole_job.tables(whole_job.run_units(4 if quick else 8,
                                                             150 if quick else 300, say))
         single_us = None
         if "a" not in skip:

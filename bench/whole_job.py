@@ -2,9 +2,10 @@
 
 ``python bench/whole_job.py`` (also the first table of ``bench/run.py``). A realistic job
 (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, DDP's default buckets, 2 gloo ranks,
-~100 ms steps) runs in pairs, plain torchrun and ``ddpdoctor run`` one after the other, the
-order swapped every pair so that a machine growing faster or slower during a pair hits both
-alike. For each pair the ratio ddpdoctor / plain of
+~50 ms steps) runs in units of four jobs in a row, plain torchrun, ``ddpdoctor run``,
+``ddpdoctor run``, plain torchrun (the next unit the other way round): a machine that grows
+faster or slower at a steady rate during a unit hits both kinds alike, and each kind's figure
+is the mean of its two jobs. For each unit the ratio ddpdoctor / plain of
 
 * the median step time,
 * the ranks' CPU over the measured steps (every thread: ddpdoctor's in-rank threads included),
@@ -12,10 +13,13 @@ alike. For each pair the ratio ddpdoctor / plain of
   ranks, start-up and the report included),
 
 and the CPU of ddpdoctor's own process (launcher, monitor, report) per minute of the job. The
-figure is the median of the per-pair ratios with their interquartile range; a target is met
-only when the whole range sits inside it. The other tenants' CPU during each job (the
-machine's busy CPU less the job's own) is recorded, and a pair where either job shared the
-machine with more than NOISY_CORES of others' work is flagged.
+figure is the median of the per-unit ratios with their interquartile range; a target is met
+only when the whole range sits inside it. The ratios of neighbouring jobs alone (two pairs a
+unit, each plain job against the ddpdoctor job next to it) are shown beside, with their
+range: on this 2-core VM two jobs in a row differ by ±1-3 % with nothing else running. The
+other tenants' CPU during each job (the machine's busy CPU less the job's own) is recorded,
+and a unit where any job shared the machine with more than NOISY_CORES of others' work is
+flagged.
 """
 
 from __future__ import annotations
@@ -32,28 +36,47 @@ sys.path.insert(0, str(HERE))
 
 import overhead  # noqa: E402
 
-NOISY_CORES = 0.10  # other tenants' CPU, in cores, above which a pair is flagged
+NOISY_CORES = 0.10  # other tenants' CPU, in cores, above which a unit is flagged
 DEFAULT_BUCKETS_MB = 25.0  # DDP's default bucket_cap_mb
 
 
 @dataclass
-class Pair:
-    plain: overhead.JobResult
-    doctor: overhead.JobResult
+class Unit:
+    """Four jobs in a row: plain, ddpdoctor, ddpdoctor, plain (``plain_first``) or the
+    reverse; each kind's two jobs in the order they ran."""
+
+    plain: tuple[overhead.JobResult, overhead.JobResult]
+    doctor: tuple[overhead.JobResult, overhead.JobResult]
+    plain_first: bool = True
+
+    @property
+    def jobs(self) -> tuple[overhead.JobResult, ...]:
+        return (*self.plain, *self.doctor)
 
     @property
     def others_cores(self) -> float:
-        """The busier job's other tenants, in cores (0 within /proc/stat's tick rounding)."""
-        return max(self.plain.others_cores, self.doctor.others_cores, 0.0)
+        """The busiest job's other tenants, in cores (0 within /proc/stat's tick rounding)."""
+        return max(*(j.others_cores for j in self.jobs), 0.0)
 
     @property
     def noisy(self) -> bool:
         return not self.others_cores <= NOISY_CORES
 
+    def ratio(self, value: Callable[[overhead.JobResult], float]) -> float:
+        """ddpdoctor's mean ``value`` over plain's: a steady drift cancels out."""
+        return sum(value(j) for j in self.doctor) / sum(value(j) for j in self.plain)
+
+    def neighbours(self, value: Callable[[overhead.JobResult], float]) -> list[float]:
+        """The ratios of the two pairs of neighbouring jobs (the first and the last two)."""
+        first, last = (0, 1) if self.plain_first else (1, 0)
+        return [value(self.doctor[first]) / value(self.plain[first]),
+                value(self.doctor[last]) / value(self.plain[last])]
+
 
 @dataclass
 class Figure:
-    """One measure over the pairs: the median of the per-pair ratios and their quartiles."""
+    """One measure over the units: the median of the per-unit ratios and their quartiles,
+    and the ratios of neighbouring jobs alone."""
 
     measure: str
     base: float
@@ -61,6 +84,7 @@ class Figure:
     unit: str
     ratios: list[float]
     target: float | None
+    neighbours: list[float]
 
     @property
     def median(self) -> float:
@@ -75,19 +99,21 @@ class Figure:
         return None if self.target is None else self.quartiles[1] <= self.target
 
 
-def run_pairs(pairs: int, steps: int, say: Callable[[str], None]) -> list[Pair]:
+def run_units(units: int, steps: int, say: Callable[[str], None]) -> list[Unit]:
     args = ["--steps", str(steps), "--bucket-cap-mb", str(DEFAULT_BUCKETS_MB)]
     out = []
-    for i in range(pairs):
-        order = [overhead.PLAIN, overhead.DOCTOR] if i % 2 == 0 else \
-            [overhead.DOCTOR, overhead.PLAIN]
-        done = {kind: overhead.job(kind, overhead.CNN, args, timeout=600) for kind in order}
-        out.append(Pair(done[overhead.PLAIN], done[overhead.DOCTOR]))
-        p = out[-1]
-        say(f"pair {i + 1}/{pairs}: step ×{_step(p.doctor) / _step(p.plain):.3f}, rank CPU "
-            f"×{_cpu(p.doctor) / _cpu(p.plain):.3f}, all processes "
-            f"×{p.doctor.job_cpu_s / p.plain.job_cpu_s:.3f}, others "
-            f"{p.others_cores:.2f} cores")
+    for i in range(units):
+        plain_first = i % 2 == 0
+        a, b = (overhead.PLAIN, overhead.DOCTOR) if plain_first else \
+            (overhead.DOCTOR, overhead.PLAIN)
+        done: dict[str, list[overhead.JobResult]] = {overhead.PLAIN: [], overhead.DOCTOR: []}
+        for kind in (a, b, b, a):
+            done[kind].append(overhead.job(kind, overhead.CNN, args, timeout=600))
+        u = Unit((done[overhead.PLAIN][0], done[overhead.PLAIN][1]),
+                 (done[overhead.DOCTOR][0], done[overhead.DOCTOR][1]), plain_first)
+        out.append(u)
+        say(f"unit {i + 1}/{units}: step ×{u.ratio(_step):.3f}, rank CPU ×{u.ratio(_cpu):.3f}, "
+            f"all processes ×{u.ratio(_job_cpu):.3f}, others {u.others_cores:.2f} cores")
     return out
 
 
@@ -99,56 +125,76 @@ def _cpu(r: overhead.JobResult) -> float:
     return r.total("cpu_s")
 
 
-def figures(pairs: list[Pair]) -> list[Figure]:
+def _job_cpu(r: overhead.JobResult) -> float:
+    return r.job_cpu_s
+
+
+def _wall(r: overhead.JobResult) -> float:
+    return r.wall_s
+
+
+def figures(units: list[Unit]) -> list[Figure]:
     def fig(measure: str, unit: str, value: Callable[[overhead.JobResult], float],
             target: float | None) -> Figure:
-        return Figure(measure, statistics.median(value(p.plain) for p in pairs),
-                      statistics.median(value(p.doctor) for p in pairs), unit,
-                      [value(p.doctor) / value(p.plain) for p in pairs], target)
+        return Figure(measure, statistics.median(value(j) for u in units for j in u.plain),
+                      statistics.median(value(j) for u in units for j in u.doctor), unit,
+                      [u.ratio(value) for u in units], target,
+                      [r for u in units for r in u.neighbours(value)])
 
     return [fig("median step time", "ms", _step, 1.01),
             fig("rank CPU over the steps", "s", _cpu, 1.01),
-            fig("CPU of every process of the job", "s", lambda r: r.job_cpu_s, 1.02),
-            fig("job wall time, start to report", "s", lambda r: r.wall_s, None)]
+            fig("CPU of every process of the job", "s", _job_cpu, 1.02),
+            fig("job wall time, start to report", "s", _wall, None)]
 
 
-def own_cpu_per_minute(pairs: list[Pair]) -> list[float]:
+def own_cpu_per_minute(units: list[Unit]) -> list[float]:
     """ddpdoctor's own process's CPU seconds per minute of its job, job by job."""
-    return [p.doctor.launcher_cpu_s / (p.doctor.wall_s / 60) for p in pairs]
+    return [j.launcher_cpu_s / (j.wall_s / 60) for u in units for j in u.doctor]
 
 
-def tables(pairs: list[Pair]) -> str:
-    """The headline table and the per-pair table, as Markdown."""
-    steps = pairs[0].doctor.ranks[0]["steps"]
-    lines = ["| measure | plain torchrun | ddpdoctor run | ratio (median of pairs) | IQR | "
-             "target | met |", "|---|---|---|---|---|---|---|"]
-    for f in figures(pairs):
+def _two(jobs: tuple[overhead.JobResult, ...], value: Callable[[overhead.JobResult], float],
+         digits: int) -> str:
+    return ", ".join(f"{value(j):.{digits}f}" for j in jobs)
+
+
+def tables(units: list[Unit]) -> str:
+    """The headline table and the per-unit table, as Markdown."""
+    steps = units[0].doctor[0].ranks[0]["steps"]
+    lines = ["| measure | plain torchrun | ddpdoctor run | ratio (median of units) | IQR | "
+             "target | met | neighbouring jobs alone: median, IQR, range |",
+             "|---|---|---|---|---|---|---|---|"]
+    for f in figures(units):
         lo, hi = f.quartiles
         target = f"≤ ×{f.target:.2f}" if f.target else ""
         met = {True: "yes", False: "NO", None: ""}[f.met]
+        n_lo, n_hi = overhead.interquartile(f.neighbours)
         lines.append(f"| {f.measure} | {f.base:.1f} {f.unit} | {f.value:.1f} {f.unit} | "
-                     f"×{f.median:.3f} | ×{lo:.3f}–{hi:.3f} | {target} | {met} |")
-    own = own_cpu_per_minute(pairs)
+                     f"×{f.median:.3f} | ×{lo:.3f}–{hi:.3f} | {target} | {met} | "
+                     f"×{statistics.median(f.neighbours):.3f}, ×{n_lo:.3f}–{n_hi:.3f}, "
+                     f"×{min(f.neighbours):.3f}–{max(f.neighbours):.3f} |")
+    own = own_cpu_per_minute(units)
     low, high = overhead.interquartile(own)
     lines.append(f"| ddpdoctor's own process, CPU per job-minute | — | "
                  f"{statistics.median(own):.2f} CPU-s | | {low:.2f}–{high:.2f} | ≤ 1.00 | "
-                 f"{'yes' if high <= 1.0 else 'NO'} |")
-    lines += ["", f"{len(pairs)} pairs, {steps} steps each (plus 5 warm-up), DDP's default "
-              f"buckets; a pair is noisy when others used more than {NOISY_CORES:.2f} cores "
-              f"during either job.", "",
-              "| pair | order | step ms plain / ddp | rank CPU s plain / ddp | all CPU s plain "
+                 f"{'yes' if high <= 1.0 else 'NO'} | |")
+    lines += ["", f"{len(units)} units of 4 jobs, {steps} steps each (plus 5 warm-up), DDP's "
+              f"default buckets; a unit is noisy when others used more than "
+              f"{NOISY_CORES:.2f} cores during any of its jobs.", "",
+              "| unit | order | step ms plain / ddp | rank CPU s plain / ddp | all CPU s plain "
               "/ ddp | ddpdoctor's own CPU s | wall s plain / ddp | others' cores | noisy |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for i, p in enumerate(pairs):
-        order = "plain first" if i % 2 == 0 else "ddpdoctor first"
+    for i, u in enumerate(units):
+        order = "plain, ddp, ddp, plain" if u.plain_first else "ddp, plain, plain, ddp"
         lines.append(
-            f"| {i + 1} | {order} | {_step(p.plain):.1f} / {_step(p.doctor):.1f} | "
-            f"{_cpu(p.plain):.2f} / {_cpu(p.doctor):.2f} | {p.plain.job_cpu_s:.2f} / "
-            f"{p.doctor.job_cpu_s:.2f} | {p.doctor.launcher_cpu_s:.2f} | {p.plain.wall_s:.1f} / "
-            f"{p.doctor.wall_s:.1f} | {p.others_cores:.2f} | {'yes' if p.noisy else ''} |")
-    quiet = [p for p in pairs if not p.noisy]
-    if quiet and len(quiet) < len(pairs):
-        lines += ["", f"The {len(quiet)} quiet pairs alone:"]
+            f"| {i + 1} | {order} | {_two(u.plain, _step, 1)} / {_two(u.doctor, _step, 1)} | "
+            f"{_two(u.plain, _cpu, 2)} / {_two(u.doctor, _cpu, 2)} | "
+            f"{_two(u.plain, _job_cpu, 2)} / {_two(u.doctor, _job_cpu, 2)} | "
+            f"{_two(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
+            f"{_two(u.plain, _wall, 1)} / {_two(u.doctor, _wall, 1)} | "
+            f"{u.others_cores:.2f} | {'yes' if u.noisy else ''} |")
+    quiet = [u for u in units if not u.noisy]
+    if quiet and len(quiet) < len(units):
+        lines += ["", f"The {len(quiet)} quiet units alone:"]
         for f in figures(quiet):
             lo, hi = f.quartiles
             lines.append(f"* {f.measure}: ×{f.median:.3f} (×{lo:.3f}–{hi:.3f})")
@@ -157,12 +203,12 @@ def tables(pairs: list[Pair]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--units", type=int, default=8, help="units of four jobs")
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    pairs = run_pairs(args.pairs, args.steps,
+    units = run_units(args.units, args.steps,
                       lambda m: print(m, file=sys.stderr, flush=True))
-    print(tables(pairs))
+    print(tables(units))
 
 
 if __name__ == "__main__":

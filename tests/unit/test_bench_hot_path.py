@@ -41,7 +41,7 @@ def _bench_module(name: str) -> object:
         sys.path.remove(str(BENCH))
 
 
-def test_the_headline_is_the_median_of_per_pair_ratios_and_met_only_inside_its_range() -> None:
+def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_range() -> None:
     whole = _bench_module("whole_job")
     overhead = sys.modules["overhead"]
 
@@ -50,18 +50,35 @@ def test_the_headline_is_the_median_of_per_pair_ratios_and_met_only_inside_its_r
         return overhead.JobResult(ranks, job_cpu_s=cpu + 5, wall_s=30.0,
                                   others_cpu_s=others * 30.0, launcher_cpu_s=launcher)
 
-    pairs = [whole.Pair(job(50, 20), job(50 * r, 20 * r)) for r in (1.0, 1.005, 1.008, 1.02)]
-    step = whole.figures(pairs)[0]
-    assert step.ratios == [1.0, 1.005, 1.008, 1.02]
+    def unit(r: float, drift: float = 0.0, plain_first: bool = True) -> object:
+        # four jobs in a row on a machine growing slower by ``drift`` a job
+        times = [50 * (1 + drift * i) for i in range(4)]
+        kinds = ["plain", "ddp", "ddp", "plain"] if plain_first else \
+            ["ddp", "plain", "plain", "ddp"]
+        jobs: dict[str, list] = {"plain": [], "ddp": []}
+        for kind, t in zip(kinds, times):
+            scale = r if kind == "ddp" else 1.0
+            jobs[kind].append(job(t * scale, 20 * scale))
+        return whole.Unit(tuple(jobs["plain"]), tuple(jobs["ddp"]), plain_first)
+
+    units = [unit(r) for r in (1.0, 1.005, 1.008, 1.02)]
+    step = whole.figures(units)[0]
+    assert [round(x, 9) for x in step.ratios] == [1.0, 1.005, 1.008, 1.02]
     assert abs(step.median - 1.0065) < 1e-9
     assert step.quartiles[1] > 1.01 and step.met is False  # median inside, range not: NO
-    quiet = whole.figures(pairs[:3])[0]
+    quiet = whole.figures(units[:3])[0]
     assert quiet.met is True
-    noisy = whole.Pair(job(50, 20, others=0.5), job(50, 20))
-    assert noisy.noisy and not pairs[0].noisy
-    assert whole.own_cpu_per_minute(pairs) == [0.6] * 4  # 0.3 CPU-s in a 30 s job
-    text = whole.tables(pairs + [noisy])
-    assert "| 5 | plain first |" in text and "| yes |" in text and "quiet pairs alone" in text
+    # A steady drift cancels out of a unit, not out of its neighbouring pairs.
+    drifting = unit(1.0, drift=0.02)
+    assert abs(drifting.ratio(lambda j: j.median("step_ms")) - 1.0) < 1e-9
+    assert [round(x, 4) for x in drifting.neighbours(lambda j: j.median("step_ms"))] == \
+        [round(1.02 / 1.0, 4), round(1.04 / 1.06, 4)]
+    noisy = whole.Unit((job(50, 20, others=0.5), job(50, 20)), (job(50, 20), job(50, 20)))
+    assert noisy.noisy and not units[0].noisy
+    assert whole.own_cpu_per_minute(units) == [0.6] * 8  # 0.3 CPU-s in a 30 s job
+    text = whole.tables(units + [noisy])
+    assert "| 5 | plain, ddp, ddp, plain |" in text and "| yes |" in text
+    assert "quiet units alone" in text
 
 
 def test_copies_of_real_traces_name_their_own_rank_and_keep_collective_lines() -> None:
