@@ -258,8 +258,8 @@ runpy.run_module("ddpdoctor", run_name="__main__", alter_sys=True)
 
 
 def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = None,
-        timeout: float = 300.0, options: tuple[str, ...] = ()) -> JobResult:
-    """Run ``script`` once on 2 gloo ranks: plain torchrun, under ``ddpdoctor run`` (with
+        timeout: float = 300.0, options: tuple[str, ...] = (), nproc: int = 2) -> JobResult:
+    """Run ``script`` once on ``nproc`` gloo ranks: plain torchrun, under ``ddpdoctor run`` (with
     ``options``), plain torchrun with ``TORCH_DISTRIBUTED_DEBUG=DETAIL``, or plain torchrun
     with PyTorch's flight recorder off."""
     tag = uuid.uuid4().hex
@@ -274,9 +274,9 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
     if kind == DOCTOR:
         environ[SELF_CPU_ENV] = str(work / "launcher-cpu")
         cmd = [sys.executable, "-c", _SELF_CPU, "run", "--logdir", str(work / "logs"),
-               *options, "--nproc-per-node", "2", str(script), *args]
+               *options, "--nproc-per-node", str(nproc), str(script), *args]
     else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                "--master-port", str(free_port()), str(script), *args]
         if kind == DETAIL:
             environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
@@ -293,7 +293,7 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
         stop_tagged(tag)
     try:
         lines = bench_lines(out.stdout)
-        if len(lines) != 2:
+        if len(lines) != nproc:
             raise JobFailed(f"{kind} job of {script.name} failed (exit {out.returncode}): "
                             + _last_error(out.stderr))
         wall, job_cpu = time.perf_counter() - wall0, _children_cpu() - cpu0
