@@ -208,7 +208,7 @@ def _wrap_init(real: Callable) -> Callable:
         recording = _recordable(backend) and os.environ.get(env.FLIGHT_RECORDER) != "1"
         if recording and flight_recorder_redundant(_inner_kind, os.environ):
             # Read once, when the first group is made: PyTorch would keep a second record
-            # of every collective ddpdoctor records (torch 2.13 keeps 2,000 by default).
+            # of every collective ddpdoctor records (2.13 and 2.15 keep 2,000 by default).
             os.environ[FR_BUFFER_SIZE] = "0"
         if not recording:
             # What ddpdoctor does not record itself, PyTorch's flight recorder does; the
