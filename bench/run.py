@@ -286,8 +286,17 @@ def small_ops(rounds: int, ops: int, single_us: float | None = None
     doc = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median("op_us"))
     det = overhead.paired(res, overhead.PLAIN, overhead.DETAIL, lambda r: r.median("op_us"))
     cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median("cpu_us"))
-    job_added = [o - b for b, o in zip(cpu.base, cpu.other)]
-    extra = statistics.median(job_added)
+
+    def whole_jobs(measure: str, key: str, what: str) -> Row:
+        """A cross-check row: ``key`` per op of ddpdoctor jobs against plain ones."""
+        pair = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median(key))
+        added = [o - b for b, o in zip(pair.base, pair.other)]
+        return Row("c", measure, "plain torchrun", statistics.median(pair.base),
+                   statistics.median(pair.other), "µs", "", None,
+                   f"cross-check, {statistics.median(added):+.1f} µs (median of per-round "
+                   f"differences, {min(added):+.1f} to {max(added):+.1f}): {what}",
+                   median_ratio=pair.ratio)
+
     base = statistics.median(doc.base)
     share = (f"; ddpdoctor adds {(doc.ratio - 1) / (det.ratio - 1):.1%} of what DETAIL adds"
              if det.ratio > 1 else "")
@@ -315,9 +324,6 @@ def small_ops(rounds: int, ops: int, single_us: float | None = None
             f"+{single_us:.2f} single-process: item a): the rest is its code and data, "
             f"cold again after each wait")
     base_process = statistics.median(cpu.base)
-    whole = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR,
-                            lambda r: r.median("thread_us"))
-    whole_added = [o - b for b, o in zip(whole.base, whole.other)]
     return [
         Row("c", "caller-thread CPU per collective, both ranks running",
             "ProcessGroup → gloo", statistics.median(plain), statistics.median(wrapped), "µs",
@@ -335,20 +341,15 @@ def small_ops(rounds: int, ops: int, single_us: float | None = None
             f"{q[0]:+.1f} to {q[2]:+.1f} over {len(ranks)} ranks × jobs, met when the upper "
             f"one is inside; the flight recorder, off in both arms here, is not credited "
             f"(item a)"),
-        Row("c", "same loop, whole jobs: training-thread CPU per op", "plain torchrun",
-            statistics.median(whole.base), statistics.median(whole.other), "µs", "", None,
-            f"cross-check of the first row, {statistics.median(whole_added):+.1f} µs (median "
-            f"of per-round differences, {min(whole_added):+.1f} to {max(whole_added):+.1f}): "
-            f"ddpdoctor's record, less the flight recorder's, which it switches off"),
+        whole_jobs("same loop, whole jobs: training-thread CPU per op", "thread_us",
+                   "ddpdoctor's record (first row), less the flight recorder's, which it "
+                   "switches off"),
         Row("c", "a pure-Python loop before each collective: its caller-thread CPU, in the job",
             "the loop alone", spin_alone, spin_job, "µs", "", None,
             f"a loop's CPU costs ×{spin_ratio:.1f} its single-process price here while both "
             f"ranks run (same A/B blocks){recording_ratio}"),
-        Row("c", "same loop, whole jobs: process CPU per op", "plain torchrun",
-            statistics.median(cpu.base), statistics.median(cpu.other), "µs", "", None,
-            f"cross-check, {extra:+.1f} µs (median of per-round differences, "
-            f"{min(job_added):+.1f} to {max(job_added):+.1f}: jobs against jobs spread wider "
-            f"than the target); every thread of the rank", median_ratio=cpu.ratio),
+        whole_jobs("same loop, whole jobs: process CPU per op", "cpu_us",
+                   "every thread of the rank; jobs against jobs spread wider than the target"),
         Row("c", "same loop: time per op, ddpdoctor", "plain torchrun", base,
             statistics.median(doc.other), "µs/op", "< DETAIL", doc.ratio < det.ratio,
             f"median of per-round ratios, {doc.spread()}", median_ratio=doc.ratio),
