@@ -67,10 +67,9 @@ class Unit:
         return sum(value(j) for j in self.doctor) / sum(value(j) for j in self.plain)
 
     def neighbours(self, value: Callable[[overhead.JobResult], float]) -> list[float]:
-        """The ratios of the two pairs of neighbouring jobs (the first and the last two)."""
-        first, last = (0, 1) if self.plain_first else (1, 0)
-        return [value(self.doctor[first]) / value(self.plain[first]),
-                value(self.doctor[last]) / value(self.plain[last])]
+        """The ratios of the two pairs of neighbouring jobs (the first two and the last two
+        of the unit: each kind's first jobs, then its second ones)."""
+        return [value(d) / value(p) for p, d in zip(self.plain, self.doctor)]
 
 
 @dataclass
