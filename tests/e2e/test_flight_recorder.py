@@ -79,7 +79,6 @@ def test_run_with_the_flight_recorder_dumps_it_on_a_hang_and_diagnoses(tmp_path:
     assert root["ranks"]["0"]["site"]["line"] == marker_line(path, "rank0_barrier")
 
 
-
 def _flight_recorder_in_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                               size: str | None) -> list[dict]:
     """What PyTorch's flight recorder held at the end of each rank of a clean recorded job,
