@@ -225,8 +225,9 @@ def test_an_nccl_group_beside_recorded_gloo_ones_has_its_flight_recorder_dumped_
     from ddpdoctor.runtime import pg_wrapper, torch_hooks
     from ddpdoctor.runtime import torch_internals as internals
 
-    class Recording:  # stands for the job's recording default group
-        pass
+    class Recording:  # stands for the job's recording default group, around gloo
+        def getBackendName(self) -> str:  # noqa: N802 - the C++ virtual's name
+            return "gloo"
 
     recorder = SimpleNamespace(flight_recorder=False)
     monkeypatch.setattr(torch_hooks, "_recorder", recorder)

@@ -156,7 +156,6 @@ def flight_recorder_redundant(inner_kind: str, environ: Mapping[str, str]) -> bo
 
 _NCCL_NAMES = ("nccl", "cuda:nccl")
 _inner_kind = "gloo"  # what the next recording group wraps: gloo, or nccl (opt-in)
-_default_kind = "gloo"  # what the recording default group wraps: a new group's without backend
 
 
 def _recordable(backend: Any) -> bool:
@@ -229,8 +228,6 @@ def _wrap_init(real: Callable) -> Callable:
             _recorder.init_done(False)
             raise
         pg = internals.default_group()
-        global _default_kind
-        _default_kind = _inner_kind
         name = _inner_kind if recording else str(dist.get_backend())
         _recorder.start(dist.get_rank(), dist.get_world_size(), name)
         _recorder.init_done(True)
@@ -266,10 +263,10 @@ def _wrap_new_group(real: Callable) -> Callable:
         default = internals.default_group()
         from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
-        if backend is None:  # the default group's backend, not the last group's
+        if backend is None and isinstance(default, RecordingProcessGroup):
+            # the default group's backend, not the last group's
             global _inner_kind
-            _inner_kind = _default_kind
-
+            _inner_kind = "nccl" if default.getBackendName() == "nccl" else "gloo"
         if isinstance(default, RecordingProcessGroup) and (backend is None
                                                             or _recordable(backend)):
             if isinstance(args, list):
