@@ -238,3 +238,24 @@ def test_a_first_activity_record_without_an_io_figure_is_no_evidence_of_idling(
     r0.activity(T0 + 2, 0.0, "save", io_rate=20_000_000)
     job.poll(T0 + 2)
     assert job.ranks[0].still_since is None and job.verdict(2.5, None, T0 + 10) is None
+
+
+def test_the_launcher_polls_fast_once_a_rank_has_issued_nothing_for_a_while(
+        tmp_path: Path) -> None:
+    """A collective still pending because the rank's writer reports completions only every
+    half second is no wait while the rank keeps issuing; one pending with nothing issued
+    since for WAITED seconds is (and so is init_process_group)."""
+    from ddpdoctor.launch.job import WAITED, _someone_waits
+
+    job, r0, r1 = _job(tmp_path)
+    r0._write({"kind": "init", "t": T0, "state": "pending"})
+    job.poll(T0)
+    assert not _someone_waits(job, T0 + WAITED / 2)
+    assert _someone_waits(job, T0 + WAITED + 0.01)  # waiting in init_process_group
+    r0._write({"kind": "init", "t": T0, "state": "completed"})
+    r0.coll(), r1.coll()  # issued at T0 + 1, not yet reported complete
+    job.poll(T0 + 1)
+    r0.coll(), r1.coll()  # the next step's, issued 0.4 s later
+    job.poll(T0 + 1.4)
+    assert not _someone_waits(job, T0 + 1.4 + WAITED / 2)  # the first pending 0.55 s
+    assert _someone_waits(job, T0 + 1.4 + WAITED + 0.01)

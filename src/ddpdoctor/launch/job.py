@@ -76,9 +76,10 @@ FIRST_STATUS = 1.5  # seconds before the first progress update
 
 # Seconds between two reads of the traces. A poll costs ~1 ms of ddpdoctor's CPU (more with
 # many collectives a second): at the slow rate its own process stays under 1 CPU-second per
-# minute of the job (bench/whole_job.py). It polls fast once some rank is blocked or has
-# waited WAITED seconds in a collective (a DDP rank has one pending most of the time, for
-# milliseconds), so that a provable deadlock is still called within 2 s (bench/run.py, e).
+# minute of the job (bench/whole_job.py). It polls fast once some rank is blocked, or has a
+# collective pending and has issued none for WAITED seconds (a DDP rank has one pending most
+# of the time, and the rank's writer reports completions only every half second), so that a
+# provable deadlock is still called within 2 s (bench/run.py, e).
 POLL_RUNNING = 0.5
 POLL_WAITING = 0.1
 WAITED = 0.3
@@ -113,8 +114,11 @@ class _JobEnd:
 
 
 def _someone_waits(progress: JobProgress, now: float) -> bool:
-    return any(p.blocked or (p.waiting and now - min(q.seen for q in p.pending.values())
-                             >= WAITED) for p in progress.live())
+    """Whether some rank waits: blocked, or in a collective (``init_process_group``
+    included) for WAITED seconds since it last issued one."""
+    return any(p.blocked or (p.waiting and now - max(
+        p.last_issue, min(q.seen for q in p.pending.values())) >= WAITED)
+        for p in progress.live())
 
 
 def _pump_terminal(fd: int, sink: Callable[[str, bool], None]) -> threading.Thread:

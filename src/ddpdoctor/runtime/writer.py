@@ -90,11 +90,12 @@ MAX_PENDING_LISTED = 1024  # ids a ``done`` record lists as still running, at mo
 MAX_SITES = 65536  # sites kept for reuse, at most
 
 
-# How often the writer thread wakes to record completions. Each wake-up of a thread in a busy
-# rank costs far more than its own work (a few hundred µs of CPU on a 2-core VM: it takes the
-# GIL from the training loop): at 50 ms this thread was ~0.7 % of a CNN rank's CPU, at 200 ms
-# ~0.2 %. Hang detection works in seconds; the timeline's completion times are this coarse.
-DONE_SECONDS = 0.2
+# How often the writer thread wakes to record completions. A wake-up in a busy rank costs far
+# more than its own work: ~300 µs of CPU on a 2-core VM, its code cold after the training
+# loop's (bench/RESULTS.md, session 23: the CNN job's writer thread used 1.6 ms of CPU per
+# second at 0.2 s, 0.9 at 0.5 s, 0.6 at 1 s, whatever it found to do). Hang detection works in
+# seconds; the timeline's completion times are this coarse.
+DONE_SECONDS = 0.5
 PREFAULT_BYTES = 64 * 1024  # the least the writer thread faults in ahead of the data
 
 
