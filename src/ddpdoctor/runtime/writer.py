@@ -179,7 +179,6 @@ class TraceWriter:
         self.interval = interval
         self.failed = False  # a write failed: the trace is cut from there on
         self._next_id = 0
-        self.issued: dict[str, int] = {}  # group -> highest seq written
         self.completed = 0  # collectives known to have completed
         # Each collective written: its id, issue time, per-call fields and site, appended to
         # a flat list by the thread that issues it (_ISSUED_FIELDS per collective) and taken
@@ -256,7 +255,6 @@ class TraceWriter:
             cid = self._next_id
             self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
             if seq is not None:
-                self.issued[site.group] = seq
                 cap = self._cap
                 if cap is not None and cap.active and \
                         cap.fold(site.group, cid, seq, iteration, bucket, t, site.text, lines):
