@@ -56,6 +56,9 @@ class RecordingAB:
         self.group, self.on = group, True
         self.cpu = {True: 0.0, False: 0.0}
         self.calls = {True: 0, False: 0}
+        # The training thread's CPU over whole steps, on and off: what recording costs the
+        # step, its effect on the training's own work (caches it evicts) included.
+        self.step_cpu: dict[bool, list[float]] = {True: [], False: []}
 
         def timed(*args: object, **kwargs: object) -> object:
             t0 = time.thread_time()
@@ -70,10 +73,16 @@ class RecordingAB:
     def use(self, on: bool) -> None:
         self.on = self.group._enabled = on  # type: ignore[attr-defined]
 
+    def step_done(self, cpu: float) -> None:
+        self.step_cpu[self.on].append(cpu)
+
     def result(self) -> dict:
         self.use(True)
-        return {f"issue_{name}_us": self.cpu[on] / max(self.calls[on], 1) * 1e6
-                for name, on in (("on", True), ("off", False))}
+        out = {f"issue_{name}_us": self.cpu[on] / max(self.calls[on], 1) * 1e6
+               for name, on in (("on", True), ("off", False))}
+        for name, on in (("on", True), ("off", False)):
+            out[f"step_cpu_{name}_ms"] = statistics.mean(self.step_cpu[on] or [0.0]) * 1e3
+        return out
 
 
 def main() -> None:
@@ -88,7 +97,7 @@ def main() -> None:
                         help="seconds per step: sleep out the rest (a job of N steps/s)")
     parser.add_argument("--ab", action="store_true",
                         help="under ddpdoctor: recording on and off in alternate steps, the "
-                             "recording group's calls timed (thread CPU) in each")
+                             "recording group's calls and the steps timed (thread CPU) in each")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
@@ -119,7 +128,10 @@ def main() -> None:
     for i in range(args.steps):
         if ab is not None:
             ab.use(i % 2 == 0)
+        step_cpu = time.thread_time()
         times.append(step())
+        if ab is not None:
+            ab.step_done(time.thread_time() - step_cpu)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     main_cpu, tool1 = time.thread_time() - main0, tool_threads_cpu()
     tools = {name: cpu - tool0.get(name, 0.0) for name, cpu in tool1.items()}
