@@ -128,10 +128,12 @@ def main() -> None:
     for i in range(args.steps):
         if ab is not None:
             ab.use(i % 2 == 0)
+        if ab is None:
+            times.append(step())
+            continue
         step_cpu = time.thread_time()
         times.append(step())
-        if ab is not None:
-            ab.step_done(time.thread_time() - step_cpu)
+        ab.step_done(time.thread_time() - step_cpu)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     main_cpu, tool1 = time.thread_time() - main0, tool_threads_cpu()
     tools = {name: cpu - tool0.get(name, 0.0) for name, cpu in tool1.items()}
