@@ -126,11 +126,10 @@ def main() -> None:
     main0 = time.thread_time()
     times = []
     for i in range(args.steps):
-        if ab is not None:
-            ab.use(i % 2 == 0)
         if ab is None:
             times.append(step())
             continue
+        ab.use(i % 2 == 0)
         step_cpu = time.thread_time()
         times.append(step())
         ab.step_done(time.thread_time() - step_cpu)
