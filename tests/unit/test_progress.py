@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ddpdoctor.analysis.hang_rules import SETTLE
+from ddpdoctor.launch.job import WAITED, _someone_waits
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.schema import Stop
@@ -245,8 +246,6 @@ def test_the_launcher_polls_fast_once_a_rank_has_issued_nothing_for_a_while(
     """A collective still pending because the rank's writer reports completions only every
     half second is no wait while the rank keeps issuing; one pending with nothing issued
     since for WAITED seconds is (and so is init_process_group)."""
-    from ddpdoctor.launch.job import WAITED, _someone_waits
-
     job, r0, r1 = _job(tmp_path)
     r0._write({"kind": "init", "t": T0, "state": "pending"})
     job.poll(T0)
