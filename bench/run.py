@@ -214,6 +214,7 @@ def realistic(rounds: int, steps: int, forwarding_us: float
     record_us = statistics.median(r["issue_on_us"] - r["issue_off_us"] for r in ab)
     step_added = [r["step_cpu_on_ms"] - r["step_cpu_off_ms"] for r in ab]
     step_off = statistics.median(r["step_cpu_off_ms"] for r in ab)
+    step_on = step_off + statistics.median(step_added)
     per_collective = record_us + forwarding_us
     doc, plain = res[overhead.DOCTOR], res[overhead.PLAIN]
     warmup = 5  # cnn_job.py's default
@@ -248,12 +249,12 @@ def realistic(rounds: int, steps: int, forwarding_us: float
             f"{per_step:.1f} collectives × {per_collective:.0f} µs per "
             f"{plain_step * 1e3:.0f} ms step", median_ratio=step_ratio),
         Row("b", "CNN job: training-thread CPU per step, recording on against off", "steps off",
-            step_off, step_off + statistics.median(step_added), "ms", "", None,
-            f"{statistics.median(step_added) * 1e3:.0f} µs a step ({min(step_added) * 1e3:.0f}"
+            step_off, step_on, "ms", "", None,
+            f"{(step_on - step_off) * 1e3:.0f} µs a step ({min(step_added) * 1e3:.0f}"
             f"–{max(step_added) * 1e3:.0f} over {len(ab)} ranks × jobs; alternate steps of one "
             f"job): the recording's calls and what they do to the training's own work (the "
-            f"caches they evict), {statistics.median(step_added) * 1e3 / per_step:.0f} µs per "
-            f"collective", median_ratio=1 + statistics.median(step_added) / step_off),
+            f"caches they evict), {(step_on - step_off) * 1e3 / per_step:.0f} µs per "
+            f"collective", median_ratio=step_on / step_off),
         Row("b", "CNN job, whole jobs: rank CPU over the steps", "plain torchrun",
             statistics.median(cpu.base), statistics.median(cpu.other), "s", "", None,
             f"cross-check, median of per-round ratios, {cpu.spread()}", median_ratio=cpu.ratio),
@@ -296,9 +297,8 @@ def small_ops(rounds: int, ops: int, single_us: float | None = None
     det = overhead.paired(res, overhead.PLAIN, overhead.DETAIL, lambda r: r.median("op_us"))
     cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median("cpu_us"))
 
-    def whole_jobs(measure: str, key: str, what: str) -> Row:
-        """A cross-check row: ``key`` per op of ddpdoctor jobs against plain ones."""
-        pair = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median(key))
+    def whole_jobs(measure: str, pair: overhead.Paired, what: str) -> Row:
+        """A cross-check row: a per-op figure of ddpdoctor jobs against plain ones."""
         added = [o - b for b, o in zip(pair.base, pair.other)]
         return Row("c", measure, "plain torchrun", statistics.median(pair.base),
                    statistics.median(pair.other), "µs", "", None,
@@ -350,14 +350,16 @@ def small_ops(rounds: int, ops: int, single_us: float | None = None
             f"{q[0]:+.1f} to {q[2]:+.1f} over {len(ranks)} ranks × jobs, met when the upper "
             f"one is inside; the flight recorder, off in both arms here, is not credited "
             f"(item a)"),
-        whole_jobs("same loop, whole jobs: training-thread CPU per op", "thread_us",
+        whole_jobs("same loop, whole jobs: training-thread CPU per op",
+                   overhead.paired(res, overhead.PLAIN, overhead.DOCTOR,
+                                   lambda r: r.median("thread_us")),
                    "ddpdoctor's record (first row), less the flight recorder's, which it "
                    "switches off"),
         Row("c", "a pure-Python loop before each collective: its caller-thread CPU, in the job",
             "the loop alone", spin_alone, spin_job, "µs", "", None,
             f"a loop's CPU costs ×{spin_ratio:.1f} its single-process price here while both "
             f"ranks run (same A/B blocks){recording_ratio}"),
-        whole_jobs("same loop, whole jobs: process CPU per op", "cpu_us",
+        whole_jobs("same loop, whole jobs: process CPU per op", cpu,
                    "every thread of the rank; jobs against jobs spread wider than the target"),
         Row("c", "same loop: time per op, ddpdoctor", "plain torchrun", base,
             statistics.median(doc.other), "µs/op", "< DETAIL", doc.ratio < det.ratio,

@@ -263,12 +263,11 @@ def _wrap_new_group(real: Callable) -> Callable:
         default = internals.default_group()
         from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
-        if backend is None and isinstance(default, RecordingProcessGroup):
-            # the default group's backend, not the last group's
+        recorded = isinstance(default, RecordingProcessGroup)
+        if recorded and backend is None:  # the default group's backend, not the last group's
             global _inner_kind
-            _inner_kind = "nccl" if default.getBackendName() == "nccl" else "gloo"
-        if isinstance(default, RecordingProcessGroup) and (backend is None
-                                                            or _recordable(backend)):
+            _inner_kind = "nccl" if default.getBackendName() in _NCCL_NAMES else "gloo"
+        if recorded and (backend is None or _recordable(backend)):
             if isinstance(args, list):
                 args[2] = PLUGIN
             else:
