@@ -11,6 +11,7 @@ import json
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -43,45 +44,79 @@ def tool_threads_cpu() -> dict[str, float]:
 
 
 class RecordingAB:
-    """Times every call into ddpdoctor's recording group (its ``_issue``: the record and the
-    trace line, then the backend) on the calling thread, with recording switched on or off
-    for whole steps. On minus off per collective is what recording costs inside this job,
-    where the training's own work leaves the caches cold between collectives; the C++ to
-    Python entry that DDP's calls take under ddpdoctor is outside it (on in both)."""
+    """What ddpdoctor's recording group costs the training thread inside this job, where the
+    training's own work leaves the caches cold between collectives. Steps rotate between
+    four kinds, each step's training-thread CPU kept by kind:
 
-    def __init__(self, group: object) -> None:
+    * plain: a second, identical model whose DDP uses a plain process group over the same
+      gloo backend (torch's own path, as under plain torchrun);
+    * bare: DDP's calls enter the recording group (pybind's C++-to-Python entry) and go
+      straight to the backend, nothing else done;
+    * off: the recording group's own forwarding, recording switched off;
+    * on: recording on, as under ``ddpdoctor run``.
+
+    Afterwards, :meth:`time_calls` times the recording group's calls themselves (its
+    ``_issue``: the record and the trace line, then the backend), on and off."""
+
+    KINDS = ("plain", "bare", "off", "on")
+
+    def __init__(self, group: object, make_model: Callable[[object], nn.Module]) -> None:
         issue = getattr(group, "_issue", None)
         if issue is None:
             raise SystemExit("--ab needs ddpdoctor run: the recording group is not in place")
-        self.group, self.on = group, True
-        self.cpu = {True: 0.0, False: 0.0}
-        self.calls = {True: 0, False: 0}
-        # The training thread's CPU over whole steps, on and off: what recording costs the
-        # step, its effect on the training's own work (caches it evicts) included.
-        self.step_cpu: dict[bool, list[float]] = {True: [], False: []}
+        from ddpdoctor.runtime.pg_wrapper import group_of  # the bench runs under ddpdoctor
 
-        def timed(*args: object, **kwargs: object) -> object:
-            t0 = time.thread_time()
-            try:
-                return issue(*args, **kwargs)
-            finally:
-                self.cpu[self.on] += time.thread_time() - t0
-                self.calls[self.on] += 1
+        self.group, self.issue, self.kind = group, issue, "on"
+        plain = group_of(group._inner, group.rank(), group.size())  # type: ignore[attr-defined]
+        self.plain_model = make_model(plain)
+        self.step_cpu: dict[str, list[float]] = {k: [] for k in self.KINDS}
+        self.call_cpu = {"on": 0.0, "off": 0.0}
+        self.calls = {"on": 0, "off": 0}
+        bound: dict[str, Callable[..., object]] = {}
 
-        group._issue = timed  # type: ignore[attr-defined]
+        def bare(op: str, method: str, args: tuple, *_: object) -> object:
+            call = bound.get(method)
+            if call is None:
+                call = bound[method] = group._bound(method)  # type: ignore[attr-defined]
+            return call(*args)
 
-    def use(self, on: bool) -> None:
-        self.on = self.group._enabled = on  # type: ignore[attr-defined]
+        self.bare = bare
+
+    def use(self, step: int) -> str:
+        """The kind of step ``step`` (the order rotates every round of four)."""
+        self.kind = self.KINDS[(step + step // 4) % 4]
+        self.group._enabled = self.kind == "on"  # type: ignore[attr-defined]
+        self.group._issue = self.bare if self.kind == "bare" else self.issue  # type: ignore
+        return self.kind
 
     def step_done(self, cpu: float) -> None:
-        self.step_cpu[self.on].append(cpu)
+        self.step_cpu[self.kind].append(cpu)
+
+    def time_calls(self, steps: int, step: Callable[[], object]) -> None:
+        """``steps`` steps, recording on and off in turn, every call of the recording group
+        timed on the calling thread (kept out of the steps above: the timer costs too)."""
+        issue = self.issue
+
+        def timed(*args: object) -> object:
+            t0 = time.thread_time()
+            try:
+                return issue(*args)
+            finally:
+                self.call_cpu[self.kind] += time.thread_time() - t0
+                self.calls[self.kind] += 1
+
+        self.group._issue = timed  # type: ignore[attr-defined]
+        for i in range(steps):
+            self.kind = "on" if i % 2 == 0 else "off"
+            self.group._enabled = self.kind == "on"  # type: ignore[attr-defined]
+            step()
+        self.group._issue, self.group._enabled = issue, True  # type: ignore[attr-defined]
 
     def result(self) -> dict:
-        self.use(True)
-        out = {f"issue_{name}_us": self.cpu[on] / max(self.calls[on], 1) * 1e6
-               for name, on in (("on", True), ("off", False))}
-        for name, on in (("on", True), ("off", False)):
-            out[f"step_cpu_{name}_ms"] = statistics.mean(self.step_cpu[on] or [0.0]) * 1e3
+        out = {f"issue_{kind}_us": self.call_cpu[kind] / max(self.calls[kind], 1) * 1e6
+               for kind in ("on", "off")}
+        for kind in self.KINDS:
+            out[f"step_cpu_{kind}_ms"] = statistics.mean(self.step_cpu[kind] or [0.0]) * 1e3
         return out
 
 
@@ -96,31 +131,42 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.0,
                         help="seconds per step: sleep out the rest (a job of N steps/s)")
     parser.add_argument("--ab", action="store_true",
-                        help="under ddpdoctor: recording on and off in alternate steps, the "
-                             "recording group's calls and the steps timed (thread CPU) in each")
+                        help="under ddpdoctor: steps rotate between recording on, recording "
+                             "off and a model on a plain group (thread CPU timed in each)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = DDP(cnn(), bucket_cap_mb=args.bucket_cap_mb)
+
+    def make_model(group: object = None) -> nn.Module:
+        return DDP(cnn(), bucket_cap_mb=args.bucket_cap_mb, process_group=group)
+
+    model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    ab = RecordingAB(dist.distributed_c10d._get_default_group(), make_model) \
+        if args.ab else None
+    plain = (ab.plain_model, torch.optim.SGD(ab.plain_model.parameters(), lr=0.01,
+                                             momentum=0.9)) if ab is not None else (model, opt)
     loss_fn = nn.CrossEntropyLoss()
     x = torch.randn(args.batch, 3, args.size, args.size)
     y = torch.randint(0, 10, (args.batch,))
 
     def step() -> float:
         t0 = time.perf_counter()
-        loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
+        net, optimizer = plain if ab is not None and ab.kind == "plain" else (model, opt)
+        loss = loss_fn(net(x), y)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        opt.step()
+        optimizer.step()
         took = time.perf_counter() - t0
         if args.pace > took:
             time.sleep(args.pace - took)
         return took
 
-    for _ in range(args.warmup):  # buckets are built, then rebuilt after the first iteration
+    # Buckets are built, then rebuilt after the first iteration (each kind's, with --ab).
+    for i in range(args.warmup * (len(RecordingAB.KINDS) if ab is not None else 1)):
+        if ab is not None:
+            ab.use(i)
         step()
-    ab = RecordingAB(dist.distributed_c10d._get_default_group()) if args.ab else None
     dist.barrier()
     cpu0, wall0, tool0 = time.process_time(), time.perf_counter(), tool_threads_cpu()
     main0 = time.thread_time()
@@ -129,13 +175,15 @@ def main() -> None:
         if ab is None:
             times.append(step())
             continue
-        ab.use(i % 2 == 0)
+        ab.use(i)
         step_cpu = time.thread_time()
         times.append(step())
         ab.step_done(time.thread_time() - step_cpu)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     main_cpu, tool1 = time.thread_time() - main0, tool_threads_cpu()
     tools = {name: cpu - tool0.get(name, 0.0) for name, cpu in tool1.items()}
+    if ab is not None:
+        ab.time_calls(60, step)
     total_cpu = time.process_time()  # from the start of the process: start-up included
     params = sum(p.numel() for p in model.parameters())
     print("BENCH " + json.dumps({

@@ -16,12 +16,11 @@ b. a realistic job (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, ``buck
    2 gloo ranks), plain torchrun / ``ddpdoctor run`` / ``TORCH_DISTRIBUTED_DEBUG=DETAIL``
    alternating. Whole jobs on a shared 2-core machine differ by more than the 1 % target from
    round to round, so the targets are carried by what ddpdoctor adds, measured where it is
-   spent: the CPU of its threads in each job, and the recording cost per collective on the
-   training thread measured in this job (recording on and off in alternate steps; in the CNN
-   job a collective's record costs ~3 times what it does in c's loop: the training leaves the
-   caches cold) plus the forwarding measured in c, times the collectives of a step; the
-   whole-job ratios, which also hold the C++-to-Python entry of DDP's calls, are shown beside
-   it with their spread;
+   spent: the CPU of its threads in each job, and what its recording group costs the training
+   thread per step in this job, where the training leaves the caches cold (steps rotating
+   between a twin model on a plain group over the same backend, the recording group's
+   C++-to-Python entry alone, its forwarding, and recording on); the whole-job ratios are
+   shown beside it with their spread;
 c. a small all_reduce loop: the CPU that recording adds to one collective while both ranks
    run, on the training thread (blocks through the recording group, the same with recording
    off, and through torch's own path to the same gloo backend, alternating in one job) and on
@@ -194,67 +193,73 @@ def floor(rounds: int, ops: int = 20_000) -> list[Row]:
     ]
 
 
-def realistic(rounds: int, steps: int, forwarding_us: float
+def realistic(rounds: int, steps: int, ab_steps: int
               ) -> tuple[list[Row], list[overhead.JobResult]]:
     """Item b. The targets are carried by what ddpdoctor adds, measured where it is spent:
-    its threads' CPU in each ddpdoctor job, and the recording's cost per collective on the
-    training thread measured in this job (``cnn_job.py --ab``: recording on and off in
-    alternate steps, the recording group's calls timed) plus the forwarding that replaces
-    torch's dispatch (``forwarding_us``, item c's in-job measure), times the collectives of a
-    step. Whole jobs against plain torchrun are shown beside it with their spread: they also
-    hold the C++-to-Python entry of DDP's calls, which the A/B cannot see."""
+    its threads' CPU in each ddpdoctor job, and what its recording group costs the training
+    thread in this job (``cnn_job.py --ab``, ``ab_steps`` steps rotating between a twin
+    model on a plain group over the same backend, the recording group's C++-to-Python entry
+    alone, its forwarding with recording off, and recording on: on − plain is ddpdoctor's
+    cost a step, split into the entry, the forwarding and the record). Whole jobs against
+    plain torchrun are shown beside it with their spread."""
     say(f"b: CNN job, {rounds} rounds of plain/ddpdoctor/DETAIL jobs")
     res, failed = overhead.alternate([overhead.PLAIN, overhead.DOCTOR, overhead.DETAIL],
                                      overhead.CNN, ["--steps", str(steps)], rounds)
     if overhead.DOCTOR in failed:
         raise SystemExit(failed[overhead.DOCTOR])
-    say("b: CNN job under ddpdoctor, recording on and off in alternate steps (2 jobs)")
-    ab = [r for _ in range(2) for r in overhead.job(
-        overhead.DOCTOR, overhead.CNN, ["--steps", str(steps), "--ab"]).ranks]
+    say("b: CNN job under ddpdoctor, steps rotating between a plain group and the recording "
+        "group's entry, forwarding and record (3 jobs)")
+    ab = [r for _ in range(3) for r in overhead.job(
+        overhead.DOCTOR, overhead.CNN, ["--steps", str(ab_steps), "--ab"]).ranks]
     record_us = statistics.median(r["issue_on_us"] - r["issue_off_us"] for r in ab)
-    step_added = [r["step_cpu_on_ms"] - r["step_cpu_off_ms"] for r in ab]
-    step_off = statistics.median(r["step_cpu_off_ms"] for r in ab)
-    step_on = step_off + statistics.median(step_added)
-    per_collective = record_us + forwarding_us
+
+    def per_step(kind: str, base: str) -> list[float]:
+        """Training-thread CPU ms a step of ``kind`` adds to one of ``base``, rank by rank."""
+        return sorted(r[f"step_cpu_{kind}_ms"] - r[f"step_cpu_{base}_ms"] for r in ab)
+
+    added, entry = per_step("on", "plain"), per_step("bare", "plain")
+    forwarding, recording = per_step("off", "bare"), per_step("on", "off")
+    step_plain = statistics.median(r["step_cpu_plain_ms"] for r in ab)
+    step_added = statistics.median(added)
     doc, plain = res[overhead.DOCTOR], res[overhead.PLAIN]
     warmup = 5  # cnn_job.py's default
-    per_step = statistics.median((j.collective_lines / 2 - 5) / (steps + warmup) for j in doc)
+    collectives = statistics.median((j.collective_lines / 2 - 5) / (steps + warmup)
+                                    for j in doc)
     plain_cpu = statistics.median(j.total("cpu_s") for j in plain)
-    plain_step = statistics.median(j.median("step_ms") for j in plain) / 1e3
-    # Added CPU per rank over the measured steps, job by job: threads (measured) + recording.
-    main_added = steps * per_step * per_collective / 1e6
-    added = [(j.total("tool_threads_cpu_s") / 2 + main_added) for j in doc]
-    cpu_ratios = sorted(1 + a / (plain_cpu / 2) for a in added)
+    plain_step = statistics.median(j.median("step_ms") for j in plain)
+    # Added CPU per rank over the measured steps, job by job: threads (measured) + the steps'.
+    cpu_ratios = sorted(1 + (j.total("tool_threads_cpu_s") / 2 + steps * step_added / 1e3)
+                        / (plain_cpu / 2) for j in doc)
     threads = statistics.median(j.total("tool_threads_cpu_s") / 2 for j in doc)
-    step_ratio = 1 + per_step * per_collective / 1e6 / plain_step
+    step_ratio = 1 + step_added / step_plain
     cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.total("cpu_s"))
     step = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.median("step_ms"))
     job_cpu = overhead.paired(res, overhead.PLAIN, overhead.DOCTOR, lambda r: r.job_cpu_s)
     params = doc[0].ranks[0]["params"]
-    what = f"{params / 1e6:.1f} M params, BN, bucket_cap_mb=0.5, {per_step:.1f} collectives/step"
+    what = f"{params / 1e6:.1f} M params, BN, bucket_cap_mb=0.5, {collectives:.1f} " \
+           f"collectives/step"
     median_cpu = statistics.median(cpu_ratios)
+
+    def spread(values: list[float]) -> str:
+        return f"{values[0] * 1e3:+.0f} to {values[-1] * 1e3:+.0f} µs"
+
     rows = [
         Row("b", f"CNN job ({what}): rank CPU added by ddpdoctor", "plain torchrun",
             plain_cpu / 2, plain_cpu / 2 * median_cpu, "s", "≤ ×1.01", max(cpu_ratios) <= 1.01,
             f"×{cpu_ratios[0]:.4f}–{cpu_ratios[-1]:.4f} over {len(doc)} jobs: its threads "
-            f"{threads * 1e3:.0f} ms + {steps} steps × {per_step:.1f} collectives × "
-            f"{per_collective:.0f} µs per rank, over {steps} steps; per collective: recording "
-            f"{record_us:.0f} µs in this job (on − off, median of {len(ab)} ranks × jobs, "
-            f"{min(r['issue_on_us'] - r['issue_off_us'] for r in ab):.0f}–"
-            f"{max(r['issue_on_us'] - r['issue_off_us'] for r in ab):.0f}) + forwarding "
-            f"{forwarding_us:.1f} µs (c)", median_ratio=median_cpu),
-        Row("b", "CNN job: step time added on the training thread", "plain torchrun",
-            plain_step * 1e3, plain_step * step_ratio * 1e3, "ms", "≤ ×1.01",
+            f"{threads * 1e3:.0f} ms + {steps} steps × {step_added * 1e3:.0f} µs (the "
+            f"training thread's, below) per rank", median_ratio=median_cpu),
+        Row("b", "CNN job: training-thread CPU per step, ddpdoctor's group against a plain "
+            "one", "plain group", step_plain, step_plain + step_added, "ms", "≤ ×1.01",
             step_ratio <= 1.01,
-            f"{per_step:.1f} collectives × {per_collective:.0f} µs per "
-            f"{plain_step * 1e3:.0f} ms step", median_ratio=step_ratio),
-        Row("b", "CNN job: training-thread CPU per step, recording on against off", "steps off",
-            step_off, step_on, "ms", "", None,
-            f"{(step_on - step_off) * 1e3:.0f} µs a step ({min(step_added) * 1e3:.0f}"
-            f"–{max(step_added) * 1e3:.0f} over {len(ab)} ranks × jobs; alternate steps of one "
-            f"job): the recording's calls and what they do to the training's own work (the "
-            f"caches they evict), {(step_on - step_off) * 1e3 / per_step:.0f} µs per "
-            f"collective", median_ratio=step_on / step_off),
+            f"{step_added * 1e3:+.0f} µs a step ({spread(added)} over {len(ab)} ranks × jobs; "
+            f"steps rotating in one job, a twin model on a plain group over the same "
+            f"backend), {step_added * 1e3 / collectives:.0f} µs per collective: pybind's "
+            f"C++-to-Python entry {statistics.median(entry) * 1e3:+.0f} µs ({spread(entry)}), "
+            f"the forwarding {statistics.median(forwarding) * 1e3:+.0f} µs "
+            f"({spread(forwarding)}), the record {statistics.median(recording) * 1e3:+.0f} µs "
+            f"({spread(recording)}; its call {record_us:.0f} µs per collective, on − off)",
+            median_ratio=step_ratio),
         Row("b", "CNN job, whole jobs: rank CPU over the steps", "plain torchrun",
             statistics.median(cpu.base), statistics.median(cpu.other), "s", "", None,
             f"cross-check, median of per-round ratios, {cpu.spread()}", median_ratio=cpu.ratio),
@@ -280,11 +285,8 @@ def realistic(rounds: int, steps: int, forwarding_us: float
     return rows, doc
 
 
-def small_ops(rounds: int, ops: int, single_us: float | None = None
-              ) -> tuple[list[Row], float]:
-    """Rows of item c, and the caller-thread CPU µs that the recording group's forwarding
-    (recording off) adds to one collective against torch's own path while both ranks run
-    (for item b). ``single_us``: what recording adds to the caller's thread in a single
+def small_ops(rounds: int, ops: int, single_us: float | None = None) -> list[Row]:
+    """Rows of item c. ``single_us``: what recording adds to the caller's thread in a single
     process (item a), to compare the two."""
     say(f"c: all_reduce loop, {rounds} rounds of plain/ddpdoctor/DETAIL jobs")
     res, failed = overhead.alternate([overhead.PLAIN, overhead.DOCTOR, overhead.DETAIL],
@@ -367,7 +369,7 @@ def small_ops(rounds: int, ops: int, single_us: float | None = None
         Row("c", "same loop, TORCH_DISTRIBUTED_DEBUG=DETAIL", "plain torchrun", base,
             statistics.median(det.other), "µs/op", "(anchor)", None, det.spread() + share,
             median_ratio=det.ratio),
-    ], forwarding_us
+    ]
 
 
 # -- d: diff at scale -----------------------------------------------------------------------
@@ -765,12 +767,10 @@ def main() -> None:
             rows += hot_path(3)
             single_us = rows[0].value - rows[0].base
             rows += floor(6 if quick else 8)
-        forwarding_us = 0.0
-        if "c" not in skip or "b" not in skip:
-            r, forwarding_us = small_ops(max(3, rounds * 3 // 4), 3000, single_us)
-            rows += r if "c" not in skip else []
+        if "c" not in skip:
+            rows += small_ops(max(3, rounds * 3 // 4), 3000, single_us)
         if "b" not in skip:
-            r, jobs = realistic(rounds, 40, forwarding_us)
+            r, jobs = realistic(rounds, 40, 400 if quick else 1600)
             rows += r
             doctor_jobs += jobs
         if "d" not in skip:
