@@ -50,8 +50,9 @@ class RecordingAB:
 
     * plain: a second, identical model whose DDP uses a plain process group over the same
       gloo backend (torch's own path, as under plain torchrun);
-    * bare: DDP's calls enter the recording group (pybind's C++-to-Python entry) and go
-      straight to the backend, nothing else done;
+    * bare: the calls that enter the recording group from C++ (pybind's C++-to-Python entry:
+      DDP's gradient buckets; its coalesced broadcasts do not enter, see
+      ``_Issuer.broadcast_coalesced``) go straight to the backend, nothing else done;
     * off: the recording group's own forwarding, recording switched off;
     * on: recording on, as under ``ddpdoctor run``.
 

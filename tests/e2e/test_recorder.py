@@ -100,6 +100,28 @@ def test_final_parameters_are_bit_identical_with_and_without_ddpdoctor(tmp_path:
 
 
 @pytest.mark.timeout(120)
+def test_ddps_coalesced_broadcasts_reach_every_rank_and_are_recorded_per_broadcast(
+        tmp_path: Path) -> None:
+    # ddpdoctor records these in Python and runs them on gloo directly (pg_wrapper's
+    # _Issuer.broadcast_coalesced): rank 1's parameters and buffers, set apart from rank 0's,
+    # must be rank 0's after DDP's construction and after a forward.
+    job = run_job(tmp_path, SCRIPTS / "buffers_synced.py")
+    assert job.returncode == 0, job.stdout + job.stderr
+    assert "rank 1: synced" in job.stdout and "NOT synced" not in job.stdout
+    for trace in job.run().ranks.values():
+        ddp = [(c.label, c.op, c.shapes, c.dtypes, c.root, c.state, c.iteration)
+               for c in trace.collectives if c.label in ("ddp.init.sync_params", "ddp.buffers")]
+        assert ddp == [
+            ("ddp.init.sync_params", "broadcast", [[208]], ["float32"], 0, "completed", 0),
+            ("ddp.init.sync_params", "broadcast", [[68]], ["float64"], 0, "completed", 0),
+            ("ddp.init.sync_params", "broadcast", [[1]], ["int64"], 0, "completed", 0),
+            ("ddp.buffers", "broadcast", [[32]], ["float32"], 0, "completed", 1),
+            ("ddp.buffers", "broadcast", [[1]], ["int64"], 0, "completed", 1)]
+        sites = {c.site.line for c in trace.collectives if c.label == "ddp.buffers"}
+        assert sites == {marker_line(SCRIPTS / "buffers_synced.py", "forward")}
+
+
+@pytest.mark.timeout(120)
 def test_spawn_script_runs_unmodified_under_python_launcher(tmp_path: Path) -> None:
     job = run_job(tmp_path, EXAMPLES / "seed001_uneven.py", "--case", "1",
                   options=("--launcher", "python"))

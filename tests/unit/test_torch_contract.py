@@ -41,6 +41,18 @@ def test_installed_torch_is_verified_and_has_what_the_recorder_needs() -> None:
     assert not torch_internals.supported("2.5.1") and not torch_internals.supported("3.0.0")
 
 
+def test_ddps_coalesced_broadcast_is_a_torch_distributed_function_ddp_calls_by_name() -> None:
+    # torch_hooks replaces torch.distributed._broadcast_coalesced; DDP must look it up there
+    # at each call (its buffer broadcast, its parameter sync at construction).
+    found = torch_internals.broadcast_coalesced()
+    assert found is not None
+    from torch.nn.parallel import distributed as ddp_module
+
+    source = inspect.getsource(ddp_module)
+    assert source.count("dist._broadcast_coalesced(") >= 1
+    assert "_broadcast_coalesced" not in vars(ddp_module)  # not imported by name
+
+
 def test_c10d_returns_a_python_process_group_from_a_backend_creator() -> None:
     # _new_process_group_helper keeps a ProcessGroup subclass returned by a plugin's creator.
     source = inspect.getsource(dist.distributed_c10d._new_process_group_helper)

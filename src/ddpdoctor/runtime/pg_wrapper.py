@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from ddpdoctor.trace import ops, schema
 _getframe = sys._getframe
 _failure_check_chosen = False  # the first group chooses how the writer asks a Work
 _Tensor = torch.Tensor
+_STRIDED = torch.strided
 
 
 def _tensors(value: Any) -> tuple:
@@ -209,15 +210,31 @@ def _forwarded(op: str, method: str, tensors: int, opts: int | None = None,
     return forward
 
 
+def coalesced_chunks(tensors: Sequence[Any], buffer_size: int,
+                     assign: Callable[..., Any]) -> tuple | None:
+    """((shape, dtype), ...): the tensor of each broadcast torch's ``broadcast_coalesced``
+    issues for ``tensors``: those of one dtype and device in chunks of at most
+    ``buffer_size`` bytes as ``assign`` (its ``_compute_bucket_assignment_by_size``) makes
+    them, each flattened into one 1-D tensor. None where a tensor is not dense (sparse ones
+    go another way)."""
+    if any(t.layout is not _STRIDED for t in tensors):
+        return None
+    chunks, _ = assign(list(tensors), [buffer_size])
+    return tuple((torch.Size([sum(tensors[i].numel() for i in chunk)]), tensors[chunk[0]].dtype)
+                 for chunk in chunks)
+
+
 class _Issuer:
     """One recording group's numbering and hot path, in a plain object: an attribute of an
     instance of a pybind11 class's Python subclass costs about three times a plain object's
     to read, and every collective reads a dozen."""
 
-    __slots__ = ("recorder", "name", "size", "seq", "p2p_seq", "enabled", "calls", "bind")
+    __slots__ = ("recorder", "name", "size", "seq", "p2p_seq", "enabled", "calls", "bind",
+                 "plain")
 
     def __init__(self, recorder: Recorder, name: str, size: int,
-                 bind: Callable[[str], Callable[..., Any]]) -> None:
+                 bind: Callable[[str], Callable[..., Any]],
+                 plain: Callable[[], Any] | None = None) -> None:
         self.recorder = recorder
         self.name = name
         self.size = size
@@ -226,6 +243,66 @@ class _Issuer:
         self.enabled = True
         self.calls: dict[str, Callable[..., Any]] = {}  # the backend's methods, bound
         self.bind = bind
+        # The process group holding the wrapped backend alone (see broadcast_coalesced);
+        # None: torch's coalesced broadcast runs through this group, one entry per chunk.
+        self.plain = plain
+
+    def stop(self, exc: Exception) -> None:
+        """Recording failed: switch it off for this group, with one warning (the trace's
+        ``lost`` marker); the user's collectives go on unrecorded."""
+        self.enabled = False
+        message = f"recording stopped for group {self.name}: {type(exc).__name__}: {exc}"
+        sys.stderr.write(f"ddpdoctor: {message}\n")
+        try:
+            self.recorder.warn(message, lost=True)
+        except Exception:  # the writer itself is broken: its cut marker says so
+            pass
+
+    def broadcast_coalesced(self, real: Callable[..., None], group: Any, tensors: Any,
+                            buffer_size: int, src: int,
+                            assign: Callable[..., Any]) -> None:
+        """torch's ``_broadcast_coalesced`` on this group (``real``): DDP's buffer broadcast
+        in every forward, its parameter sync at construction. Called as it is, its C++
+        issues one broadcast per chunk of ``tensors``, each entering this group's Python
+        (pybind's entry costs a DDP step ~35 µs of CPU per collective, bench/RESULTS.md).
+        Each chunk's broadcast is recorded here instead, from the chunking torch applies,
+        before the call, which then runs on the process group holding the backend alone;
+        the records complete when it returns (it waits for its broadcasts)."""
+        recorder = self.recorder
+        writer = recorder.writer
+        if self.plain is None:
+            return real(group, tensors, buffer_size, src)
+        if not self.enabled or writer is None:  # nothing to record
+            return real(self.plain(), tensors, buffer_size, src)
+        try:
+            chunks = coalesced_chunks(tensors, buffer_size, assign)
+        except Exception:  # arguments torch itself will refuse
+            chunks = None
+        if chunks is None:  # each broadcast recorded as it enters this group
+            return real(group, tensors, buffer_size, src)
+        ids: list[int] = []
+        try:
+            try:
+                caller = _getframe(2)  # frame 1: the patched torch.distributed function
+            except ValueError:
+                caller = None
+            for shapes in chunks:
+                self.seq += 1
+                cid = recorder.record(self.name, self.seq, None, "broadcast", (shapes,), None,
+                                      src, None, caller)
+                if cid is not None:
+                    ids.append(cid)
+        except Exception as exc:  # never let recording break the user's collective
+            self.stop(exc)
+        works = writer.works
+        try:
+            real(self.plain(), tensors, buffer_size, src)
+        except BaseException:
+            for cid in ids:
+                works[cid] = schema.FAILED
+            raise
+        for cid in ids:
+            works[cid] = schema.COMPLETED
 
     def issue(self, op: str, method: str, args: tuple, tensors: Any, reduce_op: Any,
               root: int | None, peer: int | None, p2p: bool, meta: tuple = ()) -> Any:
@@ -261,14 +338,7 @@ class _Issuer:
                 cid = recorder.record(self.name, seq, p2p_seq, op, shapes, reduce_op, root, peer,
                                       caller, meta)
             except Exception as exc:  # never let recording break the user's collective
-                self.enabled = False
-                message = (f"recording stopped for group {self.name}: "
-                           f"{type(exc).__name__}: {exc}")
-                sys.stderr.write(f"ddpdoctor: {message}\n")
-                try:
-                    recorder.warn(message, lost=True)
-                except Exception:  # the writer itself is broken: its cut marker says so
-                    pass
+                self.stop(exc)
         try:
             call = self.calls.get(method)
             if call is None:
@@ -294,8 +364,14 @@ class RecordingProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) overload
         self._inner = inner
         self._recorder = recorder
-        self._direct: Any = None  # see _bound
-        self._issuer = _Issuer(recorder, name, size, self._bound)
+        self._direct: Any = None  # see _alone
+        try:
+            gloo = inner.name() == "gloo"
+        except Exception:  # a stand-in backend (tests)
+            gloo = False
+        # NCCL's coalesced broadcast returns before its broadcasts complete: through this
+        # group, where each chunk's Work tells.
+        self._issuer = _Issuer(recorder, name, size, self._bound, self._alone if gloo else None)
         self._issue = self._issuer.issue
         global _failure_check_chosen
         if not _failure_check_chosen:
@@ -317,9 +393,13 @@ class RecordingProcessGroup(dist.ProcessGroup):
         try:
             return getattr(self._inner, method)
         except AttributeError:
-            if self._direct is None:
-                self._direct = group_of(self._inner, self.rank(), self.size())
-            return getattr(self._direct, method)
+            return getattr(self._alone(), method)
+
+    def _alone(self) -> Any:
+        """A process group holding the wrapped backend alone (made once)."""
+        if self._direct is None:
+            self._direct = group_of(self._inner, self.rank(), self.size())
+        return self._direct
 
     # -- identity ---------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - the C++ virtual's name

@@ -9,6 +9,8 @@
   collectives ddpdoctor records (``flight_recorder_redundant``);
 * counts DDP forwards (the ``iteration`` of each record) and join shadow iterations, and records
   each DDP construction with its flags;
+* records DDP's coalesced broadcasts (buffers, start-up parameter sync) per broadcast in
+  Python and runs them on the backend directly (``_patch_broadcast_coalesced``);
 * records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it);
 * with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
   ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
@@ -80,6 +82,7 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
         for module in _holders(name, real):
             patches.replace(module, name, wrapped)
     _patch_ddp()
+    _patch_broadcast_coalesced()
     _patch_spawn()
     return True
 
@@ -286,6 +289,30 @@ def _wrap_new_group(real: Callable) -> Callable:
 
 
 # -- DDP --------------------------------------------------------------------------------------
+def _patch_broadcast_coalesced() -> None:
+    """DDP's buffer broadcasts (every forward) and parameter sync (construction) on a recording
+    group are recorded by the group's issuer, one record per broadcast, and run without
+    entering Python once per broadcast (``_Issuer.broadcast_coalesced``); on any other group,
+    as they are."""
+    import torch.distributed as dist
+
+    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+
+    found = internals.broadcast_coalesced()
+    if found is None:
+        return  # each broadcast then reaches the recording group from C++, recorded there
+    real, assign = found
+
+    def _broadcast_coalesced(process_group: Any, tensors: Any, buffer_size: int,
+                             src: int = 0) -> None:
+        if type(process_group) is RecordingProcessGroup:
+            return process_group._issuer.broadcast_coalesced(real, process_group, tensors,
+                                                             buffer_size, src, assign)
+        return real(process_group, tensors, buffer_size, src)
+
+    patches.replace(dist, internals.BROADCAST_COALESCED, _broadcast_coalesced)
+
+
 def _patch_ddp() -> None:
     ddp, join_hook = internals.ddp_classes()
     if getattr(ddp, "_ddpdoctor", False):

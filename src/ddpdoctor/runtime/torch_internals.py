@@ -150,6 +150,22 @@ DDP_PRE_FORWARD = "_pre_forward"  # runs at the start of every DDP forward
 JOIN_MAIN_HOOK = "main_hook"  # runs once per shadow iteration of a joined rank
 
 
+BROADCAST_COALESCED = "_broadcast_coalesced"  # torch.distributed's; DDP's buffer broadcast
+BUCKET_ASSIGNMENT = "_compute_bucket_assignment_by_size"  # the chunking it applies
+
+
+def broadcast_coalesced() -> tuple[Callable[..., None], Callable[..., Any]] | None:
+    """torch.distributed's ``_broadcast_coalesced`` (C++: the tensors in chunks of at most
+    ``buffer_size`` bytes, one broadcast per chunk; DDP broadcasts its buffers with it in every
+    forward and its parameters at construction) and ``_compute_bucket_assignment_by_size``,
+    the chunking it applies; None where this torch lacks either."""
+    import torch.distributed as dist
+
+    real = getattr(dist, BROADCAST_COALESCED, None)
+    assign = getattr(dist, BUCKET_ASSIGNMENT, None)
+    return (real, assign) if real is not None and assign is not None else None
+
+
 def ddp_classes() -> tuple[Any, Any]:
     """``DistributedDataParallel`` and its join hook class (``_DDPJoinHook``)."""
     from torch.nn.parallel import distributed as ddp_mod
