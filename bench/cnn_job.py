@@ -132,8 +132,9 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.0,
                         help="seconds per step: sleep out the rest (a job of N steps/s)")
     parser.add_argument("--ab", action="store_true",
-                        help="under ddpdoctor: steps rotate between recording on, recording "
-                             "off and a model on a plain group (thread CPU timed in each)")
+                        help="under ddpdoctor: steps rotate between a twin model on a plain "
+                             "group and the recording group bare, off and on (thread CPU "
+                             "timed in each)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.manual_seed(0)

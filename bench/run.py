@@ -273,7 +273,7 @@ def realistic(rounds: int, steps: int, ab_steps: int
     ]
     if overhead.DETAIL in failed:
         rows.append(Row("b", "CNN job, TORCH_DISTRIBUTED_DEBUG=DETAIL", "plain torchrun",
-                        plain_step * 1e3, float("nan"), "ms", "(anchor)", None,
+                        plain_step, float("nan"), "ms", "(anchor)", None,
                         f"did not run: {failed[overhead.DETAIL]}"))
     else:
         det = overhead.paired(res, overhead.PLAIN, overhead.DETAIL,
@@ -793,7 +793,7 @@ def main() -> None:
                 rows += diff_nodes(work, nodes, 8, 10_000, classes)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows.sort(key=lambda row: row.item)  # c is measured before b, which uses it
+    rows.sort(key=lambda row: row.item)  # in item order: c runs before b
     load1 = os.getloadavg()
     header = (f"ddpdoctor benchmark, {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC; "
               f"{platform.node()}: {os.cpu_count()} cores ({_cpu_name()}), "
