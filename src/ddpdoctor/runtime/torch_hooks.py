@@ -9,8 +9,9 @@
   collectives ddpdoctor records (``flight_recorder_redundant``);
 * counts DDP forwards (the ``iteration`` of each record) and join shadow iterations, and records
   each DDP construction with its flags;
-* records DDP's coalesced broadcasts (buffers, start-up parameter sync) per broadcast in
-  Python and runs them on the backend directly (``_patch_broadcast_coalesced``);
+* once a recording group exists, records DDP's coalesced broadcasts (buffers, start-up
+  parameter sync) per broadcast in Python and runs them on the backend directly
+  (``_patch_broadcast_coalesced``);
 * records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it);
 * with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
   ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
@@ -82,7 +83,6 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
         for module in _holders(name, real):
             patches.replace(module, name, wrapped)
     _patch_ddp()
-    _patch_broadcast_coalesced()
     _patch_spawn()
     return True
 
@@ -135,6 +135,9 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
     pg = RecordingProcessGroup(inner, opts.store, opts.group_rank, opts.group_size,
                                opts.group_id, _recorder)
     internals.attach_backend(pg, inner, kind, devices)
+    # Here, not in install(): a process that imports torch and makes no group (torchrun's
+    # agent, a spawned DataLoader worker) does not import pg_wrapper for it.
+    _patch_broadcast_coalesced()
     return pg
 
 
@@ -299,8 +302,8 @@ def _patch_broadcast_coalesced() -> None:
     from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
 
     found = internals.broadcast_coalesced()
-    if found is None:
-        return  # each broadcast then reaches the recording group from C++, recorded there
+    if found is None or getattr(found[0], "_ddpdoctor", False):
+        return  # none: each broadcast reaches the recording group from C++, recorded there
     real, assign = found
 
     def _broadcast_coalesced(process_group: Any, tensors: Any, buffer_size: int,
@@ -310,6 +313,7 @@ def _patch_broadcast_coalesced() -> None:
                                                              buffer_size, src, assign)
         return real(process_group, tensors, buffer_size, src)
 
+    _broadcast_coalesced._ddpdoctor = True  # type: ignore[attr-defined]
     patches.replace(dist, internals.BROADCAST_COALESCED, _broadcast_coalesced)
 
 
