@@ -50,9 +50,10 @@ class RecordingAB:
 
     * plain: a second, identical model whose DDP uses a plain process group over the same
       gloo backend (torch's own path, as under plain torchrun);
-    * bare: the calls that enter the recording group from C++ (pybind's C++-to-Python entry:
-      DDP's gradient buckets; its coalesced broadcasts do not enter, see
-      ``_Issuer.broadcast_coalesced``) go straight to the backend, nothing else done;
+    * bare: the calls that enter the recording group go straight to the backend, nothing
+      else done (DDP's coalesced broadcasts, ``_Issuer.broadcast_coalesced``, and from the
+      third forward its gradient buckets, ``runtime/ddp_buckets.py``, do not enter it; with
+      ``DDPDOCTOR_BUCKETS_EACH=1`` each bucket enters from C++, pybind's C++-to-Python entry);
     * off: the recording group's own forwarding, recording switched off;
     * on: recording on, as under ``ddpdoctor run``.
 

@@ -53,6 +53,13 @@ def test_ddps_coalesced_broadcast_is_a_torch_distributed_function_ddp_calls_by_n
     assert "_broadcast_coalesced" not in vars(ddp_module)  # not imported by name
 
 
+def test_ddps_buckets_can_be_recorded_once_per_backward() -> None:
+    # runtime/ddp_buckets.py: DDP's _post_forward and the methods that change how its Reducer
+    # issues buckets, the Reducer's process group update, gloo's sequence number, the autograd
+    # engine's node query and end-of-backward callbacks (test_ddp_buckets.py runs them).
+    assert torch_internals.per_backward_buckets()
+
+
 def test_c10d_returns_a_python_process_group_from_a_backend_creator() -> None:
     # _new_process_group_helper keeps a ProcessGroup subclass returned by a plugin's creator.
     source = inspect.getsource(dist.distributed_c10d._new_process_group_helper)

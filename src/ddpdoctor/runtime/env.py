@@ -15,3 +15,6 @@ FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder,
 RECORD_NCCL = "DDPDOCTOR_RECORD_NCCL"  # "1": wrap NCCL groups too (checked on one GPU)
 TOP_PID = "DDPDOCTOR_TOP_PID"  # the job's top process: the workers it spawns die with it
 TRACE_WRITE = "DDPDOCTOR_TRACE_WRITE"  # "1": write traces with pwrite, not through a mapping
+# "1": each DDP gradient bucket recorded as it enters the recording group, not once per
+# backward (runtime/ddp_buckets.py); for comparisons
+BUCKETS_EACH = "DDPDOCTOR_BUCKETS_EACH"

@@ -348,7 +348,36 @@ def _patch_ddp() -> None:
     patches.replace(ddp, "__init__", __init__)
     patches.replace(ddp, internals.DDP_PRE_FORWARD, _pre_forward)
     patches.replace(join_hook, internals.JOIN_MAIN_HOOK, main_hook)
+    if internals.per_backward_buckets() and os.environ.get(env.BUCKETS_EACH) != "1":
+        _patch_ddp_buckets(ddp)
     patches.replace(ddp, "_ddpdoctor", True)
+
+
+def _patch_ddp_buckets(ddp: Any) -> None:
+    """DDP's gradient buckets recorded once per backward (``ddp_buckets``): its forward's end
+    arms the record; what changes how the Reducer issues its buckets ends it for the model."""
+    from ddpdoctor.runtime import ddp_buckets
+
+    real_post = getattr(ddp, internals.DDP_POST_FORWARD)
+
+    @functools.wraps(real_post)
+    def _post_forward(self: Any, output: Any) -> Any:
+        output = real_post(self, output)
+        ddp_buckets.after_forward(self, output)
+        return output
+
+    patches.replace(ddp, internals.DDP_POST_FORWARD, _post_forward)
+    for name in internals.DDP_BUCKET_CHANGERS:
+        patches.replace(ddp, name, _exact_first(getattr(ddp, name), ddp_buckets.exact))
+
+
+def _exact_first(real: Callable, exact: Callable[[Any], None]) -> Callable:
+    @functools.wraps(real)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        exact(self)
+        return real(self, *args, **kwargs)
+
+    return method
 
 
 def _ddp_flags(model: Any, frame: Any) -> dict:

@@ -166,6 +166,48 @@ def broadcast_coalesced() -> tuple[Callable[..., None], Callable[..., Any]] | No
     return (real, assign) if real is not None and assign is not None else None
 
 
+DDP_POST_FORWARD = "_post_forward"  # runs at the end of every DDP forward, with its output
+# DDP's methods after which its Reducer's buckets are no longer plain all-reduces on its own
+# group: a comm hook, the join protocol's shadow buckets, another process group.
+DDP_BUCKET_CHANGERS = ("register_comm_hook", "_register_builtin_comm_hook", "join_hook",
+                       "_update_process_group")
+
+
+def per_backward_buckets() -> bool:
+    """Whether this torch has what recording DDP's buckets once per backward needs
+    (``ddp_buckets``); without it each bucket is recorded as it enters the recording group."""
+    import torch
+    import torch.distributed as dist
+    from torch.autograd import Variable
+
+    ddp, _ = ddp_classes()
+    return all(hasattr(ddp, name) for name in (DDP_POST_FORWARD, *DDP_BUCKET_CHANGERS)) and \
+        hasattr(dist.Reducer, "_update_process_group") and \
+        hasattr(dist.ProcessGroupGloo, "_get_sequence_number_for_group") and \
+        hasattr(torch._C, "_will_engine_execute_node") and \
+        hasattr(Variable._execution_engine, "queue_callback")
+
+
+def will_engine_execute_node(node: Any) -> bool:
+    """Whether the backward now running will run autograd ``node`` (only during a backward)."""
+    import torch
+
+    return bool(torch._C._will_engine_execute_node(node))
+
+
+def queue_autograd_callback(callback: Callable[[], None]) -> None:
+    """Run ``callback`` when the backward now running ends, after those queued before it
+    (callbacks queued by a callback run too, after the rest)."""
+    from torch.autograd import Variable
+
+    Variable._execution_engine.queue_callback(callback)
+
+
+def grad_accumulator(param: Any) -> Any:
+    """The autograd node that accumulates ``param``'s gradient (the one DDP's Reducer hooks)."""
+    return param.view_as(param).grad_fn.next_functions[0][0]
+
+
 def ddp_classes() -> tuple[Any, Any]:
     """``DistributedDataParallel`` and its join hook class (``_DDPJoinHook``)."""
     from torch.nn.parallel import distributed as ddp_mod
