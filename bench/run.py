@@ -18,8 +18,8 @@ b. a realistic job (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, ``buck
    round to round, so the targets are carried by what ddpdoctor adds, measured where it is
    spent: the CPU of its threads in each job, and what its recording group costs the training
    thread per step in this job, where the training leaves the caches cold (steps rotating
-   between a twin model on a plain group over the same backend, the recording group's
-   C++-to-Python entry alone, its forwarding, and recording on); the whole-job ratios are
+   between a twin model on a plain group over the same backend, the calls that enter the
+   recording group alone, its forwarding, and recording on); the whole-job ratios are
    shown beside it with their spread;
 c. a small all_reduce loop: the CPU that recording adds to one collective while both ranks
    run, on the training thread (blocks through the recording group, the same with recording
@@ -198,7 +198,7 @@ def realistic(rounds: int, steps: int, ab_steps: int
     """Item b. The targets are carried by what ddpdoctor adds, measured where it is spent:
     its threads' CPU in each ddpdoctor job, and what its recording group costs the training
     thread in this job (``cnn_job.py --ab``, ``ab_steps`` steps rotating between a twin
-    model on a plain group over the same backend, the recording group's C++-to-Python entry
+    model on a plain group over the same backend, the calls that enter the recording group
     alone, its forwarding with recording off, and recording on: on − plain is ddpdoctor's
     cost a step, split into the entry, the forwarding and the record). Whole jobs against
     plain torchrun are shown beside it with their spread."""
@@ -254,8 +254,9 @@ def realistic(rounds: int, steps: int, ab_steps: int
             step_ratio <= 1.01,
             f"{step_added * 1e3:+.0f} µs a step ({spread(added)} over {len(ab)} ranks × jobs; "
             f"steps rotating in one job, a twin model on a plain group over the same "
-            f"backend), {step_added * 1e3 / collectives:.0f} µs per collective: pybind's "
-            f"C++-to-Python entry {statistics.median(entry) * 1e3:+.0f} µs ({spread(entry)}), "
+            f"backend), {step_added * 1e3 / collectives:.0f} µs per collective: the entry "
+            f"into the recording group {statistics.median(entry) * 1e3:+.0f} µs "
+            f"({spread(entry)}), "
             f"the forwarding {statistics.median(forwarding) * 1e3:+.0f} µs "
             f"({spread(forwarding)}), the record {statistics.median(recording) * 1e3:+.0f} µs "
             f"({spread(recording)}; its call {record_us:.0f} µs per collective, on − off)",
