@@ -123,8 +123,8 @@ class _Plan:
     """One DDP model whose Reducer runs on the plain group: its buckets and the backward in
     flight."""
 
-    __slots__ = ("issuer", "layout", "nodes", "counter", "armed", "fired", "ids", "n",
-                 "window", "at_arm", "revert", "__weakref__")
+    __slots__ = ("issuer", "layout", "nodes", "counter", "will_run", "queue", "armed",
+                 "fired", "ids", "n", "window", "at_arm", "revert", "__weakref__")
 
     def __init__(self, issuer: Any, layout: tuple, nodes: tuple,
                  counter: Callable[[], int]) -> None:
@@ -132,6 +132,8 @@ class _Plan:
         self.layout = layout  # ((shape, dtype),) per bucket, in issue order
         self.nodes = nodes  # the gradient accumulator of each bucket's first parameter
         self.counter = counter  # the backend's sequence number: collectives it was given
+        self.will_run = internals.engine_will_execute()
+        self.queue = internals.autograd_callback_queue()
         self.armed = False  # a forward hooked its backward
         self.fired = False  # that backward's buckets were written (or recording was off)
         # The backend's sequence number and the group's count of what it recorded, as the
@@ -192,7 +194,7 @@ class _Plan:
         # Buckets go out in order, each once all its gradients are in: none after the first
         # whose first parameter gets no gradient in this backward (torch.autograd.grad of
         # the inputs: none at all).
-        will_run = internals.will_engine_execute_node
+        will_run = self.will_run
         n = 0
         for node in self.nodes:
             if not will_run(node):
@@ -215,12 +217,12 @@ class _Plan:
             if cid is not None:
                 ids.append(cid)
         self.ids, self.n = ids, n
-        internals.queue_autograd_callback(self._graph_done)
+        self.queue(self._graph_done)
 
     def _graph_done(self) -> None:
         """The backward's graph ran; DDP's own callback, queued as its last bucket went out,
         runs next: check after it."""
-        internals.queue_autograd_callback(self._after_ddp)
+        self.queue(self._after_ddp)
 
     def _after_ddp(self) -> None:
         ids, self.ids = self.ids, None

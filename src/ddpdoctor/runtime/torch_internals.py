@@ -188,19 +188,20 @@ def per_backward_buckets() -> bool:
         hasattr(Variable._execution_engine, "queue_callback")
 
 
-def will_engine_execute_node(node: Any) -> bool:
-    """Whether the backward now running will run autograd ``node`` (only during a backward)."""
+def engine_will_execute() -> Callable[[Any], bool]:
+    """The autograd engine's answer to whether the backward now running will run a node
+    (callable only during a backward)."""
     import torch
 
-    return bool(torch._C._will_engine_execute_node(node))
+    return torch._C._will_engine_execute_node
 
 
-def queue_autograd_callback(callback: Callable[[], None]) -> None:
-    """Run ``callback`` when the backward now running ends, after those queued before it
-    (callbacks queued by a callback run too, after the rest)."""
+def autograd_callback_queue() -> Callable[[Callable[[], None]], None]:
+    """What queues a callback to run when the backward now running ends, after those queued
+    before it (callbacks queued by a callback run too, after the rest)."""
     from torch.autograd import Variable
 
-    Variable._execution_engine.queue_callback(callback)
+    return Variable._execution_engine.queue_callback
 
 
 def grad_accumulator(param: Any) -> Any:
