@@ -138,6 +138,26 @@ def test_collectives_the_record_did_not_see_mark_the_trace_lost(tmp_path: Path) 
     assert last and all(c.label == "ddp.bucket" and c.state == "completed" for c in last)
 
 
+def test_a_record_that_fails_never_fails_the_backward(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    ddp, _, recorder = _ddp(tmp_path)
+    for _ in range(STEPS):
+        _forward(ddp, recorder, True, torch.randn(3, 16)).sum().backward()
+    assert type(ddp_buckets._PLANS.get(ddp)) is ddp_buckets._Plan
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(recorder, "record", broken)
+    ddp.zero_grad()
+    _forward(ddp, recorder, True, torch.randn(3, 16)).sum().backward()
+    assert all(p.grad is not None for p in ddp.parameters())  # the backward ran through
+    _forward(ddp, recorder, True, torch.randn(3, 16)).sum().backward()
+    assert ddp_buckets._PLANS.get(ddp) == ddp_buckets._NEVER
+    recorder.close()
+    assert "recording stopped" in read_rank(next(tmp_path.glob("rank-*.jsonl"))).lost
+
+
 def test_exact_puts_the_model_back_on_the_recording_group(tmp_path: Path) -> None:
     ddp, _, recorder = _ddp(tmp_path)
     for _ in range(STEPS):

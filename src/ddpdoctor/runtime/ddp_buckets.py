@@ -181,7 +181,8 @@ class _Plan:
             self._write(_getframe(1))  # the autograd engine's caller: its Python frame
         except Exception as exc:  # never let recording break the user's backward
             self.issuer.stop(exc)
-            self.fired, self.ids = True, None
+            _WINDOWS.pop(id(self.issuer), None)
+            self.fired, self.ids, self.window = True, None, None
             self.revert = f"recording failed: {exc}"
         return None
 
