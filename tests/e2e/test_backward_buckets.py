@@ -31,6 +31,10 @@ def test_healthy_training_keeps_every_bucket(tmp_path: Path, mode: str) -> None:
     job = run_job(tmp_path, SCRIPT, "--mode", mode)
     assert job.returncode == 0, job.stderr[-3000:]
     assert job.report is not None and job.report["verdict"] == "clean"
+    # A comm hook and join put the model back on the recording group, bucket by bucket.
+    per_backward = mode not in ("comm_hook", "join")
+    for rank in (0, 1):
+        assert f"rank {rank}: per backward: {per_backward}" in job.stdout, job.stdout[-2000:]
     line = marker_line(SCRIPT, "backward")
     for rank, trace in job.run().ranks.items():
         assert not trace.lost and not trace.warnings, (rank, trace.warnings)

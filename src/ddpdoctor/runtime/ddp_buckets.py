@@ -124,7 +124,7 @@ class _Plan:
     flight."""
 
     __slots__ = ("issuer", "layout", "nodes", "counter", "will_run", "queue", "armed",
-                 "fired", "ids", "n", "window", "at_arm", "revert", "__weakref__")
+                 "fired", "ids", "window", "at_arm", "revert", "__weakref__")
 
     def __init__(self, issuer: Any, layout: tuple, nodes: tuple,
                  counter: Callable[[], int]) -> None:
@@ -140,7 +140,6 @@ class _Plan:
         # last forward hooked its backward (None: recording was off then).
         self.at_arm: tuple[int, int] | None = None
         self.ids: list[int] | None = None  # the lines of the backward in flight
-        self.n = 0
         self.window: _Window | None = None
         self.revert = ""  # why the model goes back to the recording group, at its next forward
 
@@ -217,7 +216,7 @@ class _Plan:
             cid = record(name, issuer.seq, None, "all_reduce", tensors, "SUM", None, None, frame)
             if cid is not None:
                 ids.append(cid)
-        self.ids, self.n = ids, n
+        self.ids = ids  # one per bucket: the writer is there (checked above)
         self.queue(self._graph_done)
 
     def _graph_done(self) -> None:
@@ -249,7 +248,7 @@ class _Plan:
                     f"DDP's backward ran ({window.unseen:+d}): the trace is not exact from here",
                     lost=True)
             return
-        if self.n < len(self.layout):
+        if len(ids) < len(self.layout):
             # Fewer buckets than the model has went out (a parameter got no gradient): they
             # are in flight with nothing here to tell when they complete; DDP refuses the
             # next forward. Each bucket is recorded as it enters from here on.

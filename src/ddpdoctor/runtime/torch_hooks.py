@@ -11,7 +11,8 @@
   each DDP construction with its flags;
 * once a recording group exists, records DDP's coalesced broadcasts (buffers, start-up
   parameter sync) per broadcast in Python and runs them on the backend directly
-  (``_patch_broadcast_coalesced``);
+  (``_patch_broadcast_coalesced``), and DDP's gradient buckets once per backward
+  (``_patch_ddp_buckets``, ``ddp_buckets.py``);
 * records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it);
 * with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
   ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
@@ -136,8 +137,9 @@ def _create_backend(opts: Any, backend_options: Any) -> Any:
                                opts.group_id, _recorder)
     internals.attach_backend(pg, inner, kind, devices)
     # Here, not in install(): a process that imports torch and makes no group (torchrun's
-    # agent, a spawned DataLoader worker) does not import pg_wrapper for it.
+    # agent, a spawned DataLoader worker) does not import pg_wrapper or ddp_buckets for them.
     _patch_broadcast_coalesced()
+    _patch_ddp_buckets()
     return pg
 
 
@@ -348,17 +350,19 @@ def _patch_ddp() -> None:
     patches.replace(ddp, "__init__", __init__)
     patches.replace(ddp, internals.DDP_PRE_FORWARD, _pre_forward)
     patches.replace(join_hook, internals.JOIN_MAIN_HOOK, main_hook)
-    if internals.per_backward_buckets() and os.environ.get(env.BUCKETS_EACH) != "1":
-        _patch_ddp_buckets(ddp)
     patches.replace(ddp, "_ddpdoctor", True)
 
 
-def _patch_ddp_buckets(ddp: Any) -> None:
+def _patch_ddp_buckets() -> None:
     """DDP's gradient buckets recorded once per backward (``ddp_buckets``): its forward's end
     arms the record; what changes how the Reducer issues its buckets ends it for the model."""
-    from ddpdoctor.runtime import ddp_buckets
-
+    ddp, _ = internals.ddp_classes()
+    if os.environ.get(env.BUCKETS_EACH) == "1" or not internals.per_backward_buckets():
+        return
     real_post = getattr(ddp, internals.DDP_POST_FORWARD)
+    if getattr(real_post, "_ddpdoctor", False):
+        return
+    from ddpdoctor.runtime import ddp_buckets
 
     @functools.wraps(real_post)
     def _post_forward(self: Any, output: Any) -> Any:
@@ -366,6 +370,7 @@ def _patch_ddp_buckets(ddp: Any) -> None:
         ddp_buckets.after_forward(self, output)
         return output
 
+    _post_forward._ddpdoctor = True  # type: ignore[attr-defined]
     patches.replace(ddp, internals.DDP_POST_FORWARD, _post_forward)
     for name in internals.DDP_BUCKET_CHANGERS:
         patches.replace(ddp, name, _exact_first(getattr(ddp, name), ddp_buckets.exact))

@@ -17,6 +17,7 @@ the third forward on), healthy or diverging well after that.
 import argparse
 import contextlib
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -84,6 +85,9 @@ def main() -> None:
                 step(i)
     if args.mode == "extra_step" and rank == 0:
         dist.barrier()  # ddpdoctor: barrier
+    # Whether ddpdoctor (when it runs the job) still records this model's buckets per backward.
+    plans = getattr(sys.modules.get("ddpdoctor.runtime.ddp_buckets"), "_PLANS", {})
+    print(f"rank {rank}: per backward: {type(plans.get(ddp)).__name__ == '_Plan'}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
