@@ -200,6 +200,29 @@ def test_a_child_that_stops_publishing_makes_its_subtree_unknown(store_port: int
     assert root.update(local)["unknown"] == 0
 
 
+@pytest.mark.timeout(60)
+def test_a_node_learns_that_every_other_nodes_job_has_ended(store_port: int) -> None:
+    nodes = [Coordinator(_client(store_port), "ended", 3, node=n, interval=0.05)
+             for n in range(3)]
+    local = digest.merge({"nodes": 1, "ranks": 1, "world": 3, "live": 0}, [])
+    for c in nodes:
+        c.setup()
+        c.update(local)
+    root = nodes[0]
+    ops = root.traffic.ops
+    root.step()
+    assert root.traffic.ops == ops + 1  # not asked yet: no read of the count
+    assert not root.others_ended()
+    for c in nodes[1:]:
+        c.start()
+    nodes[1].finish(local)
+    root.step()
+    assert not root.others_ended()  # node 2's job still runs
+    nodes[2].finish(local)
+    root.step()
+    assert root.others_ended()
+
+
 def test_named_ranks_cross_to_every_node_as_partial_traces(tmp_path: Path,
                                                           store_port: int) -> None:
     n0, n1 = tmp_path / "n0", tmp_path / "n1"

@@ -297,6 +297,15 @@ def test_teardown_abort_after_finishing_is_a_warning_only() -> None:
     assert report.ranks[1].status == "finished" and report.all_finished
 
 
+def test_a_rank_the_launcher_stopped_after_a_teardown_abort_is_not_said_to_abort() -> None:
+    report = diag(*healthy_ddp(world=3), exit_codes={0: 0, 1: -15, 2: -6})
+    assert report.verdict == "clean" and kinds(report) == ["teardown_abort"]
+    summary = report.root.summary
+    assert summary.startswith("Rank 2 finished its script, then its process died with SIGABRT"), \
+        summary
+    assert "the launcher then stopped rank 1, finished too, with SIGTERM" in summary, summary
+
+
 def test_unexplained_unfinished_rank_is_incomplete() -> None:
     bs = ranks(2)
     for b in bs:

@@ -188,19 +188,27 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
                     dict(sorted(details.items())), t=min(states[r].end_t for r in early))]
 
 
+_SIGTERM = -15
+
+
 def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
-    """Ranks that finished and then aborted while the process shut down: one warning."""
+    """Ranks that finished and then aborted while the process shut down: one warning. Those
+    ended with SIGTERM while another aborted by itself were stopped by the launcher (torchrun
+    ends a failed group's survivors): named apart, never as aborting."""
     ranks = [r for r, s in sorted(states.items()) if s.teardown_abort]
     if not ranks:
         return []
-    first = states[ranks[0]]
-    one = len(ranks) == 1
-    scripts = "its script" if one else "their scripts"
-    summary = (f"{rank_list(ranks).capitalize()} finished {scripts}"
-               f", then {'its process' if one else 'their processes'} died with "
-               f"{first.crash_text.split(' after ')[0]} while shutting down (a known gloo + DDP "
-               f"teardown abort); the results are complete.")
-    return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary,
+    own = [r for r in ranks if states[r].exit_code != _SIGTERM] or ranks
+    stopped = [r for r in ranks if r not in own]
+    one = len(own) == 1
+    how = " or ".join(dict.fromkeys(states[r].crash_text.split(" after ")[0] for r in own))
+    summary = (f"{rank_list(own).capitalize()} finished {'its script' if one else 'their scripts'}"
+               f", then {'its process' if one else 'their processes'} died with {how} while "
+               f"shutting down (a known gloo + DDP teardown abort)")
+    if stopped:
+        summary += (f"; the launcher then stopped {rank_list(stopped)}, finished too, with "
+                    f"SIGTERM")
+    return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary + "; the results are complete.",
                     {r: left_detail(states[r]) for r in ranks},
                     t=min(states[r].end_t for r in ranks))]
 

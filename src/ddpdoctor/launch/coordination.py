@@ -20,6 +20,8 @@ enters the traces. After a verdict each node publishes the detail of the named r
 holds (``trace/detail.py``), fetches those held elsewhere into ``remote-<rank>.jsonl``, and
 counts itself done; the nodes wait (a few seconds at most) for each other before stopping
 their ranks, so the store, which lives in one node's torchrun agent, outlasts the exchange.
+A node whose job ends counts itself under ``ended``: a launcher whose agent still waits at
+torchrun's exit barrier once every other node's job has ended asks it (``others_ended``).
 
 A node's number is its ``--node-rank`` under a static rendezvous, else its order of arrival
 (an ``add`` on the store). The store client is torch's ``TCPStore``; any object with its
@@ -93,6 +95,8 @@ class Coordinator:
         self._verdict: dict | None = None
         self._gen = 0
         self._deadlock_since: float | None = None
+        self._ask_ended = False  # others_ended was asked: the thread reads the count
+        self._others_ended = False
         self.error = ""
 
     # -- keys ----------------------------------------------------------------------------------
@@ -184,6 +188,9 @@ class Coordinator:
                     self._verdict = _parse(values[-1])
         if not self._send_verdict(store) and not self.root:
             self._send_digest(store)
+        if self._ask_ended:
+            self._others_ended = int(store.add(self._key("ended"), 0)) >= self.nnodes - 1
+            self.traffic.ops += 1
 
     def _send_verdict(self, store: Any) -> bool:
         """Node 0: send the verdict made since the last exchange, if any (True: sent)."""
@@ -278,8 +285,16 @@ class Coordinator:
         with self._lock:
             return self._verdict
 
+    def others_ended(self) -> bool:
+        """Whether every other node's job has ended (each counted itself in :meth:`finish`),
+        as the exchange thread last read it: asking starts the reading, one ``add`` per
+        exchange."""
+        self._ask_ended = True
+        return self._others_ended
+
     def finish(self, local: dict) -> None:
-        """The job ended here: publish a last digest that never goes stale, and stop."""
+        """The job ended here: publish a last digest that never goes stale, count this node
+        as ended, and stop."""
         if self.store is None or self._thread is None:
             return
         self.update(local, final=True)
@@ -287,6 +302,7 @@ class Coordinator:
         try:
             if not self.root:
                 self._send_digest(self.store)
+            self.store.add(self._key("ended"), 1)
         except Exception:  # the store went away: the node simply goes stale
             pass
 

@@ -49,6 +49,7 @@ class JobResult:
     acks: list[int] = field(default_factory=list)
     nnodes: int = 1  # nodes of the job (torchrun's --nnodes, its maximum)
     unwatched: str = ""  # why hangs across nodes were not watched, if they were not
+    released: bool = False  # torchrun's agent was ended at its exit barrier (_ExitBarrier)
 
 
 class _Signals:
@@ -111,6 +112,46 @@ class _JobEnd:
     def close(self) -> None:
         if self._fd is not None:
             self._closer()
+
+
+# Seconds torchrun's agent may wait at its exit barrier once every other node's job has ended.
+EXIT_BARRIER_GRACE = 3.0
+RELEASED = ("torchrun's agent on this node waited at its exit barrier (up to 300 s) for the "
+            "other nodes' agents, whose jobs had all ended (an agent whose ranks failed, one "
+            "aborting in teardown included, skips it): ddpdoctor ended it, with the exit code "
+            "torchrun gives when that wait runs out, 0")
+
+
+class _ExitBarrier:
+    """torchrun's agent, once its workers have all exited with 0, waits at its exit barrier for
+    every node's agent (``exit_barrier_timeout``, 300 s). An agent whose workers failed skips
+    it and ends, so one rank of another node aborting in teardown holds this node for the full
+    300 s with nothing left to wait for. Once the agent has written its workers' exit codes
+    (``exits-<pid>.json``, all 0) and every other node's job has ended (the store's ``ended``
+    count), no agent can join the barrier any more: after :data:`EXIT_BARRIER_GRACE` seconds
+    the agent is ended."""
+
+    def __init__(self, logdir: Path, agent: int) -> None:
+        self._codes = logdir / f"{schema.EXITS_PREFIX}{agent}.json"
+        self._since: float | None = None
+
+    def nobody_comes(self, coord: coordination.Coordinator, progress: JobProgress,
+                     now: float) -> bool:
+        if self._since is None:
+            if not self._succeeded(len(progress.ranks)):
+                return False
+            self._since = now
+        return now - self._since >= EXIT_BARRIER_GRACE and coord.others_ended()
+
+    def _succeeded(self, ranks: int) -> bool:
+        if not ranks or not self._codes.exists():
+            return False
+        try:
+            codes = json.loads(self._codes.read_text(encoding="utf-8")).get("exit_codes")
+        except (OSError, ValueError, AttributeError):
+            return False
+        return isinstance(codes, dict) and len(codes) >= ranks and \
+            all(code == 0 for code in codes.values())
 
 
 def _someone_waits(progress: JobProgress, now: float) -> bool:
@@ -179,6 +220,7 @@ def run_job(opts: RunOptions, logdir: Path,
             coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)
         job_end = _JobEnd(proc)
+        barrier = _ExitBarrier(logdir, proc.pid) if coord is not None else None
         while proc.poll() is None:
             job_end.wait(POLL_WAITING if _someone_waits(progress, time.time()) else POLL_RUNNING)
             now = time.time()
@@ -204,6 +246,10 @@ def run_job(opts: RunOptions, logdir: Path,
                     # Every node gets the named ranks' details before any node's ranks go
                     # (and the others' fail on the lost connection).
                     coord.exchange(list(named), progress.paths(), logdir)
+                break
+            if barrier is not None and coord is not None and \
+                    barrier.nobody_comes(coord, progress, now):
+                result.released = True
                 break
             if on_status and now >= next_status:
                 on_status(progress, "status")
@@ -234,7 +280,7 @@ def run_job(opts: RunOptions, logdir: Path,
                                   " (a rendezvous backend other than static or c10d)")
             + "; `ddpdoctor diff` with every node's log folder still compares the ranks")
     padding.trim(str(logdir))  # traces of ranks killed before they closed them
-    result.exit_code = proc.returncode
+    result.exit_code = 0 if result.released else proc.returncode
     result.duration = time.time() - started
     write_job_record(logdir, result)
     return result
@@ -244,7 +290,8 @@ def write_job_record(logdir: Path, result: JobResult) -> None:
     """What only the launcher knows, for ``diff`` to read later: why it stopped the job."""
     record = {"stopped": result.stop, "reason": result.reason,
               "interrupted": result.interrupted, "exit_code": result.exit_code,
-              "nnodes": result.nnodes, "unwatched": result.unwatched}
+              "nnodes": result.nnodes, "unwatched": result.unwatched,
+              "notes": [RELEASED] if result.released else []}
     try:
         with open(os.open(logdir / schema.JOB_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
                   "w", encoding="utf-8") as fh:

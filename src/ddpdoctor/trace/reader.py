@@ -405,13 +405,14 @@ def _job_records(folders: set[Path],
                  notes: list[str]) -> tuple[schema.Stop | None, str, int, bool]:
     """What the launchers wrote (``job.json``): why one stopped the job (hang, deadlock or
     stuck), the number of nodes of the job, and whether the user interrupted it; a launcher
-    that could not watch the whole job says why in ``notes``."""
+    that could not watch the whole job says why, and what else it did, in ``notes``."""
     stop: schema.Stop | None = None
     reason, nnodes, interrupted = "", 1, False
     for folder in sorted(folders):
         job = _small_json(folder / schema.JOB_FILE)
-        if isinstance(job.get("unwatched"), str) and job["unwatched"]:
-            notes.append(job["unwatched"][:400])
+        more = job.get("notes")
+        said = [job.get("unwatched"), *(more if isinstance(more, list) else [])]
+        notes.extend(note[:400] for note in said if isinstance(note, str) and note)
         stopped = job.get("stopped")
         if stopped in {s.value for s in schema.Stop} and stop is None:
             stop, reason = schema.Stop(stopped), str(job.get("reason", ""))

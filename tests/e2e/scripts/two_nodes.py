@@ -3,7 +3,8 @@
 ``--mode healthy``: a few DDP steps. ``--mode mismatch``: then rank 0 (node 0) enters a
 barrier while every other rank runs another training step. ``--mode busy``: then the last rank
 (on node 1) saves a checkpoint for ``--seconds``, writing slowly, while the others wait in a
-barrier (busy, not hung).
+barrier (busy, not hung). ``--mode teardown_abort``: healthy, but the last rank's process aborts
+(SIGABRT) while Python shuts down, after its script finished (gloo's teardown abort).
 """
 
 import argparse
@@ -16,7 +17,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", choices=["healthy", "mismatch", "busy"], required=True)
+parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort"], required=True)
 parser.add_argument("--seconds", type=float, default=6.0)
 args = parser.parse_args()
 
@@ -38,4 +39,15 @@ elif args.mode == "busy":
             time.sleep(0.05)
         os.close(fd)
     dist.barrier()
+elif args.mode == "teardown_abort" and rank == dist.get_world_size() - 1:
+
+    class _AbortsInTeardown:
+        """Deleted as ``__main__``'s globals are cleared, after the atexit handlers; waits
+        for the other ranks to end first (torchrun stops the survivors of a failed rank)."""
+
+        def __del__(self, abort=os.abort, sleep=time.sleep) -> None:
+            sleep(2.0)
+            abort()
+
+    _aborts = _AbortsInTeardown()
 dist.destroy_process_group()
