@@ -162,6 +162,21 @@ def test_teardown_abort_after_finishing_is_a_warning_not_a_failure(tmp_path: Pat
     assert "teardown" in job.stderr
 
 
+@pytest.mark.timeout(120)
+def test_a_rank_stopped_by_the_launcher_after_a_teardown_abort_is_not_the_cause(
+        tmp_path: Path) -> None:
+    job = run_job(tmp_path, SCRIPTS / "teardown_abort.py", "--rank0-works", "20")
+    assert job.returncode != 0 and job.report is not None, job.stderr
+    assert job.report["verdict"] == "crashed", job.report
+    root = job.report["findings"][0]
+    assert root["kind"] == "teardown_abort" and root["severity"] == "error", root
+    assert root["summary"].startswith("Rank 1 finished its script, then its process died "
+                                      "with SIGABRT"), root["summary"]
+    assert "stopped rank 0 with SIGTERM" in root["summary"], root["summary"]
+    assert all(f["follow_on"] for f in job.report["findings"][1:]
+               if f["kind"] == "rank_crashed"), job.report["findings"]
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("argv, message", [
     (["run", "does_not_exist.py"], "script not found"),

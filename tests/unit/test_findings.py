@@ -306,6 +306,40 @@ def test_a_rank_the_launcher_stopped_after_a_teardown_abort_is_not_said_to_abort
     assert "the launcher then stopped rank 1, finished too, with SIGTERM" in summary, summary
 
 
+def test_a_rank_the_launcher_stopped_before_it_finished_is_a_consequence_of_the_abort(
+        ) -> None:
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(3)
+    bs[1].finish()  # then aborted in teardown; rank 0 still ran (a checkpoint) and got SIGTERM
+    report = diag(*bs, exit_codes={0: -15, 1: -6})
+    assert report.verdict == "crashed"
+    root = report.root
+    assert root.kind == "teardown_abort" and root.severity == "error", report.findings
+    assert root.summary.startswith("Rank 1 finished its script, then its process died with "
+                                   "SIGABRT"), root.summary
+    assert "stopped rank 0 with SIGTERM during iteration 3, before it finished" in root.summary
+    assert "results are complete" not in root.summary
+    follow = [f for f in report.findings if f.kind == "rank_crashed"]
+    assert len(follow) == 1 and follow[0].follow_on and list(follow[0].ranks) == [0]
+
+
+def test_a_place_recorded_before_a_ranks_last_collective_is_not_where_it_ended() -> None:
+    def follow_on(t: float) -> str:
+        bs = ranks(2)
+        for b in bs:
+            b.ddp_init().train(3)
+        bs[1].finish()
+        bs[0].trace.activity = {"kind": "activity", "t": t, "cpu_rate": 1.0,
+                                "frames": [{"file": "/job/train.py", "line": 5,
+                                            "function": "<module>"}]}
+        report = diag(*bs, exit_codes={0: -15, 1: -6})
+        return next(f.summary for f in report.findings if f.kind == "rank_crashed")
+
+    assert "train.py:5" not in follow_on(0.0)  # at start-up, before every collective
+    assert "train.py:5 in <module>(), using 100% of a core" in follow_on(5000.0)
+
+
 def test_unexplained_unfinished_rank_is_incomplete() -> None:
     bs = ranks(2)
     for b in bs:

@@ -65,8 +65,12 @@ def where_text(state: RankState) -> str:
 
 def blocked_text(state: RankState) -> str:
     """Where a rank that the launcher tore down was: its last activity record (outside any
-    collective, where, how much CPU), then the teardown."""
+    collective, where, how much CPU) unless an older one than its last collective, then the
+    teardown."""
     act = (state.trace.activity if state.trace is not None else None) or {}
+    t = act.get("t")
+    if state.last is not None and (not isinstance(t, (int, float)) or t < state.last.t):
+        act = {}  # written before the rank's last collective: not where it was at the end
     sites = frame_sites(act.get("frames"))
     at = f" at {site_text(sites[0])}" if sites else ""
     rate = act.get("cpu_rate")

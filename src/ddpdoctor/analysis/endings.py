@@ -194,12 +194,15 @@ _SIGTERM = -15
 def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     """Ranks that finished and then aborted while the process shut down: one warning. Those
     ended with SIGTERM while another aborted by itself were stopped by the launcher (torchrun
-    ends a failed group's survivors): named apart, never as aborting."""
+    ends a failed group's survivors): named apart, never as aborting. Where the launcher
+    stopped a rank that had not finished its script, its work was cut short: an error, the
+    root cause of that rank's end."""
     ranks = [r for r, s in sorted(states.items()) if s.teardown_abort]
     if not ranks:
         return []
     own = [r for r in ranks if states[r].exit_code != _SIGTERM] or ranks
     stopped = [r for r in ranks if r not in own]
+    cut = [r for r, s in sorted(states.items()) if s.torn_down and s.status == rs.KILLED]
     one = len(own) == 1
     how = " or ".join(dict.fromkeys(states[r].crash_text.split(" after ")[0] for r in own))
     summary = (f"{rank_list(own).capitalize()} finished {'its script' if one else 'their scripts'}"
@@ -208,8 +211,15 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     if stopped:
         summary += (f"; the launcher then stopped {rank_list(stopped)}, finished too, with "
                     f"SIGTERM")
-    return [Finding(fk.TEARDOWN_ABORT, WARNING, None, None, summary + "; the results are complete.",
-                    {r: left_detail(states[r]) for r in ranks},
+    if cut:
+        it = "it" if len(cut) == 1 else "they"
+        summary += (f"; the launcher then stopped {rank_list(cut)} with SIGTERM during "
+                    f"{phase_text(states[cut[0]])}, before {it} finished: what {it} had left "
+                    f"to do did not run.")
+    else:
+        summary += "; the results are complete."
+    return [Finding(fk.TEARDOWN_ABORT, ERROR if cut else WARNING, None, None, summary,
+                    {r: left_detail(states[r]) for r in ranks + cut},
                     t=min(states[r].end_t for r in ranks))]
 
 

@@ -313,10 +313,10 @@ _TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.I)
 
 
 def _failed_first(s: RankState) -> bool:
-    """A rank whose failure came while its peers were still alive: an error of its own, or a
-    collective timeout (its peer was alive and not issuing)."""
-    if s.status == FAILED:
-        return True
+    """A rank whose failure came while its peers were still alive: an error of its own, an
+    abort in teardown, or a collective timeout (its peer was alive and not issuing)."""
+    if s.status == FAILED or (s.teardown_abort and s.exit_code != -15):
+        return True  # (a rank that aborts in teardown ends first: torchrun stops the others)
     if s.status != EXCEPTION or s.trace is None:
         return False
     return not s.comm_error or bool(_TIMEOUT_TEXT.search(str((s.trace.exception or {})

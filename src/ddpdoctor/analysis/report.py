@@ -81,7 +81,8 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState],
     endings. Clean needs every rank finished with its whole trace; untested means every rank
     finished and none recorded a collective, or the world was one rank."""
     if any(f.is_error for f in findings):
-        return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK) else DIVERGED
+        return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK,
+                                               fk.TEARDOWN_ABORT) else DIVERGED
     # A rank that did not finish (a hang, even one before any collective), a cut trace, or a
     # damaged line (it may be a lost collective): what was compared is not all there was.
     if any((s.status != rs.FINISHED and s.status != rs.REMOTE) or s.cut
