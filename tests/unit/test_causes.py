@@ -109,15 +109,17 @@ def test_catalogue_has_every_rule_cause_and_complete_entries() -> None:
         assert cause.title and len(cause.explanation) > 80 and len(cause.fix) > 40
 
 
-def test_catalogue_is_read_with_safe_load_once(monkeypatch) -> None:
-    calls = []
-    real = yaml.safe_load
-    monkeypatch.setattr(yaml, "safe_load", lambda text: calls.append(1) or real(text))
+def test_catalogue_is_read_with_a_safe_loader_once(monkeypatch) -> None:
+    loaders = []
+    real = yaml.load
+    monkeypatch.setattr(yaml, "load", lambda text, Loader: loaders.append(Loader) or
+                        real(text, Loader=Loader))
     catalog.causes.cache_clear()
     try:
         for _ in range(3):
             assert catalog.get("uneven_inputs") is not None
-        assert calls == [1]
+        assert len(loaders) == 1 and loaders[0] in (getattr(yaml, "CSafeLoader", None),
+                                                     yaml.SafeLoader), loaders
     finally:
         catalog.causes.cache_clear()
 

