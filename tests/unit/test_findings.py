@@ -324,6 +324,18 @@ def test_a_rank_the_launcher_stopped_before_it_finished_is_a_consequence_of_the_
     assert len(follow) == 1 and follow[0].follow_on and list(follow[0].ranks) == [0]
 
 
+def test_a_teardown_abort_beside_a_rank_that_raised_stays_a_warning() -> None:
+    bs = ranks(3)
+    for b in bs:
+        b.ddp_init().train(3)
+    bs[1].finish()
+    bs[2].raise_("ValueError", "boom")
+    report = diag(*bs, exit_codes={0: -15, 1: -6, 2: 1})
+    assert report.root.kind == "rank_crashed" and "ValueError: boom" in report.root.summary
+    teardown = next(f for f in report.findings if f.kind == "teardown_abort")
+    assert teardown.severity == "warning" and "results are complete" not in teardown.summary
+
+
 def test_a_place_recorded_before_a_ranks_last_collective_is_not_where_it_ended() -> None:
     def follow_on(t: float) -> str:
         bs = ranks(2)

@@ -202,7 +202,9 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
         return []
     own = [r for r in ranks if states[r].exit_code != _SIGTERM] or ranks
     stopped = [r for r in ranks if r not in own]
-    cut = [r for r, s in sorted(states.items()) if s.torn_down and s.status == rs.KILLED]
+    # (Where a rank also raised or failed, that is what the launcher acted on: crash_findings.)
+    cut = [] if any(s.status in (rs.EXCEPTION, rs.FAILED) for s in states.values()) else \
+        [r for r, s in sorted(states.items()) if s.torn_down and s.status == rs.KILLED]
     one = len(own) == 1
     how = " or ".join(dict.fromkeys(states[r].crash_text.split(" after ")[0] for r in own))
     summary = (f"{rank_list(own).capitalize()} finished {'its script' if one else 'their scripts'}"
@@ -216,8 +218,10 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
         summary += (f"; the launcher then stopped {rank_list(cut)} with SIGTERM during "
                     f"{phase_text(states[cut[0]])}, before {it} finished: what {it} had left "
                     f"to do did not run.")
-    else:
+    elif all(s.status in (rs.FINISHED, rs.REMOTE) for s in states.values()):
         summary += "; the results are complete."
+    else:
+        summary += "."
     return [Finding(fk.TEARDOWN_ABORT, ERROR if cut else WARNING, None, None, summary,
                     {r: left_detail(states[r]) for r in ranks + cut},
                     t=min(states[r].end_t for r in ranks))]
