@@ -17,7 +17,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort"], required=True)
+parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort"],
+                    required=True)
 parser.add_argument("--seconds", type=float, default=6.0)
 args = parser.parse_args()
 
