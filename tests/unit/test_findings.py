@@ -336,6 +336,25 @@ def test_a_teardown_abort_beside_a_rank_that_raised_stays_a_warning() -> None:
     assert teardown.severity == "warning" and "results are complete" not in teardown.summary
 
 
+def test_a_rank_the_launcher_stopped_while_it_waited_in_a_collective_is_shown_waiting(
+        ) -> None:
+    """Seen in CI under load (seed003_crash): torchrun's SIGTERM reached rank 0 in its bucket
+    before gloo's error did; it was reported "outside any collective"."""
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(2)
+    bs[0].step().pend_last()
+    bs[1].raise_("ValueError", "boom")
+    report = diag(*bs, exit_codes={0: -15, 1: 1})
+    root = report.root
+    assert root.kind == "rank_crashed" and not root.follow_on
+    assert root.ranks[0].op == "all_reduce" and root.ranks[1].op is None
+    follow = [f for f in report.findings if f.kind == "rank_crashed" and f.follow_on]
+    assert len(follow) == 1 and follow[0].summary.startswith(
+        "Rank 0 was waiting in DDP gradient bucket 0 of iteration 3"), follow
+    assert "outside any collective" not in " ".join(f.summary for f in report.findings)
+
+
 def test_a_place_recorded_before_a_ranks_last_collective_is_not_where_it_ended() -> None:
     def follow_on(t: float) -> str:
         bs = ranks(2)

@@ -64,9 +64,13 @@ def where_text(state: RankState) -> str:
 
 
 def blocked_text(state: RankState) -> str:
-    """Where a rank that the launcher tore down was: its last activity record (outside any
-    collective, where, how much CPU) unless an older one than its last collective, then the
-    teardown."""
+    """Where a rank that the launcher tore down was: the collective it waited in, else its
+    last activity record (outside any collective, where, how much CPU) unless an older one
+    than its last collective, then the teardown."""
+    until = "until the launcher terminated it (SIGTERM) after another rank failed"
+    w = state.waiting
+    if w is not None:  # the launcher's SIGTERM came before the transport error
+        return f"was waiting in {describe(w)} at {site_text(w.site)}, {until}"
     act = (state.trace.activity if state.trace is not None else None) or {}
     t = act.get("t")
     if state.last is not None and (not isinstance(t, (int, float)) or t < state.last.t):
@@ -79,7 +83,7 @@ def blocked_text(state: RankState) -> str:
         cpu = ", using no CPU" if rate < 0.05 else f", using {rate:.0%} of a core"
     where = (f"was outside any collective{at}{cpu}" if act else
              "was outside any collective")
-    return f"{where}, until the launcher terminated it (SIGTERM) after another rank failed"
+    return f"{where}, {until}"
 
 
 def thread_error_texts(state: RankState) -> list[str]:
@@ -141,14 +145,21 @@ def elsewhere_detail(state: RankState) -> RankDetail:
 
 
 def failed_in_detail(state: RankState) -> RankDetail | None:
-    """A rank whose exception only reports a lost peer or a timeout: the collective it failed
-    in, with the error as its note (None when it was not in a collective)."""
+    """A rank whose exception only reports a lost peer or a timeout, or that the launcher tore
+    down while it waited: the collective it was in, with how it ended as its note (None when
+    it was not in a collective)."""
     w = state.waiting
-    if state.status != rs.EXCEPTION or not state.comm_error or w is None:
+    if w is None:
         return None
-    d = collective_detail(w)
-    d.note = f"{d.note}; failed with {state.crash_text}"
-    return d
+    if state.status == rs.EXCEPTION and state.comm_error:
+        d = collective_detail(w)
+        d.note = f"{d.note}; failed with {state.crash_text}"
+        return d
+    if state.torn_down:
+        d = collective_detail(w)
+        d.note = f"{d.note}; the launcher terminated the rank (SIGTERM) after another rank failed"
+        return d
+    return None
 
 
 def left_detail(state: RankState) -> RankDetail:
