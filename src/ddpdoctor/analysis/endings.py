@@ -124,9 +124,9 @@ def crash_findings(states: dict[int, RankState]) -> list[Finding]:
             summary = head + (f"; {others}." if others else ".")
         else:
             # (A torn-down rank's head already names the collective it waited in.)
-            inside = where is not None and not first.torn_down
-            summary = head + (f", in {describe(where)}" if inside else "") + \
-                ": a consequence of the problem above, not a cause of its own."
+            inside = f", in {describe(where)}" if where is not None and not first.torn_down \
+                else ""
+            summary = head + inside + ": a consequence of the problem above, not a cause of its own."
         details = {}
         for r in ranks:
             s = states[r]
