@@ -126,7 +126,7 @@ def crash_findings(states: dict[int, RankState]) -> list[Finding]:
             # (A torn-down rank's head already names the collective it waited in.)
             inside = f", in {describe(where)}" if where is not None and not first.torn_down \
                 else ""
-            summary = head + inside + ": a consequence of the problem above, not a cause of its own."
+            summary = f"{head}{inside}: a consequence of the problem above, not a cause of its own."
         details = {}
         for r in ranks:
             s = states[r]
