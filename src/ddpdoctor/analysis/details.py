@@ -152,14 +152,14 @@ def failed_in_detail(state: RankState) -> RankDetail | None:
     if w is None:
         return None
     if state.status == rs.EXCEPTION and state.comm_error:
-        d = collective_detail(w)
-        d.note = f"{d.note}; failed with {state.crash_text}"
-        return d
-    if state.torn_down:
-        d = collective_detail(w)
-        d.note = f"{d.note}; the launcher terminated the rank (SIGTERM) after another rank failed"
-        return d
-    return None
+        how = f"failed with {state.crash_text}"
+    elif state.torn_down:
+        how = "the launcher terminated the rank (SIGTERM) after another rank failed"
+    else:
+        return None
+    d = collective_detail(w)
+    d.note = f"{d.note}; {how}"
+    return d
 
 
 def left_detail(state: RankState) -> RankDetail:

@@ -35,7 +35,7 @@ def _primary_crashes(states: dict[int, RankState]) -> set[int]:
     killed = {r for r, s in states.items() if s.status == rs.KILLED and not s.torn_down}
     if killed:
         # After one rank dies, torchrun stops the others with SIGTERM (then SIGKILL).
-        not_term = {r for r in killed if states[r].exit_code not in (-15, None)}
+        not_term = {r for r in killed if states[r].exit_code not in (rs.SIGTERM_CODE, None)}
         return not_term or killed
     # Only transport errors, and nothing here that caused them: they are what is known
     # (NCCL refusing a communicator fails every rank with DistBackendError). A timeout in a
@@ -190,9 +190,6 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
                     dict(sorted(details.items())), t=min(states[r].end_t for r in early))]
 
 
-_SIGTERM = -15
-
-
 def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     """Ranks that finished and then aborted while the process shut down: one warning. Those
     ended with SIGTERM while another aborted by itself were stopped by the launcher (torchrun
@@ -202,7 +199,7 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     ranks = [r for r, s in sorted(states.items()) if s.teardown_abort]
     if not ranks:
         return []
-    own = [r for r in ranks if states[r].exit_code != _SIGTERM] or ranks
+    own = [r for r in ranks if states[r].exit_code != rs.SIGTERM_CODE] or ranks
     stopped = [r for r in ranks if r not in own]
     # (Where a rank also raised or failed, that is what the launcher acted on: crash_findings.)
     cut = [] if any(s.status in (rs.EXCEPTION, rs.FAILED) for s in states.values()) else \

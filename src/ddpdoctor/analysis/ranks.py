@@ -310,12 +310,13 @@ def _peer_completed(run: Run, rank: int, c: Collective) -> bool:
 
 
 _TIMEOUT_TEXT = re.compile(r"timed out|timeout", re.I)
+SIGTERM_CODE = -15  # a process ended by SIGTERM (the launcher's stop of a failed job's ranks)
 
 
 def _failed_first(s: RankState) -> bool:
     """A rank whose failure came while its peers were still alive: an error of its own, an
     abort in teardown, or a collective timeout (its peer was alive and not issuing)."""
-    if s.status == FAILED or (s.teardown_abort and s.exit_code != -15):
+    if s.status == FAILED or (s.teardown_abort and s.exit_code != SIGTERM_CODE):
         return True  # (a rank that aborts in teardown ends first: torchrun stops the others)
     if s.status != EXCEPTION or s.trace is None:
         return False
@@ -329,5 +330,5 @@ def _mark_torn_down(states: dict[int, RankState]) -> None:
     if not any(_failed_first(s) for s in states.values()):
         return
     for s in states.values():
-        if s.status == KILLED and s.exit_code == -15:
+        if s.status == KILLED and s.exit_code == SIGTERM_CODE:
             s.torn_down = True

@@ -131,17 +131,17 @@ class _ExitBarrier:
     count), no agent can join the barrier any more: after :data:`EXIT_BARRIER_GRACE` seconds
     the agent is ended."""
 
-    def __init__(self, logdir: Path, agent: int) -> None:
+    def __init__(self, logdir: Path, agent: int, coord: coordination.Coordinator) -> None:
         self._codes = logdir / f"{schema.EXITS_PREFIX}{agent}.json"
+        self._coord = coord
         self._since: float | None = None
 
-    def nobody_comes(self, coord: coordination.Coordinator, progress: JobProgress,
-                     now: float) -> bool:
+    def nobody_comes(self, progress: JobProgress, now: float) -> bool:
         if self._since is None:
             if not self._succeeded(len(progress.ranks)):
                 return False
             self._since = now
-        return now - self._since >= EXIT_BARRIER_GRACE and coord.others_ended()
+        return now - self._since >= EXIT_BARRIER_GRACE and self._coord.others_ended()
 
     def _succeeded(self, ranks: int) -> bool:
         if not ranks or not self._codes.exists():
@@ -220,7 +220,7 @@ def run_job(opts: RunOptions, logdir: Path,
             coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)
         job_end = _JobEnd(proc)
-        barrier = _ExitBarrier(logdir, proc.pid) if coord is not None else None
+        barrier = _ExitBarrier(logdir, proc.pid, coord) if coord is not None else None
         while proc.poll() is None:
             job_end.wait(POLL_WAITING if _someone_waits(progress, time.time()) else POLL_RUNNING)
             now = time.time()
@@ -247,8 +247,7 @@ def run_job(opts: RunOptions, logdir: Path,
                     # (and the others' fail on the lost connection).
                     coord.exchange(list(named), progress.paths(), logdir)
                 break
-            if barrier is not None and coord is not None and \
-                    barrier.nobody_comes(coord, progress, now):
+            if barrier is not None and barrier.nobody_comes(progress, now):
                 result.released = True
                 break
             if on_status and now >= next_status:
