@@ -4,7 +4,7 @@
 barrier while every other rank runs another training step. ``--mode busy``: then the last rank
 (on node 1) saves a checkpoint for ``--seconds``, writing slowly, while the others wait in a
 barrier (busy, not hung). ``--mode teardown_abort``: healthy, but the last rank's process aborts
-(SIGABRT) while Python shuts down, after its script finished (gloo's teardown abort).
+(SIGABRT) once Python has shut down, after its script finished (gloo's teardown abort).
 """
 
 import argparse
@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from abort_at_exit import abort_after_shutdown
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort"],
@@ -40,15 +42,8 @@ elif args.mode == "busy":
             time.sleep(0.05)
         os.close(fd)
     dist.barrier()
-elif args.mode == "teardown_abort" and rank == dist.get_world_size() - 1:
-
-    class _AbortsInTeardown:
-        """Deleted as ``__main__``'s globals are cleared, after the atexit handlers; waits
-        for the other ranks to end first (torchrun stops the survivors of a failed rank)."""
-
-        def __del__(self, abort=os.abort, sleep=time.sleep) -> None:
-            sleep(2.0)
-            abort()
-
-    _aborts = _AbortsInTeardown()
+last = rank == dist.get_world_size() - 1
 dist.destroy_process_group()
+if args.mode == "teardown_abort" and last:
+    time.sleep(2.0)  # the other ranks end first (torchrun stops the survivors of a failed rank)
+    abort_after_shutdown()
