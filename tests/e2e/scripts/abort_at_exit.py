@@ -11,6 +11,7 @@ interpreter exits"): in one CI run the aborting node reported no abort at all.
 """
 
 import ctypes
+import time
 
 
 def abort_after_shutdown() -> None:
@@ -18,3 +19,18 @@ def abort_after_shutdown() -> None:
     libc = ctypes.CDLL(None)
     if libc.__cxa_atexit(ctypes.cast(libc.abort, ctypes.c_void_p), None, None) != 0:
         raise OSError("libc refused the exit handler")
+
+
+def wait_until_ended(pids: list[int], timeout: float = 60.0) -> None:
+    """Wait until these processes of this machine have exited (gone, or a zombie their
+    parent has not reaped yet)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+                    if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        break
+            except OSError:
+                break
+            time.sleep(0.05)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from abort_at_exit import abort_after_shutdown
+from abort_at_exit import abort_after_shutdown, wait_until_ended
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort"],
@@ -42,8 +42,12 @@ elif args.mode == "busy":
             time.sleep(0.05)
         os.close(fd)
     dist.barrier()
+elif args.mode == "teardown_abort":
+    pids: list = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())  # every node runs on this machine
 last = rank == dist.get_world_size() - 1
 dist.destroy_process_group()
 if args.mode == "teardown_abort" and last:
-    time.sleep(2.0)  # the other ranks end first (torchrun stops the survivors of a failed rank)
+    # The other ranks end first (torchrun stops the survivors of a failed rank).
+    wait_until_ended([pid for pid in pids if pid != os.getpid()])
     abort_after_shutdown()
