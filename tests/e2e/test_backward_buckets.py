@@ -89,3 +89,40 @@ def test_a_rank_that_stops_inside_or_after_its_backward_is_the_cause(
     assert not any(t.lost for t in run.ranks.values())
     if mode == "skip_layer":  # its backward issued nothing, and its trace says so
         assert 7 not in _buckets(run.ranks[1])
+
+
+GAN = SCRIPTS / "gan_two_models.py"
+
+
+@pytest.mark.timeout(120)
+def test_a_gan_of_two_ddp_models_is_clean_with_every_bucket_completed(tmp_path: Path) -> None:
+    # pytorch/examples' dcgan loop: G's loss backward runs through D and G, two Reducers
+    # issuing their buckets in one backward, both recorded once per backward.
+    job = run_job(tmp_path, GAN)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report is not None and job.report["verdict"] == "clean", job.report
+    for rank in (0, 1):
+        for model in ("G", "D"):
+            assert f"rank {rank}: {model} per backward: True" in job.stdout, job.stdout[-2000:]
+    backward_lines = {marker_line(GAN, m)
+                      for m in ("d_real_backward", "d_fake_backward", "g_backward")}
+    run = job.run()
+    for rank, trace in run.ranks.items():
+        assert not trace.lost and not trace.warnings, (rank, trace.warnings)
+        buckets = [c for c in trace.collectives if c.label == "ddp.bucket"]
+        # Per iteration: D's bucket in each of D's two backwards, D's and G's in G's.
+        assert len(buckets) == 4 * 6, (rank, len(buckets))
+        assert all(c.state == "completed" for c in buckets), rank
+        assert {c.site.line for c in buckets} == backward_lines, rank
+
+
+@pytest.mark.timeout(120)
+def test_a_gan_whose_rank_skips_d_on_real_data_is_found_at_both_lines(tmp_path: Path) -> None:
+    job = run_job(tmp_path, GAN, "--skip-d-real-at", "2")
+    assert job.returncode != 0 and job.report is not None, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["kind"] == "callsite_divergence", root["summary"]
+    assert root["cause"] == "rank_conditional_ddp_forward", root
+    lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items()}
+    assert lines == {0: marker_line(GAN, "d_real"), 1: marker_line(GAN, "g_forward")}, lines
+    assert all(d["label"] == "ddp.buffers" for d in root["ranks"].values()), root["ranks"]
