@@ -122,7 +122,9 @@ def run_command(
              "mapped to the CPU (docs/cpu-mode.md); --nproc-per-node defaults to 2."),
     max_steps: Optional[int] = typer.Option(
         None, "--max-steps", metavar="N", min=1,
-        help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0)."),
+        help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0); "
+             "an iteration is a forward through a DDP model, any of them (a GAN's D and "
+             "G both count)."),
     junit_out: Optional[Path] = _output("--junit",
                                         "a JUnit XML file: one test, failed with the diagnosis"),
     markdown_out: Optional[Path] = _output(
