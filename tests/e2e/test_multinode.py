@@ -94,8 +94,8 @@ def test_a_rank_aborting_in_teardown_on_one_node_does_not_hold_the_other(tmp_pat
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert report["verdict"] == "clean", report
     # The last rank aborts: its node is the one whose report holds rank 3's own trace.
-    (aborted, stderr), = [(r, p.stderr) for p, _, r in nodes
-                          if r["ranks"]["3"]["status"] != "remote"]
+    [(aborted, stderr)] = [(r, p.stderr) for p, _, r in nodes
+                           if r["ranks"]["3"]["status"] != "remote"]
     (other,) = [r for _, _, r in nodes if r is not aborted]
     assert aborted["findings"], (aborted, stderr[-3000:])
     warning = aborted["findings"][0]

@@ -17,7 +17,6 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--rank0-works", type=float, default=0.0)
 args = parser.parse_args()
 
-
 dist.init_process_group("gloo")
 t = torch.ones(2)
 dist.all_reduce(t)
