@@ -101,6 +101,8 @@ def test_a_gan_of_two_ddp_models_is_clean_with_every_bucket_completed(tmp_path: 
     job = run_job(tmp_path, GAN)
     assert job.returncode == 0, job.stderr[-3000:]
     assert job.report is not None and job.report["verdict"] == "clean", job.report
+    assert any(n.startswith("the script made 2 DDP models: an iteration here is a forward "
+                            "through any of them") for n in job.report["notes"]), job.report
     for rank in (0, 1):
         for model in ("G", "D"):
             assert f"rank {rank}: {model} per backward: True" in job.stdout, job.stdout[-2000:]

@@ -35,6 +35,23 @@ def test_ranks_stopped_at_max_steps_are_finished_and_the_run_is_clean() -> None:
     assert "ranks 0, 1 were stopped by --max-steps 2 at the start of iteration 3" in report.notes
 
 
+def test_with_two_ddp_models_a_note_says_what_an_iteration_counts() -> None:
+    # A GAN: the iteration is the count of forwards through either model, and --max-steps
+    # counts them so.
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().ddp_init().train(2)
+        _stop(b, 2)
+    notes = diagnose(make_run(*bs)).notes
+    assert "the script made 2 DDP models: an iteration here is a forward through any of them " \
+           "(a GAN's D and G both count), not a step of the training loop; --max-steps " \
+           "counts the same way" in notes, notes
+    one = ranks(2)
+    for b in one:
+        b.ddp_init().train(2).finish()
+    assert not any("DDP models" in n for n in diagnose(make_run(*one)).notes)
+
+
 def test_a_rank_waiting_while_its_peer_stopped_at_max_steps_is_a_divergence() -> None:
     bs = ranks(2)
     for b in bs:

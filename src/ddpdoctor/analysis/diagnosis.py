@@ -157,6 +157,11 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
     for steps, ranks in sorted(stopped.items()):
         notes.append(f"{rank_list(ranks)} {'was' if len(ranks) == 1 else 'were'} stopped by "
                      f"--max-steps {steps} at the start of iteration {steps + 1}")
+    models = max((len(s.trace.ddp) for s in states.values() if s.trace is not None), default=0)
+    if models > 1:
+        notes.append(f"the script made {models} DDP models: an iteration here is a forward "
+                     f"through any of them (a GAN's D and G both count), not a step of the "
+                     f"training loop" + ("; --max-steps counts the same way" if stopped else ""))
     return notes
 
 
