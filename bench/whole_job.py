@@ -20,6 +20,10 @@ range: on this 2-core VM two jobs in a row differ by ±1-3 % with nothing else r
 other tenants' CPU during each job (the machine's busy CPU less the job's own) is recorded,
 and a unit where any job shared the machine with more than NOISY_CORES of others' work is
 flagged.
+
+``--aa`` runs plain torchrun in both arms (an A/A run): the same units, tables and statistics,
+so that the spread the bench itself gives two identical kinds of job can be read beside
+ddpdoctor's.
 """
 
 from __future__ import annotations
@@ -98,18 +102,21 @@ class Figure:
         return None if self.target is None else self.quartiles[1] <= self.target
 
 
-def run_units(units: int, steps: int, say: Callable[[str], None]) -> list[Unit]:
+def run_units(units: int, steps: int, say: Callable[[str], None],
+              aa: bool = False) -> list[Unit]:
+    """``units`` units of four jobs; with ``aa``, the ddpdoctor arm's jobs are plain
+    torchrun too (an A/A run)."""
     args = ["--steps", str(steps), "--bucket-cap-mb", str(DEFAULT_BUCKETS_MB)]
+    second = overhead.PLAIN if aa else overhead.DOCTOR
     out = []
     for i in range(units):
         plain_first = i % 2 == 0
-        a, b = (overhead.PLAIN, overhead.DOCTOR) if plain_first else \
-            (overhead.DOCTOR, overhead.PLAIN)
-        done: dict[str, list[overhead.JobResult]] = {overhead.PLAIN: [], overhead.DOCTOR: []}
-        for kind in (a, b, b, a):
-            done[kind].append(overhead.job(kind, overhead.CNN, args, timeout=600))
-        u = Unit((done[overhead.PLAIN][0], done[overhead.PLAIN][1]),
-                 (done[overhead.DOCTOR][0], done[overhead.DOCTOR][1]), plain_first)
+        a, b = ("a", "b") if plain_first else ("b", "a")
+        done: dict[str, list[overhead.JobResult]] = {"a": [], "b": []}
+        for arm in (a, b, b, a):
+            kind = overhead.PLAIN if arm == "a" else second
+            done[arm].append(overhead.job(kind, overhead.CNN, args, timeout=600))
+        u = Unit((done["a"][0], done["a"][1]), (done["b"][0], done["b"][1]), plain_first)
         out.append(u)
         say(f"unit {i + 1}/{units}: step ×{u.ratio(_step):.3f}, rank CPU ×{u.ratio(_cpu):.3f}, "
             f"all processes ×{u.ratio(_job_cpu):.3f}, others {u.others_cores:.2f} cores")
@@ -156,10 +163,15 @@ def _two(jobs: tuple[overhead.JobResult, ...], value: Callable[[overhead.JobResu
     return ", ".join(f"{value(j):.{digits}f}" for j in jobs)
 
 
-def tables(units: list[Unit]) -> str:
-    """The headline table and the per-unit table, as Markdown."""
+def tables(units: list[Unit], aa: bool = False) -> str:
+    """The headline table and the per-unit table, as Markdown (``aa``: both arms were plain
+    torchrun)."""
     steps = units[0].doctor[0].ranks[0]["steps"]
-    lines = ["| measure | plain torchrun | ddpdoctor run | ratio (median of units) | IQR | "
+    first, second = ("plain torchrun A", "plain torchrun B") if aa else \
+        ("plain torchrun", "ddpdoctor run")
+    a, b = ("A", "B") if aa else ("plain", "ddp")
+    pair = f"{a} / {b}"
+    lines = [f"| measure | {first} | {second} | ratio (median of units) | IQR | "
              "target | met | neighbouring jobs alone: median, IQR, range |",
              "|---|---|---|---|---|---|---|---|"]
     for f in figures(units):
@@ -171,24 +183,25 @@ def tables(units: list[Unit]) -> str:
                      f"×{f.median:.3f} | ×{lo:.3f}–{hi:.3f} | {target} | {met} | "
                      f"×{statistics.median(f.neighbours):.3f}, ×{n_lo:.3f}–{n_hi:.3f}, "
                      f"×{min(f.neighbours):.3f}–{max(f.neighbours):.3f} |")
-    own = own_cpu_per_minute(units)
-    low, high = overhead.interquartile(own)
-    lines.append(f"| ddpdoctor's own process, CPU per job-minute | — | "
-                 f"{statistics.median(own):.2f} CPU-s | | {low:.2f}–{high:.2f} | ≤ 1.00 | "
-                 f"{'yes' if high <= 1.0 else 'NO'} | |")
+    if not aa:
+        own = own_cpu_per_minute(units)
+        low, high = overhead.interquartile(own)
+        lines.append(f"| ddpdoctor's own process, CPU per job-minute | — | "
+                     f"{statistics.median(own):.2f} CPU-s | | {low:.2f}–{high:.2f} | ≤ 1.00 | "
+                     f"{'yes' if high <= 1.0 else 'NO'} | |")
     lines += ["", f"{len(units)} units of 4 jobs, {steps} steps each (plus 5 warm-up), DDP's "
               f"default buckets; a unit is noisy when others used more than "
               f"{NOISY_CORES:.2f} cores during any of its jobs.", "",
-              "| unit | order | step ms plain / ddp | rank CPU s plain / ddp | all CPU s plain "
-              "/ ddp | ddpdoctor's own CPU s | wall s plain / ddp | others' cores | noisy |",
+              f"| unit | order | step ms {pair} | rank CPU s {pair} | all CPU s {pair} | "
+              f"ddpdoctor's own CPU s | wall s {pair} | others' cores | noisy |",
               "|---|---|---|---|---|---|---|---|---|"]
     for i, u in enumerate(units):
-        order = "plain, ddp, ddp, plain" if u.plain_first else "ddp, plain, plain, ddp"
+        order = ", ".join((a, b, b, a) if u.plain_first else (b, a, a, b))
         lines.append(
             f"| {i + 1} | {order} | {_two(u.plain, _step, 1)} / {_two(u.doctor, _step, 1)} | "
             f"{_two(u.plain, _cpu, 2)} / {_two(u.doctor, _cpu, 2)} | "
             f"{_two(u.plain, _job_cpu, 2)} / {_two(u.doctor, _job_cpu, 2)} | "
-            f"{_two(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
+            f"{'—' if aa else _two(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
             f"{_two(u.plain, _wall, 1)} / {_two(u.doctor, _wall, 1)} | "
             f"{u.others_cores:.2f} | {'yes' if u.noisy else ''} |")
     quiet = [u for u in units if not u.noisy]
@@ -204,10 +217,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=8, help="units of four jobs")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--aa", action="store_true",
+                        help="plain torchrun in both arms: the bench's own spread")
     args = parser.parse_args()
     units = run_units(args.units, args.steps,
-                      lambda m: print(m, file=sys.stderr, flush=True))
-    print(tables(units))
+                      lambda m: print(m, file=sys.stderr, flush=True), aa=args.aa)
+    print(tables(units, aa=args.aa))
 
 
 if __name__ == "__main__":

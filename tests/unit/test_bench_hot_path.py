@@ -79,6 +79,11 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
     text = whole.tables(units + [noisy])
     assert "| 5 | plain, ddp, ddp, plain |" in text and "| yes |" in text
     assert "quiet units alone" in text
+    assert "own process, CPU per job-minute" in text
+    # An A/A run (plain torchrun in both arms) is labelled as one, with no launcher row.
+    aa = whole.tables(units, aa=True)
+    assert "| plain torchrun A | plain torchrun B |" in aa and "| 1 | A, B, B, A |" in aa
+    assert "own process, CPU per job-minute" not in aa
 
 
 def test_copies_of_real_traces_name_their_own_rank_and_keep_collective_lines() -> None:

@@ -125,6 +125,6 @@ def test_before_the_timeout_nothing_is_stopped() -> None:
     ("/home/me/mylib.py", "mylib.get()"),
 ])
 def test_a_blocking_call_is_named_by_its_module(path: str, name: str) -> None:
-    from ddpdoctor.trace.model import call_name
+    from ddpdoctor.trace.basics import call_name
 
     assert call_name(path, "get") == name

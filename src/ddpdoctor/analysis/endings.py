@@ -21,8 +21,9 @@ from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
+from ddpdoctor.trace.basics import call_name
 from ddpdoctor.trace.index import index_of
-from ddpdoctor.trace.model import Collective, Run, call_name, is_internal_file
+from ddpdoctor.trace.model import Collective, Run, is_internal_file
 from ddpdoctor.trace.schema import Stop
 
 

@@ -17,13 +17,13 @@ from typing import Final, Literal
 from ddpdoctor.analysis.backend_words import explaining_lines
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.basics import call_name
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import (
     Collective,
     RankTrace,
     Run,
     Site,
-    call_name,
     is_internal_file,
     site_from,
 )

@@ -44,7 +44,6 @@ from ddpdoctor.launch.options import (
 from ddpdoctor.render import live
 from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.json_report import JsonReporter
-from ddpdoctor.render.junit import JunitReporter
 from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
@@ -293,6 +292,8 @@ def _write_ci_reports(view: ReportView, junit_out: Optional[Path],
     """--junit, --markdown and $GITHUB_STEP_SUMMARY."""
     outputs: list[tuple[Path, str, str]] = []
     if junit_out:
+        from ddpdoctor.render.junit import JunitReporter  # xml.etree: only for --junit
+
         outputs.append((junit_out, JunitReporter().render(view), "w"))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_out or summary:

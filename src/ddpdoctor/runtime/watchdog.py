@@ -30,7 +30,7 @@ from typing import Any
 from ddpdoctor.runtime import source_capture, stderr_tail, user_code
 from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.trace import handshake, schema
-from ddpdoctor.trace.model import call_name
+from ddpdoctor.trace.basics import call_name
 
 POLL_SECONDS = 0.1
 QUIET_SECONDS = 0.3  # no collective issued for this long: the rank may be outside collectives

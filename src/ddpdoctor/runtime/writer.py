@@ -35,7 +35,7 @@ from ddpdoctor.runtime.hot_lock import HotLock
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.runtime.trace_file import TraceFile
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.model import numel
+from ddpdoctor.trace.basics import numel
 
 _get_ident = threading.get_ident
 

@@ -25,13 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.trace import ddp_sites, ops, schema
+from ddpdoctor.trace.basics import numel
 from ddpdoctor.trace.model import (
     Collective,
     Group,
     RankTrace,
     Site,
     is_internal_file,
-    numel,
     site_from,
 )
 

@@ -7,7 +7,6 @@ These are plain dataclasses so that tests can build runs by hand (see
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,25 +19,6 @@ _INTERNAL_FILE = re.compile(
     r"|[/\\]ddpdoctor[/\\](runtime|trace|analysis)[/\\]"
     r"|[/\\]torch[/\\](distributed|nn|autograd|multiprocessing|utils|_tensor\.py)"
     r"|^<|[/\\]lib[/\\]python3[.\d]*[/\\](?!site-packages|dist-packages)")
-
-
-_MODULE_PATH = re.compile(r"(?:[/\\](?:site|dist)-packages[/\\]"
-                          r"|[/\\]lib[/\\]python3[.\d]*[/\\](?!(?:site|dist)-packages))"
-                          r"(.+?)(?:[/\\]__init__)?\.py$")
-
-
-def call_name(path: str, function: str) -> str:
-    """'queue.get()', 'multiprocessing.queues.get()': a library call by its module's dotted
-    name (the file's name where the module cannot be told)."""
-    found = _MODULE_PATH.search(path)
-    module = found.group(1).replace("\\", "/").replace("/", ".") if found else \
-        path.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
-    return f"{module}.{function}()"
-
-
-def numel(shapes: Sequence[Sequence[int]]) -> int:
-    """Elements in all the tensors of these shapes."""
-    return sum(math.prod(shape) for shape in shapes)
 
 
 @functools.lru_cache(maxsize=4096)  # asked for every frame of every rank's collectives

@@ -16,16 +16,16 @@ deliver is read here.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 
@@ -74,6 +74,12 @@ def in_batches(read: Callable[[list[Path]], list[T]], files: Sequence[Path],
         for task in tasks:
             yield from read(task)
         return
+    # Imported here: ``ddpdoctor run``'s launcher reads a handful of files, in this process,
+    # and its start-up is part of every job's cost.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=_quiet_worker)
     futures: list[Future[list[T]]] = []

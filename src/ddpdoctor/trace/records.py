@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeGuard
 
 from ddpdoctor.trace import ops, schema
+from ddpdoctor.trace.basics import numel
 from ddpdoctor.trace.model import (
     Collective,
     Completion,
     Group,
     RankTrace,
     Site,
-    numel,
     site_from,
 )
 
