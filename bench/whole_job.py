@@ -2,10 +2,12 @@
 
 ``python bench/whole_job.py`` (also the first table of ``bench/run.py``). A realistic job
 (``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, DDP's default buckets, 2 gloo ranks,
-~50 ms steps) runs in units of four jobs in a row, plain torchrun, ``ddpdoctor run``,
-``ddpdoctor run``, plain torchrun (the next unit the other way round): a machine that grows
-faster or slower at a steady rate during a unit hits both kinds alike, and each kind's figure
-is the mean of its two jobs. For each unit the ratio ddpdoctor / plain of
+~50 ms steps) runs in units of eight jobs in a row, plain torchrun, ``ddpdoctor run``,
+``ddpdoctor run``, plain torchrun, twice (the next unit the other way round; ``--arm-jobs 2``:
+once, session 19-27's units of four; 8 units take ~20 minutes): a machine that grows faster
+or slower at a steady rate during a unit hits both kinds alike, and each kind's figure is the
+mean of its jobs (four: one job in ten runs 2-5 % slow on this VM whatever its kind, and a
+mean of two carries it into the unit's ratio). For each unit the ratio ddpdoctor / plain of
 
 * the median step time,
 * the ranks' CPU over the measured steps (every thread: ddpdoctor's in-rank threads included),
@@ -46,11 +48,11 @@ DEFAULT_BUCKETS_MB = 25.0  # DDP's default bucket_cap_mb
 
 @dataclass
 class Unit:
-    """Four jobs in a row: plain, ddpdoctor, ddpdoctor, plain (``plain_first``) or the
-    reverse; each kind's two jobs in the order they ran."""
+    """Jobs in a row: plain, ddpdoctor, ddpdoctor, plain (``plain_first``) or the reverse,
+    repeated (:func:`order`); each kind's jobs in the order they ran."""
 
-    plain: tuple[overhead.JobResult, overhead.JobResult]
-    doctor: tuple[overhead.JobResult, overhead.JobResult]
+    plain: tuple[overhead.JobResult, ...]
+    doctor: tuple[overhead.JobResult, ...]
     plain_first: bool = True
 
     @property
@@ -71,8 +73,8 @@ class Unit:
         return sum(value(j) for j in self.doctor) / sum(value(j) for j in self.plain)
 
     def neighbours(self, value: Callable[[overhead.JobResult], float]) -> list[float]:
-        """The ratios of the two pairs of neighbouring jobs (the first two and the last two
-        of the unit: each kind's first jobs, then its second ones)."""
+        """The ratios of the pairs of neighbouring jobs (the first two and the next two of
+        each four: each kind's first jobs, then its second ones, ...)."""
         return [value(d) / value(p) for p, d in zip(self.plain, self.doctor)]
 
 
@@ -102,21 +104,29 @@ class Figure:
         return None if self.target is None else self.quartiles[1] <= self.target
 
 
+def order(arm_jobs: int, plain_first: bool) -> str:
+    """The arms of a unit's jobs in the order they run: "abba" (``arm_jobs`` 2: a is plain
+    torchrun) repeated, or "baab" ...: the jobs of each arm sit at the same mean position, so
+    a steady drift of the machine cancels out."""
+    if arm_jobs < 2 or arm_jobs % 2:
+        raise ValueError("jobs per arm must be even and at least 2")
+    return ("abba" if plain_first else "baab") * (arm_jobs // 2)
+
+
 def run_units(units: int, steps: int, say: Callable[[str], None],
-              aa: bool = False) -> list[Unit]:
-    """``units`` units of four jobs; with ``aa``, the ddpdoctor arm's jobs are plain
-    torchrun too (an A/A run)."""
+              aa: bool = False, arm_jobs: int = 2) -> list[Unit]:
+    """``units`` units of ``arm_jobs`` jobs of each arm; with ``aa``, the ddpdoctor arm's
+    jobs are plain torchrun too (an A/A run)."""
     args = ["--steps", str(steps), "--bucket-cap-mb", str(DEFAULT_BUCKETS_MB)]
     second = overhead.PLAIN if aa else overhead.DOCTOR
     out = []
     for i in range(units):
         plain_first = i % 2 == 0
-        a, b = ("a", "b") if plain_first else ("b", "a")
         done: dict[str, list[overhead.JobResult]] = {"a": [], "b": []}
-        for arm in (a, b, b, a):
+        for arm in order(arm_jobs, plain_first):
             kind = overhead.PLAIN if arm == "a" else second
             done[arm].append(overhead.job(kind, overhead.CNN, args, timeout=600))
-        u = Unit((done["a"][0], done["a"][1]), (done["b"][0], done["b"][1]), plain_first)
+        u = Unit(tuple(done["a"]), tuple(done["b"]), plain_first)
         out.append(u)
         say(f"unit {i + 1}/{units}: step ×{u.ratio(_step):.3f}, rank CPU ×{u.ratio(_cpu):.3f}, "
             f"all processes ×{u.ratio(_job_cpu):.3f}, others {u.others_cores:.2f} cores")
@@ -189,16 +199,17 @@ def tables(units: list[Unit], aa: bool = False) -> str:
         lines.append(f"| ddpdoctor's own process, CPU per job-minute | — | "
                      f"{statistics.median(own):.2f} CPU-s | | {low:.2f}–{high:.2f} | ≤ 1.00 | "
                      f"{'yes' if high <= 1.0 else 'NO'} | |")
-    lines += ["", f"{len(units)} units of 4 jobs, {steps} steps each (plus 5 warm-up), DDP's "
+    jobs = len(units[0].jobs)
+    lines += ["", f"{len(units)} units of {jobs} jobs, {steps} steps each (plus 5 warm-up), DDP's "
               f"default buckets; a unit is noisy when others used more than "
               f"{NOISY_CORES:.2f} cores during any of its jobs.", "",
               f"| unit | order | step ms {pair} | rank CPU s {pair} | all CPU s {pair} | "
               f"ddpdoctor's own CPU s | wall s {pair} | others' cores | noisy |",
               "|---|---|---|---|---|---|---|---|---|"]
     for i, u in enumerate(units):
-        order = ", ".join((a, b, b, a) if u.plain_first else (b, a, a, b))
+        ran = ", ".join({"a": a, "b": b}[arm] for arm in order(len(u.plain), u.plain_first))
         lines.append(
-            f"| {i + 1} | {order} | {_two(u.plain, _step, 1)} / {_two(u.doctor, _step, 1)} | "
+            f"| {i + 1} | {ran} | {_two(u.plain, _step, 1)} / {_two(u.doctor, _step, 1)} | "
             f"{_two(u.plain, _cpu, 2)} / {_two(u.doctor, _cpu, 2)} | "
             f"{_two(u.plain, _job_cpu, 2)} / {_two(u.doctor, _job_cpu, 2)} | "
             f"{'—' if aa else _two(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
@@ -215,13 +226,17 @@ def tables(units: list[Unit], aa: bool = False) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, default=8, help="units of four jobs")
+    parser.add_argument("--units", type=int, default=8, help="units of jobs")
+    parser.add_argument("--arm-jobs", type=int, default=4,
+                        help="jobs of each arm in a unit, even (2: plain, ddpdoctor, "
+                             "ddpdoctor, plain; 4: the same twice)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--aa", action="store_true",
                         help="plain torchrun in both arms: the bench's own spread")
     args = parser.parse_args()
     units = run_units(args.units, args.steps,
-                      lambda m: print(m, file=sys.stderr, flush=True), aa=args.aa)
+                      lambda m: print(m, file=sys.stderr, flush=True), aa=args.aa,
+                      arm_jobs=args.arm_jobs)
     print(tables(units, aa=args.aa))
 
 
