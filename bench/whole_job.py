@@ -6,8 +6,8 @@
 ``ddpdoctor run``, plain torchrun, twice (the next unit the other way round; ``--arm-jobs 2``:
 once, session 19-27's units of four; 8 units take ~20 minutes): a machine that grows faster
 or slower at a steady rate during a unit hits both kinds alike, and each kind's figure is the
-mean of its jobs (four: one job in ten runs 2-5 % slow on this VM whatever its kind, and a
-mean of two carries it into the unit's ratio). For each unit the ratio ddpdoctor / plain of
+mean of its four jobs (of two, single jobs' ±1-3 % on this VM went into each unit's ratio at
+half weight). For each unit the ratio ddpdoctor / plain of
 
 * the median step time,
 * the ranks' CPU over the measured steps (every thread: ddpdoctor's in-rank threads included),
@@ -168,8 +168,8 @@ def own_cpu_per_minute(units: list[Unit]) -> list[float]:
     return [j.launcher_cpu_s / (j.wall_s / 60) for u in units for j in u.doctor]
 
 
-def _two(jobs: tuple[overhead.JobResult, ...], value: Callable[[overhead.JobResult], float],
-         digits: int) -> str:
+def _listed(jobs: tuple[overhead.JobResult, ...],
+            value: Callable[[overhead.JobResult], float], digits: int) -> str:
     return ", ".join(f"{value(j):.{digits}f}" for j in jobs)
 
 
@@ -209,11 +209,11 @@ def tables(units: list[Unit], aa: bool = False) -> str:
     for i, u in enumerate(units):
         ran = ", ".join({"a": a, "b": b}[arm] for arm in order(len(u.plain), u.plain_first))
         lines.append(
-            f"| {i + 1} | {ran} | {_two(u.plain, _step, 1)} / {_two(u.doctor, _step, 1)} | "
-            f"{_two(u.plain, _cpu, 2)} / {_two(u.doctor, _cpu, 2)} | "
-            f"{_two(u.plain, _job_cpu, 2)} / {_two(u.doctor, _job_cpu, 2)} | "
-            f"{'—' if aa else _two(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
-            f"{_two(u.plain, _wall, 1)} / {_two(u.doctor, _wall, 1)} | "
+            f"| {i + 1} | {ran} | {_listed(u.plain, _step, 1)} / {_listed(u.doctor, _step, 1)} | "
+            f"{_listed(u.plain, _cpu, 2)} / {_listed(u.doctor, _cpu, 2)} | "
+            f"{_listed(u.plain, _job_cpu, 2)} / {_listed(u.doctor, _job_cpu, 2)} | "
+            f"{'—' if aa else _listed(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
+            f"{_listed(u.plain, _wall, 1)} / {_listed(u.doctor, _wall, 1)} | "
             f"{u.others_cores:.2f} | {'yes' if u.noisy else ''} |")
     quiet = [u for u in units if not u.noisy]
     if quiet and len(quiet) < len(units):
