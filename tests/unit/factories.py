@@ -115,6 +115,7 @@ class TraceBuilder:
                       root=0, line=line)
         self.trace.ddp.append({"kind": "ddp_init", "index": len(self.trace.ddp),
                                "module": "Net", "broadcast_buffers": broadcast_buffers,
+                               "buffers": 2 if buffers else 0,
                                "find_unused_parameters": find_unused_parameters,
                                "group": "0", "site": {"file": self.file, "line": line,
                                                       "function": "main"}})

@@ -40,6 +40,18 @@ def seed000_nograd() -> Run:
     return make_run(*bs)
 
 
+def extra_step_without_buffers() -> Run:
+    """pytorch/examples' ddp/example.py (a model without buffers) with one more training step
+    on rank 0 alone, from another function: its bucket-rebuild broadcast waits."""
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init(buffers=False).train(1, buffers=False)
+    bs[0].forward(line=51, function="demo_basic", buffers=False)
+    bs[0].pend_last()
+    bs[1].finish()
+    return make_run(*bs)
+
+
 def eval_at_end_only() -> Run:
     """Rank 0 alone evaluates through the DDP wrapper after the last epoch; rank 1 finished."""
     bs = ranks(2)

@@ -68,6 +68,14 @@ def test_seed000_names_both_lines_and_the_broadcast_buffers_flag() -> None:
     assert "model.module(x)" in root.advice
 
 
+def test_a_model_without_buffers_is_not_said_to_broadcast_them() -> None:
+    root = diagnose(scenarios.extra_step_without_buffers()).root
+    assert root.cause == "rank_conditional_ddp_forward", root.summary
+    assert root.ranks[0].label == "ddp.rebuild_buckets"
+    assert any("demo_basic()" in e for e in root.evidence)
+    assert not any("broadcast_buffers" in e for e in root.evidence)
+
+
 def test_uneven_inputs_evidence_counts_iterations() -> None:
     root = diagnose(scenarios.seed001_case5()).root
     assert root.ranks[0].op == "barrier" and root.ranks[1].label == "ddp.bucket"

@@ -300,7 +300,10 @@ def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | N
             evidence = [f"rank {r} ran a DDP forward/backward at {site_text(d.site)}"]
         if test:
             evidence.append(f"it runs under {test}")
-        if ctx.ddp_flags().get("broadcast_buffers"):
+        flags = ctx.ddp_flags()
+        # A model without buffers broadcasts none (pytorch/examples' ddp/example.py); traces
+        # that do not say how many it had are taken to have some.
+        if flags.get("broadcast_buffers") and flags.get("buffers") != 0:
             evidence.append("broadcast_buffers=True: every DDP forward broadcasts the "
                             "module buffers, even under torch.no_grad()")
         return evidence
