@@ -7,6 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
@@ -84,6 +86,12 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
     aa = whole.tables(units, aa=True)
     assert "| plain torchrun A | plain torchrun B |" in aa and "| 1 | A, B, B, A |" in aa
     assert "own process, CPU per job-minute" not in aa
+    # Units of eight: each arm's jobs at the same mean position (a steady drift cancels).
+    assert whole.order(4, True) == "abbaabba" and whole.order(4, False) == "baabbaab"
+    for arm in "ab":
+        assert sum(i for i, x in enumerate(whole.order(4, True)) if x == arm) == 14
+    with pytest.raises(ValueError):
+        whole.order(3, True)
 
 
 def test_copies_of_real_traces_name_their_own_rank_and_keep_collective_lines() -> None:
