@@ -4,6 +4,7 @@ mismatches are called at once, a stuck rank needs its own timeout, a cut trace b
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ddpdoctor.analysis.hang_rules import SETTLE
@@ -258,3 +259,40 @@ def test_the_launcher_polls_fast_once_a_rank_has_issued_nothing_for_a_while(
     job.poll(T0 + 1.4)
     assert not _someone_waits(job, T0 + 1.4 + WAITED / 2)  # the first pending 0.55 s
     assert _someone_waits(job, T0 + 1.4 + WAITED + 0.01)
+
+
+
+class _EveryoneElseEnded:
+    """The store's view of the other nodes: all of their jobs have ended."""
+
+    def others_ended(self) -> bool:
+        return True
+
+
+def test_the_exit_barrier_release_reads_the_agents_latest_workers(tmp_path: Path) -> None:
+    # torchrun --max-restarts: attempt 0's workers failed, attempt 1's all succeeded. The
+    # agent's file keeps attempt 0's codes (the report maps them to ranks); the release must
+    # judge attempt 1 alone, else the agent waits out torchrun's whole exit barrier.
+    from ddpdoctor.launch.job import EXIT_BARRIER_GRACE, _ExitBarrier
+    from ddpdoctor.runtime import exit_codes
+
+    job, _r0, _r1 = _job(tmp_path)
+    job.poll(T0)
+    agent = os.getpid()  # exit_codes writes this process's file, as the agent does its own
+    exits = tmp_path / f"{schema.EXITS_PREFIX}{agent}.json"
+
+    def released(now: float) -> bool:
+        barrier = _ExitBarrier(tmp_path, agent, _EveryoneElseEnded())  # type: ignore[arg-type]
+        return barrier.nobody_comes(job, now) or barrier.nobody_comes(
+            job, now + EXIT_BARRIER_GRACE)
+
+    exit_codes._write(str(tmp_path), {100: 1, 101: -15})  # attempt 0
+    assert not released(T0)
+    exit_codes._write(str(tmp_path), {200: 0, 201: 0})  # attempt 1
+    written = json.loads(exits.read_text())
+    assert written["exit_codes"] == {"100": 1, "101": -15, "200": 0, "201": 0}
+    assert written["latest"] == {"200": 0, "201": 0}
+    assert released(T0 + 10)
+    # A file written before "latest" existed is judged on every code, as before.
+    exits.write_text(json.dumps({"exit_codes": written["exit_codes"]}))
+    assert not released(T0 + 20)

@@ -147,7 +147,10 @@ class _ExitBarrier:
         if not ranks or not self._codes.exists():
             return False
         try:
-            codes = json.loads(self._codes.read_text(encoding="utf-8")).get("exit_codes")
+            written = json.loads(self._codes.read_text(encoding="utf-8"))
+            # The agent's latest workers: after a torchrun restart, the failed attempt's
+            # codes stay in exit_codes.
+            codes = written.get("latest", written.get("exit_codes"))
         except (OSError, ValueError, AttributeError):
             return False
         return isinstance(codes, dict) and len(codes) >= ranks and \

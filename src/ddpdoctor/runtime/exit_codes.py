@@ -5,9 +5,12 @@ of what it could write. The process that started the workers always learns their
 torchrun's agent (``SubprocessContext._poll`` sees each worker's ``Popen.returncode``) or, for
 scripts that ``mp.spawn`` their workers, ``ProcessContext.join`` in the script's own process.
 This module wraps those two calls in that one process (the launcher's direct child) and writes
-``exits-<pid>.json`` into the log folder: ``{"exit_codes": {"<worker pid>": code}}``, a
-negative code being the signal that ended the worker. Readers map pids to ranks through each
-rank's ``process_start`` record. Standard library only.
+``exits-<pid>.json`` into the log folder: ``{"exit_codes": {"<worker pid>": code}, "latest":
+{...}}``, a negative code being the signal that ended the worker. ``exit_codes`` keeps every
+worker the process started (each torchrun restart's too); ``latest`` only those of its latest
+set of workers (torchrun's current attempt), which is what the launcher's exit-barrier release
+asks. Readers map pids to ranks through each rank's ``process_start`` record. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ def _write(logdir: str, codes: dict[int, int]) -> None:
             known = json.load(fh).get("exit_codes", {})
     except (OSError, ValueError, AttributeError):
         known = {}
-    known.update({str(pid): code for pid, code in codes.items()})
+    latest = {str(pid): code for pid, code in codes.items()}
+    known.update(latest)
     tmp = f"{path}.tmp"
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
-            json.dump({"exit_codes": known}, fh)
+            json.dump({"exit_codes": known, "latest": latest}, fh)
         os.replace(tmp, path)
     except OSError:
         pass
