@@ -261,7 +261,6 @@ def test_the_launcher_polls_fast_once_a_rank_has_issued_nothing_for_a_while(
     assert _someone_waits(job, T0 + 1.4 + WAITED + 0.01)
 
 
-
 class _EveryoneElseEnded:
     """The store's view of the other nodes: all of their jobs have ended."""
 
