@@ -12,6 +12,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -48,8 +49,8 @@ class RecordingAB:
     training's own work leaves the caches cold between collectives. Steps rotate between
     four kinds, each step's training-thread CPU kept by kind:
 
-    * plain: a second, identical model whose DDP uses a plain process group over the same
-      gloo backend (torch's own path, as under plain torchrun);
+    * plain: a second, identical model whose DDP uses a plain process group over a gloo
+      backend of its own (torch's own path, as under plain torchrun);
     * bare: the calls that enter the recording group go straight to the backend, nothing
       else done (DDP's coalesced broadcasts, ``_Issuer.broadcast_coalesced``, and from the
       third forward its gradient buckets, ``runtime/ddp_buckets.py``, do not enter it; with
@@ -69,7 +70,13 @@ class RecordingAB:
         from ddpdoctor.runtime.pg_wrapper import group_of  # the bench runs under ddpdoctor
 
         self.group, self.issue, self.kind = group, issue, "on"
-        plain = group_of(group._inner, group.rank(), group.size())  # type: ignore[attr-defined]
+        # A gloo backend of its own: DDP's buckets, recorded once per backward, are checked
+        # against the recording group's backend's sequence number, which the twin's
+        # collectives must not move.
+        rank, size = group.rank(), group.size()  # type: ignore[attr-defined]
+        store = dist.PrefixStore("bench-twin/", dist.distributed_c10d._get_default_store())
+        plain = group_of(dist.ProcessGroupGloo(store, rank, size, timedelta(minutes=5)), rank,
+                         size)
         self.plain_model = make_model(plain)
         self.step_cpu: dict[str, list[float]] = {k: [] for k in self.KINDS}
         self.call_cpu = {"on": 0.0, "off": 0.0}

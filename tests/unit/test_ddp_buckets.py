@@ -6,7 +6,9 @@ one process and a real DDP model; the e2e test ``test_backward_buckets.py`` runs
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import gc
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -50,7 +52,7 @@ def _forward(ddp: DDP, recorder: Recorder, per_backward: bool, x: torch.Tensor) 
     recorder.next_iteration()
     out = ddp(x)
     if per_backward:
-        ddp_buckets.after_forward(ddp, out)
+        ddp_buckets.after_forward(ddp)
     return out
 
 
@@ -106,7 +108,7 @@ def _ensemble(tmp_path: Path, per_backward: bool) -> list[tuple]:
         a = _forward(first, recorder, per_backward, x)
         b = second(x)
         if per_backward:
-            ddp_buckets.after_forward(second, b)
+            ddp_buckets.after_forward(second)
         (a * b).sum().backward()
     assert not per_backward or all(type(ddp_buckets._PLANS.get(m)) is ddp_buckets._Plan
                                    for m in (first, second))
@@ -177,53 +179,116 @@ def test_exact_puts_the_model_back_on_the_recording_group(tmp_path: Path) -> Non
     recorder.close()
 
 
-@dataclasses.dataclass
-class _Out:
-    logits: torch.Tensor
-    extra: dict
-
-
 class _Opaque:
+    """A forward's output that holds its tensor where no search would find it."""
+
     def __init__(self, t: torch.Tensor) -> None:
-        self.t = t
+        self._t = t
+
+    def loss(self) -> torch.Tensor:
+        return self._t.pow(2).sum()
 
 
-def test_output_nodes_finds_every_tensor_or_says_it_cannot() -> None:
-    w = torch.ones(2, requires_grad=True)
-    a, b, c = w * 2, w + 1, w.sum()
-    assert ddp_buckets.output_nodes(a) == [a.grad_fn]
-    assert ddp_buckets.output_nodes(torch.ones(2)) == []
-    found = ddp_buckets.output_nodes({"x": (a, [b, None, 3]), "y": "text"})
-    assert found is not None and {id(n) for n in found} == {id(a.grad_fn), id(b.grad_fn)}
-    found = ddp_buckets.output_nodes(_Out(c, {"same": c}))
-    assert found is not None and [id(n) for n in found] == [id(c.grad_fn)]
-    assert ddp_buckets.output_nodes([a, _Opaque(b)]) is None
+class _OpaqueOut(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x: torch.Tensor) -> _Opaque:
+        return _Opaque(self.net(x))
 
 
-class _P:
-    def __init__(self, numel: int, dtype: torch.dtype = torch.float32) -> None:
-        self.dtype, self._numel = dtype, numel
+def _accumulating(tmp_path: Path, per_backward: bool, opaque: bool = False) -> tuple[list, DDP]:
+    """Gradient accumulation: each step a backward under no_sync (DDP issues no bucket), then a
+    synced one; with ``opaque`` the model's output hides its tensor."""
+    ddp, pg, recorder = _ddp(tmp_path)
+    if opaque:
+        torch.manual_seed(0)
+        ddp = DDP(_OpaqueOut(), process_group=pg, bucket_cap_mb=0.01)
+    gen = torch.Generator().manual_seed(1)
 
-    def numel(self) -> int:
-        return self._numel
+    def loss(out: Any) -> torch.Tensor:
+        return out.loss() if opaque else out.pow(2).sum()
 
-    def element_size(self) -> int:
-        return torch.empty(0, dtype=self.dtype).element_size()
+    for _ in range(STEPS):
+        with ddp.no_sync():
+            loss(_forward(ddp, recorder, per_backward, torch.randn(3, 16, generator=gen))) \
+                .backward()
+        loss(_forward(ddp, recorder, per_backward, torch.randn(3, 16, generator=gen))).backward()
+    recorder.close()
+    return _records(tmp_path), ddp
 
 
-def test_layout_from_logging_checks_every_bucket_against_the_parameters() -> None:
-    params = [_P(10), _P(20), _P(5, torch.float64), _P(7)]
-    data = {"rebuilt_per_bucket_param_indices": "3 1, 0, 2",
-            "rebuilt_bucket_sizes": "108, 40, 40"}
-    assert ddp_buckets.layout_from_logging(data, params) == (
-        (((torch.Size([27]), torch.float32),), 3),
-        (((torch.Size([10]), torch.float32),), 0),
-        (((torch.Size([5]), torch.float64),), 2))
-    for bad in ({"rebuilt_bucket_sizes": "108, 40, 40"},  # not rebuilt yet
-                {**data, "rebuilt_bucket_sizes": "108, 41, 40"},  # bytes disagree
-                {**data, "rebuilt_bucket_sizes": "108, 40"},  # bucket counts disagree
-                {**data, "rebuilt_per_bucket_param_indices": "3 1, 0, 9"},  # no such param
-                {**data, "rebuilt_per_bucket_param_indices": "3 2, 0, 1",
-                 "rebuilt_bucket_sizes": "68, 40, 80"},  # two dtypes in one bucket
-                {**data, "rebuilt_per_bucket_param_indices": "3 x, 0, 2"}):
-        assert ddp_buckets.layout_from_logging(bad, params) is None, bad
+@pytest.mark.parametrize("opaque", [False, True])
+def test_backwards_under_no_sync_write_no_bucket(tmp_path: Path, opaque: bool) -> None:
+    # The hook on the first bucket's first parameter runs in every backward; only one after a
+    # forward that prepared DDP for it writes lines. An output whose tensors cannot be
+    # searched no longer matters: nothing is hooked on it.
+    each, _ = _accumulating(tmp_path / "each", per_backward=False, opaque=opaque)
+    once, ddp = _accumulating(tmp_path / "once", per_backward=True, opaque=opaque)
+    assert type(ddp_buckets._PLANS.get(ddp)) is ddp_buckets._Plan
+    assert once == each
+    assert {r[7] for r in once if r[2] == "ddp.bucket"} == set(range(2, 2 * STEPS + 1, 2))
+    assert all(r[8] == "completed" for r in once)
+    assert not read_rank(next((tmp_path / "once").glob("rank-*.jsonl"))).lost
+
+
+def test_the_hook_goes_with_the_plan(tmp_path: Path) -> None:
+    ddp, _, recorder = _ddp(tmp_path)
+    for _ in range(STEPS):
+        _forward(ddp, recorder, True, torch.randn(3, 16)).sum().backward()
+    plan = ddp_buckets._PLANS.get(ddp)
+    assert type(plan) is ddp_buckets._Plan and plan.handle is not None
+    ddp_buckets.exact(ddp)  # back on the recording group: the hook is removed
+    assert plan.handle is None and plan.fired
+    recorder.close()
+    # A model let go of takes its plan with it (the hook holds the plan weakly).
+    other, _, second = _ddp(tmp_path / "other")
+    for _ in range(STEPS):
+        _forward(other, second, True, torch.randn(3, 16)).sum().backward()
+    gone = weakref.ref(ddp_buckets._PLANS.get(other))
+    del other
+    gc.collect()
+    assert gone() is None
+    second.close()
+
+
+def _synced_or_not(tmp_path: Path, per_backward: bool, syncs: list[bool]) -> tuple[list, DDP]:
+    ddp, _, recorder = _ddp(tmp_path)
+    gen = torch.Generator().manual_seed(1)
+    for i, sync in enumerate(syncs):
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            # The first three forwards as DDP builds and rebuilds its buckets and its logging
+            # data shows the rebuild: no plan yet.
+            _forward(ddp, recorder, per_backward and i >= 3,
+                     torch.randn(3, 16, generator=gen)).sum().backward()
+    recorder.close()
+    return _records(tmp_path), ddp
+
+
+def test_a_plan_made_in_a_forward_under_no_sync_writes_nothing_for_its_backward(
+        tmp_path: Path) -> None:
+    # The fourth forward makes the plan, under no_sync: DDP issues no bucket in its backward,
+    # and the hook, already in place, must write none.
+    syncs = [True, True, True, False, True, False, True]
+    each, _ = _synced_or_not(tmp_path / "each", False, syncs)
+    once, ddp = _synced_or_not(tmp_path / "once", True, syncs)
+    assert type(ddp_buckets._PLANS.get(ddp)) is ddp_buckets._Plan
+    assert once == each
+    assert {r[7] for r in once if r[2] == "ddp.bucket"} == {1, 2, 3, 5, 7}
+    assert not read_rank(next((tmp_path / "once").glob("rank-*.jsonl"))).lost
+
+
+def test_a_monitored_barrier_between_forward_and_backward_is_counted(tmp_path: Path) -> None:
+    # gloo's monitored barrier moves the backend's sequence number by two; the group records
+    # one call: the difference is accounted for, not taken for a collective unseen.
+    ddp, pg, recorder = _ddp(tmp_path)
+    for _ in range(STEPS):
+        out = _forward(ddp, recorder, True, torch.randn(3, 16))
+        pg.monitored_barrier(timedelta(seconds=30))  # as dist.monitored_barrier calls it
+        out.sum().backward()
+    assert type(ddp_buckets._PLANS.get(ddp)) is ddp_buckets._Plan
+    recorder.close()
+    trace = read_rank(next(tmp_path.glob("rank-*.jsonl")))
+    assert not trace.lost
+    assert sum(c.op == "monitored_barrier" for c in trace.collectives) == STEPS

@@ -229,8 +229,8 @@ class _Issuer:
     instance of a pybind11 class's Python subclass costs about three times a plain object's
     to read, and every collective reads a dozen."""
 
-    __slots__ = ("recorder", "name", "size", "seq", "p2p_seq", "enabled", "calls", "bind",
-                 "plain")
+    __slots__ = ("recorder", "name", "size", "seq", "p2p_seq", "extra", "enabled", "calls",
+                 "bind", "plain")
 
     def __init__(self, recorder: Recorder, name: str, size: int,
                  bind: Callable[[str], Callable[..., Any]],
@@ -240,6 +240,9 @@ class _Issuer:
         self.size = size
         self.seq = 0
         self.p2p_seq = 0
+        # What the backend's own sequence number counts beyond the calls recorded (gloo's
+        # monitored barrier counts two): ddp_buckets checks the two counts against each other.
+        self.extra = 0
         self.enabled = True
         self.calls: dict[str, Callable[..., Any]] = {}  # the backend's methods, bound
         self.bind = bind
@@ -356,6 +359,14 @@ class _Issuer:
 _MONITORED = " monitored_barrier"  # the key of a monitored barrier's call (no backend method)
 
 
+def _backend_count(backend: Any) -> int | None:
+    """The backend's own sequence number (collectives it was given), None where it has none."""
+    try:
+        return int(backend._get_sequence_number_for_group())
+    except Exception:
+        return None
+
+
 class RecordingProcessGroup(dist.ProcessGroup):
     """Records every operation of one group and forwards it to the wrapped backend."""
 
@@ -427,13 +438,19 @@ class RecordingProcessGroup(dist.ProcessGroup):
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         """``dist.monitored_barrier`` calls this on the group from Python (the C++ base would
         reach the backend without passing here). Synchronous: done when it returns."""
-        inner = self._inner
+        inner, issuer = self._inner, self._issuer
 
         def run() -> str:
+            before = _backend_count(inner)
+            recorded = issuer.seq + issuer.p2p_seq  # this barrier's own record included
             if timeout is None:
                 inner.monitored_barrier(wait_all_ranks=wait_all_ranks)
             else:
                 inner.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+            after = _backend_count(inner)
+            if before is not None and after is not None:
+                # Beyond this barrier's one, less what other threads recorded meanwhile.
+                issuer.extra += after - before - 1 - (issuer.seq + issuer.p2p_seq - recorded)
             return schema.COMPLETED  # the writer's state for a call that has no Work
 
         self._issuer.calls[_MONITORED] = run

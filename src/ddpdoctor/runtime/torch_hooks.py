@@ -367,7 +367,7 @@ def _patch_ddp_buckets() -> None:
     @functools.wraps(real_post)
     def _post_forward(self: Any, output: Any) -> Any:
         output = real_post(self, output)
-        ddp_buckets.after_forward(self, output)
+        ddp_buckets.after_forward(self)
         return output
 
     _post_forward._ddpdoctor = True  # type: ignore[attr-defined]
