@@ -292,3 +292,25 @@ def test_a_monitored_barrier_between_forward_and_backward_is_counted(tmp_path: P
     trace = read_rank(next(tmp_path.glob("rank-*.jsonl")))
     assert not trace.lost
     assert sum(c.op == "monitored_barrier" for c in trace.collectives) == STEPS
+
+
+def test_the_hook_runs_before_the_backward_issues_any_bucket(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # When the hook writes the lines, the backend has been given nothing since the forward
+    # beyond what was recorded: no bucket of this backward has gone out yet.
+    ddp, _, recorder = _ddp(tmp_path)
+    gaps: list[int] = []
+    write = ddp_buckets._Plan._write
+
+    def checked(plan: Any, frame: Any) -> None:
+        counter, recorded = plan.at_arm
+        gaps.append(plan.counter() - counter - (plan._recorded() - recorded))
+        write(plan, frame)
+
+    monkeypatch.setattr(ddp_buckets._Plan, "_write", checked)
+    for _ in range(STEPS):
+        _forward(ddp, recorder, True, torch.randn(3, 16)).sum().backward()
+    recorder.close()
+    assert len(gaps) == STEPS - 2 and set(gaps) == {0}  # from the third forward's backward
+    layout = ddp_buckets._PLANS.get(ddp).layout
+    assert len(layout) > 1  # several buckets: the first of them not issued yet either
