@@ -145,3 +145,19 @@ def test_a_backend_error_reaches_the_caller_and_every_broadcast_is_failed(
     recorder.close()
     states = [c.state for c in read_rank(tmp_path / "rank-0.jsonl").collectives]
     assert len(states) >= 3 and set(states) == {"failed"}
+
+
+def test_remembered_chunkings_follow_the_buffers() -> None:
+    # The chunking is remembered by what decides it: a buffer resized, or of another dtype,
+    # gives its own chunks, and the same again gives the same object (no chunking redone).
+    from ddpdoctor.runtime.pg_wrapper import chunks_of
+
+    tensors = _tensors()
+    first = chunks_of(tensors, 64, ASSIGN)
+    assert first == coalesced_chunks(tensors, 64, ASSIGN)
+    assert chunks_of(_tensors(), 64, ASSIGN) is first
+    tensors[3].resize_(60)  # in place: the same tensor, more elements
+    assert chunks_of(tensors, 64, ASSIGN) == coalesced_chunks(tensors, 64, ASSIGN) != first
+    tensors[0] = torch.ones(5, dtype=torch.float64)
+    assert chunks_of(tensors, 64, ASSIGN) == coalesced_chunks(tensors, 64, ASSIGN)
+    assert chunks_of(tensors, 128, ASSIGN) == coalesced_chunks(tensors, 128, ASSIGN)

@@ -12,6 +12,7 @@ collective: recording is switched off with one warning and the call goes through
 from __future__ import annotations
 
 import math
+import operator
 import os
 import sys
 import warnings
@@ -224,6 +225,28 @@ def coalesced_chunks(tensors: Sequence[Any], buffer_size: int,
                  for chunk in chunks)
 
 
+_numel = torch.Tensor.numel
+_chunk_kind = operator.attrgetter("dtype", "device", "layout")
+MAX_CHUNKINGS = 64  # chunkings remembered, at most (one per DDP model's buffers, usually)
+_CHUNKINGS: dict[tuple, tuple | None] = {}
+
+
+def chunks_of(tensors: Sequence[Any], buffer_size: int,
+              assign: Callable[..., Any]) -> tuple | None:
+    """:func:`coalesced_chunks`, remembered by all that decides it: ``buffer_size`` and each
+    tensor's element count, dtype, device and layout. DDP broadcasts the same buffers in
+    every forward: two C-level maps over them then replace torch's chunking call and the
+    Python that sizes each chunk (bench/RESULTS.md, session 29)."""
+    key = (buffer_size, tuple(map(_numel, tensors)), tuple(map(_chunk_kind, tensors)))
+    try:
+        return _CHUNKINGS[key]
+    except KeyError:
+        if len(_CHUNKINGS) >= MAX_CHUNKINGS:
+            _CHUNKINGS.clear()
+        chunks = _CHUNKINGS[key] = coalesced_chunks(tensors, buffer_size, assign)
+        return chunks
+
+
 class _Issuer:
     """One recording group's numbering and hot path, in a plain object: an attribute of an
     instance of a pybind11 class's Python subclass costs about three times a plain object's
@@ -278,7 +301,7 @@ class _Issuer:
         if not self.enabled or writer is None:  # nothing to record
             return real(self.plain(), tensors, buffer_size, src)
         try:
-            chunks = coalesced_chunks(tensors, buffer_size, assign)
+            chunks = chunks_of(tensors, buffer_size, assign)
         except Exception:  # arguments torch itself will refuse
             chunks = None
         if chunks is None:  # each broadcast recorded as it enters this group
