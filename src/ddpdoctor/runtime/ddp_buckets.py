@@ -35,7 +35,6 @@ import torch
 from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.trace import schema
 
-_Tensor = torch.Tensor
 _getframe = sys._getframe
 _NEVER = "never"  # the model stays on the recording group
 MAX_WAIT = 20  # forwards after the rebuild to wait for DDP's logging data to show it
@@ -121,9 +120,9 @@ class _Plan:
     def hook_backwards(self) -> None:
         """Hook the gradient accumulator of the first bucket's first parameter, once for the
         model's life (:meth:`backward_starts`). Registering a hook on each forward's output
-        instead cost a busy step ~30 µs of CPU (finding the output's nodes, torch's hook
-        handle). The hook holds the plan weakly: the plan goes with its model, whatever keeps
-        the accumulator (DDP's Reducer, the parameter)."""
+        instead cost a busy step ~37 µs of CPU (finding the output's node, torch's hook
+        handle; bench/RESULTS.md, session 29). The hook holds the plan weakly: the plan goes
+        with its model, whatever keeps the accumulator (DDP's Reducer, the parameter)."""
         plan = weakref.ref(self)
 
         def hook(grad_outputs: Any) -> None:
