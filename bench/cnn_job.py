@@ -20,7 +20,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def cnn() -> nn.Module:
+def cnn(head: int = 192) -> nn.Module:
+    """``head``: the last block's channels (192: 3.0 M parameters; 480: 4.4 M)."""
     def block(cin: int, cout: int) -> list[nn.Module]:
         return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
                 nn.ReLU(inplace=True)]
@@ -28,8 +29,8 @@ def cnn() -> nn.Module:
     return nn.Sequential(
         *block(3, 64), *block(64, 128), nn.MaxPool2d(2),
         *block(128, 256), *block(256, 256), nn.MaxPool2d(2),
-        *block(256, 512), *block(512, 192), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(192, 10))
+        *block(256, 512), *block(512, head), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(head, 10))
 
 
 def tool_threads_cpu() -> dict[str, float]:
@@ -129,14 +130,22 @@ class RecordingAB:
         return out
 
 
+def _cap(text: str) -> float | None:
+    return None if text == "default" else float(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=16, help="image side")
-    parser.add_argument("--bucket-cap-mb", type=float, default=0.5,
-                        help="DDP's bucket size (0.5: several buckets a step; DDP's default: 25)")
+    parser.add_argument("--bucket-cap-mb", type=_cap, default=0.5,
+                        help="DDP's bucket size (0.5: several buckets a step; 25: one for "
+                             "this model; 'default': none given, DDP's own default, a 1 MB "
+                             "first bucket and 25 MB ones after it)")
+    parser.add_argument("--head-channels", type=int, default=192,
+                        help="the last block's channels (192: 3.0 M parameters, 480: 4.4 M)")
     parser.add_argument("--pace", type=float, default=0.0,
                         help="seconds per step: sleep out the rest (a job of N steps/s)")
     parser.add_argument("--ab", action="store_true",
@@ -148,7 +157,8 @@ def main() -> None:
     torch.manual_seed(0)
 
     def make_model(group: object = None) -> nn.Module:
-        return DDP(cnn(), bucket_cap_mb=args.bucket_cap_mb, process_group=group)
+        return DDP(cnn(args.head_channels), bucket_cap_mb=args.bucket_cap_mb,
+                   process_group=group)
 
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -763,7 +763,7 @@ def main() -> None:
         if "job" not in skip:
             say("headline: whole jobs, plain torchrun and ddpdoctor run in alternating units")
             headline = whole_job.tables(whole_job.run_units(4 if quick else 8,
-                                                            150 if quick else 300, say,
+                                                            100 if quick else None, say,
                                                             arm_jobs=2 if quick else 4))
         single_us = None
         if "a" not in skip:

@@ -1,8 +1,7 @@
 """The headline: what a user sees, whole jobs of plain torchrun against ``ddpdoctor run``.
 
 ``python bench/whole_job.py`` (also the first table of ``bench/run.py``). A realistic job
-(``cnn_job.py``: a 3.0 M-parameter CNN with BatchNorm, DDP's default buckets, 2 gloo ranks,
-~50 ms steps) runs in units of eight jobs in a row, plain torchrun, ``ddpdoctor run``,
+runs in units of eight jobs in a row, plain torchrun, ``ddpdoctor run``,
 ``ddpdoctor run``, plain torchrun, twice (the next unit the other way round; ``--arm-jobs 2``:
 once, session 19-27's units of four; 8 units take ~20 minutes): a machine that grows faster
 or slower at a steady rate during a unit hits both kinds alike, and each kind's figure is the
@@ -22,6 +21,14 @@ range: on this 2-core VM two jobs in a row differ by ±1-3 % with nothing else r
 other tenants' CPU during each job (the machine's busy CPU less the job's own) is recorded,
 and a unit where any job shared the machine with more than NOISY_CORES of others' work is
 flagged.
+
+The job (``--job``, both ``cnn_job.py``'s CNN with BatchNorm on 2 gloo ranks):
+
+* ``issue`` (the default): the job issue 36 was measured on, a 4.4 M-parameter CNN, DDP's
+  default buckets (no ``bucket_cap_mb`` given: a 1 MB first bucket, then 25 MB ones; two
+  buckets and two buffer-broadcast chunks a step), ~100 ms steps (batch 20), 200 steps a job;
+* ``small``: sessions 19-29's headline job, 3.0 M parameters, ``bucket_cap_mb=25`` (one
+  bucket), ~47 ms steps (batch 8), 300 steps a job.
 
 ``--aa`` runs plain torchrun in both arms (an A/A run): the same units, tables and statistics,
 so that the spread the bench itself gives two identical kinds of job can be read beside
@@ -43,7 +50,25 @@ sys.path.insert(0, str(HERE))
 import overhead  # noqa: E402
 
 NOISY_CORES = 0.10  # other tenants' CPU, in cores, above which a unit is flagged
-DEFAULT_BUCKETS_MB = 25.0  # DDP's default bucket_cap_mb
+
+
+@dataclass(frozen=True)
+class Job:
+    """A bench job: ``cnn_job.py``'s arguments but ``--steps``, and what it is, in words."""
+
+    args: tuple[str, ...]
+    steps: int
+    what: str
+
+
+JOBS = {
+    "issue": Job(("--head-channels", "480", "--batch", "20", "--bucket-cap-mb", "default"), 200,
+                 "4.4 M parameters, DDP's default buckets (none given: two buckets and two "
+                 "buffer-broadcast chunks a step), batch 20"),
+    "small": Job(("--bucket-cap-mb", "25"), 300,
+                 "3.0 M parameters, bucket_cap_mb=25 (one bucket and two buffer-broadcast "
+                 "chunks a step), batch 8"),
+}
 
 
 @dataclass
@@ -113,11 +138,11 @@ def order(arm_jobs: int, plain_first: bool) -> str:
     return ("abba" if plain_first else "baab") * (arm_jobs // 2)
 
 
-def run_units(units: int, steps: int, say: Callable[[str], None],
-              aa: bool = False, arm_jobs: int = 2) -> list[Unit]:
+def run_units(units: int, steps: int | None, say: Callable[[str], None],
+              aa: bool = False, arm_jobs: int = 2, job: Job = JOBS["issue"]) -> list[Unit]:
     """``units`` units of ``arm_jobs`` jobs of each arm; with ``aa``, the ddpdoctor arm's
-    jobs are plain torchrun too (an A/A run)."""
-    args = ["--steps", str(steps), "--bucket-cap-mb", str(DEFAULT_BUCKETS_MB)]
+    jobs are plain torchrun too (an A/A run). ``steps``: None, the job's own."""
+    args = ["--steps", str(steps or job.steps), *job.args]
     second = overhead.PLAIN if aa else overhead.DOCTOR
     out = []
     for i in range(units):
@@ -173,7 +198,7 @@ def _listed(jobs: tuple[overhead.JobResult, ...],
     return ", ".join(f"{value(j):.{digits}f}" for j in jobs)
 
 
-def tables(units: list[Unit], aa: bool = False) -> str:
+def tables(units: list[Unit], aa: bool = False, job: Job = JOBS["issue"]) -> str:
     """The headline table and the per-unit table, as Markdown (``aa``: both arms were plain
     torchrun)."""
     steps = units[0].doctor[0].ranks[0]["steps"]
@@ -200,8 +225,10 @@ def tables(units: list[Unit], aa: bool = False) -> str:
                      f"{statistics.median(own):.2f} CPU-s | | {low:.2f}–{high:.2f} | ≤ 1.00 | "
                      f"{'yes' if high <= 1.0 else 'NO'} | |")
     jobs = len(units[0].jobs)
-    lines += ["", f"{len(units)} units of {jobs} jobs, {steps} steps each (plus 5 warm-up), DDP's "
-              f"default buckets; a unit is noisy when others used more than "
+    params = units[0].plain[0].ranks[0].get("params")
+    counted = f" ({params / 1e6:.2f} M parameters counted)" if params else ""
+    lines += ["", f"{len(units)} units of {jobs} jobs, {steps} steps each (plus 5 warm-up), "
+              f"{job.what}{counted}; a unit is noisy when others used more than "
               f"{NOISY_CORES:.2f} cores during any of its jobs.", "",
               f"| unit | order | step ms {pair} | rank CPU s {pair} | all CPU s {pair} | "
               f"ddpdoctor's own CPU s | wall s {pair} | others' cores | noisy |",
@@ -230,14 +257,20 @@ def main() -> None:
     parser.add_argument("--arm-jobs", type=int, default=4,
                         help="jobs of each arm in a unit, even (2: plain, ddpdoctor, "
                              "ddpdoctor, plain; 4: the same twice)")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--job", choices=sorted(JOBS), default="issue",
+                        help="issue: the job issue 36 measured (4.4 M parameters, DDP's "
+                             "default buckets, ~100 ms steps); small: sessions 19-29's "
+                             "(3.0 M, bucket_cap_mb=25, ~47 ms steps)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps a job (default: the job's own, 200 or 300)")
     parser.add_argument("--aa", action="store_true",
                         help="plain torchrun in both arms: the bench's own spread")
     args = parser.parse_args()
+    job = JOBS[args.job]
     units = run_units(args.units, args.steps,
                       lambda m: print(m, file=sys.stderr, flush=True), aa=args.aa,
-                      arm_jobs=args.arm_jobs)
-    print(tables(units, aa=args.aa))
+                      arm_jobs=args.arm_jobs, job=job)
+    print(tables(units, aa=args.aa, job=job))
 
 
 if __name__ == "__main__":

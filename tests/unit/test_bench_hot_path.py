@@ -82,6 +82,10 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
     assert "| 5 | plain, ddp, ddp, plain |" in text and "| yes |" in text
     assert "quiet units alone" in text
     assert "own process, CPU per job-minute" in text
+    assert "4.4 M parameters, DDP's default buckets" in text  # the job issue 36 measured
+    small = whole.tables(units, job=whole.JOBS["small"])
+    assert "bucket_cap_mb=25" in small and "4.4 M" not in small
+    assert whole.JOBS["issue"].args[-2:] == ("--bucket-cap-mb", "default")
     # An A/A run (plain torchrun in both arms) is labelled as one, with no launcher row.
     aa = whole.tables(units, aa=True)
     assert "| plain torchrun A | plain torchrun B |" in aa and "| 1 | A, B, B, A |" in aa
