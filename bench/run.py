@@ -39,9 +39,11 @@ d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic
    job's traces (``real_traces.py``). Each diagnosis must name the injected divergence;
 e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout, and, for
    collectives that provably cannot match, with a 30 s hang timeout (target 2 s);
-f. trace bytes per collective on disk (CNN job); the trace of an hour at 10 steps/s with the
-   default cap, from the rates of the CNN job paced to 10 steps/s without a cap and capped
-   from the start; and a long all_reduce loop's traces with ``--max-trace-mb 0.25``;
+f. trace bytes per collective on disk (CNN job); the uncapped trace of an hour at 10 steps/s
+   of the headline's job (DDP's default buckets, 4.4 M parameters), of one 25 MB bucket and
+   of a many-bucket one; the same with the default cap, from the rates of the CNN job paced
+   to 10 steps/s without a cap and capped from the start; and a long all_reduce loop's traces
+   with ``--max-trace-mb 0.25``;
 g. ``ddpdoctor diff`` wall time (start-up included) and peak RSS on the worst damaged inputs:
    2 GB sparse traces, a 2 GB fault file, absurd world sizes and sequence numbers, a line
    nested 200,000 deep;
@@ -688,12 +690,18 @@ def trace_size(jobs: list[overhead.JobResult], steps: int, seconds: float,
     # An hour's trace is what the steps add: the difference between a job of ``paced`` steps
     # and one of a third as many (start-up, DDP's construction and the exit cancel out).
     short = paced // 3
-    for buckets, what in (("25", "DDP's default buckets"), ("0.5", "bucket_cap_mb=0.5")):
+    # The headline's job (issue 36's: 4.4 M parameters, DDP's default buckets, ~10 steps/s),
+    # sessions 19-29's (one 25 MB bucket) and a many-bucket one; their trace does not depend
+    # on the images' size, only on the collectives a step and the pace.
+    for model, what in ((("--head-channels", "480", "--bucket-cap-mb", "default"),
+                         "DDP's default buckets, 4.4 M parameters"),
+                        (("--bucket-cap-mb", "25"), "bucket_cap_mb=25"),
+                        (("--bucket-cap-mb", "0.5"), "bucket_cap_mb=0.5")):
         say(f"f: the CNN job ({what}) at 10 steps/s, {paced} and {short} steps, no cap")
         sizes = {}
         for steps in (paced, short):
             args = ["--steps", str(steps), "--size", "8", "--batch", "4", "--pace", "0.1",
-                    "--bucket-cap-mb", buckets]
+                    *model]
             sizes[steps] = overhead.job(overhead.DOCTOR, overhead.CNN, args,
                                         options=("--max-trace-mb", "1e6"))
         per_step = (sizes[paced].trace_bytes - sizes[short].trace_bytes) / 2 / (paced - short)

@@ -1,12 +1,12 @@
 """The headline: what a user sees, whole jobs of plain torchrun against ``ddpdoctor run``.
 
 ``python bench/whole_job.py`` (also the first table of ``bench/run.py``). A realistic job
-runs in units of eight jobs in a row, plain torchrun, ``ddpdoctor run``,
+(``--job``, below) runs in units of eight jobs in a row, plain torchrun, ``ddpdoctor run``,
 ``ddpdoctor run``, plain torchrun, twice (the next unit the other way round; ``--arm-jobs 2``:
-once, session 19-27's units of four; 8 units take ~20 minutes): a machine that grows faster
-or slower at a steady rate during a unit hits both kinds alike, and each kind's figure is the
-mean of its four jobs (of two, single jobs' ±1-3 % on this VM went into each unit's ratio at
-half weight). For each unit the ratio ddpdoctor / plain of
+once, session 19-27's units of four; 8 units take ~27 minutes, ~21 with ``--job small``): a
+machine that grows faster or slower at a steady rate during a unit hits both kinds alike, and
+each kind's figure is the mean of its four jobs (of two, single jobs' ±1-3 % on this VM went
+into each unit's ratio at half weight). For each unit the ratio ddpdoctor / plain of
 
 * the median step time,
 * the ranks' CPU over the measured steps (every thread: ddpdoctor's in-rank threads included),
