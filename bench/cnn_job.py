@@ -1,6 +1,8 @@
-"""Realistic DDP workload for the bench: a 3.0 M-parameter CNN with BatchNorm, trained with
-``bucket_cap_mb=0.5`` (``--bucket-cap-mb``) on 2 gloo ranks (several gradient buckets and a
-buffer broadcast per step, steps of ~100 ms on this machine). Each rank prints one line
+"""Realistic DDP workload for the bench: a 3.0 M-parameter CNN with BatchNorm (4.4 M with
+``--head-channels 480``), trained with ``bucket_cap_mb=0.5`` (``--bucket-cap-mb``; ``default``
+gives none, DDP's own) on 2 gloo ranks (several gradient buckets and a buffer broadcast per
+step; ~47 ms steps on this machine at the default batch of 8, ~105 ms for the 4.4 M model at
+batch 20, the headline's job). Each rank prints one line
 ``BENCH {json}``: its CPU time over the measured steps (every thread of the process:
 ddpdoctor's included), the wall time and the median step time, and the number of collectives
 of one step.
