@@ -2,10 +2,9 @@
 ``--head-channels 480``), trained with ``bucket_cap_mb=0.5`` (``--bucket-cap-mb``; ``default``
 gives none, DDP's own) on 2 gloo ranks (several gradient buckets and a buffer broadcast per
 step; ~47 ms steps on this machine at the default batch of 8, ~105 ms for the 4.4 M model at
-batch 20, the headline's job). Each rank prints one line
-``BENCH {json}``: its CPU time over the measured steps (every thread of the process:
-ddpdoctor's included), the wall time and the median step time, and the number of collectives
-of one step.
+batch 20, the headline's job). Each rank prints one line ``BENCH {json}``: its CPU time over
+the measured steps (every thread of the process: ddpdoctor's included), the wall time and the
+median step time, and the number of collectives of one step.
 """
 
 import argparse
@@ -132,7 +131,8 @@ class RecordingAB:
         return out
 
 
-def _cap(text: str) -> float | None:
+def bucket_cap(text: str) -> float | None:
+    """``--bucket-cap-mb``: MB, or ``default`` for none given (DDP's own buckets)."""
     return None if text == "default" else float(text)
 
 
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=16, help="image side")
-    parser.add_argument("--bucket-cap-mb", type=_cap, default=0.5,
+    parser.add_argument("--bucket-cap-mb", type=bucket_cap, default=0.5,
                         help="DDP's bucket size (0.5: several buckets a step; 25: one for "
                              "this model; 'default': none given, DDP's own default, a 1 MB "
                              "first bucket and 25 MB ones after it)")

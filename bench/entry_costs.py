@@ -2,6 +2,7 @@
 them (bench/RESULTS.md, session 29).
 
     ddpdoctor run --nproc-per-node 2 bench/entry_costs.py [--steps 600] [--bucket-cap-mb 25]
+        [--head-channels 480 --bucket-cap-mb default --batch 20]   # the headline's job
 
 The realistic job's CNN (``cnn_job.py``) trains with recording switched on and off in turn
 (on, off, off, on, ...). Each of ddpdoctor's per-step entries from the training loop is timed
@@ -9,9 +10,8 @@ on the training thread (``time.thread_time`` around it; the timer costs ~0.5 µs
 of DDP's forward (``ddp_buckets.after_forward``) and the arming in it, the hook that writes a
 backward's bucket lines, the two callbacks at the backward's end, DDP's buffer broadcast as
 DDP calls it and gloo's broadcast inside it (the difference is ddpdoctor's), and each call
-into the backend's sequence number. Each rank
-prints one line ``ENTRIES {json}``: per entry and kind, the mean µs per call, the median and
-the calls per step; rank 0 also prints a table.
+into the backend's sequence number. Each rank prints one line ``ENTRIES {json}``: per entry
+and kind, the mean µs per call, the median and the calls per step; rank 0 also prints a table.
 """
 
 from __future__ import annotations
@@ -87,17 +87,20 @@ def _time_ddps_broadcast() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    parser.add_argument("--bucket-cap-mb", type=cnn_job.bucket_cap, default=25.0,
+                        help="as cnn_job.py's ('default': none given)")
+    parser.add_argument("--head-channels", type=int, default=192)
+    parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
     _time_entries()
     dist.init_process_group("gloo")
     _time_ddps_broadcast()
     torch.manual_seed(0)
-    model = DDP(cnn_job.cnn(), bucket_cap_mb=args.bucket_cap_mb)
+    model = DDP(cnn_job.cnn(args.head_channels), bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     group = dist.distributed_c10d._get_default_group()
     loss_fn = nn.CrossEntropyLoss()
-    x, y = torch.randn(8, 3, 16, 16), torch.randint(0, 10, (8,))
+    x, y = torch.randn(args.batch, 3, 16, 16), torch.randint(0, 10, (args.batch,))
 
     def step(on: bool) -> None:
         _kind[0] = "on" if on else "off"
