@@ -135,3 +135,104 @@ def marker_line(path: Path, marker: str) -> int:
         if line.rstrip().endswith(f"# ddpdoctor: {marker}"):
             return number
     raise AssertionError(f"marker {marker!r} not in {path}")
+
+
+class PlainJob:
+    """A job started as a user starts it, without ddpdoctor (plain torchrun, ``python`` for a
+    script that spawns its own workers, or one process per rank with its environment set, as
+    srun does), for ``ddpdoctor attach`` to read. Its output goes to ``output.txt``; on exit
+    every process of it is killed by pid, and none may survive."""
+
+    def __init__(self, tmp_path: Path, script: Path, *args: str, nproc: int = 2,
+                 launcher: str = "torchrun") -> None:
+        from ddpdoctor.launch.command import free_port
+
+        self.output = tmp_path / "output.txt"
+        self.nproc = nproc
+        out = self.output.open("wb")
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self.procs: list[subprocess.Popen] = []
+        if launcher == "torchrun":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   "--master-port", str(free_port()), str(script), *args]
+            self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                               env=env, start_new_session=True))
+        elif launcher == "python":
+            self.procs.append(subprocess.Popen([sys.executable, str(script), *args], stdout=out,
+                                               stderr=subprocess.STDOUT, env=env,
+                                               start_new_session=True))
+        else:  # "env": one process per rank, as srun starts them
+            port = str(free_port())
+            for rank in range(nproc):
+                rank_env = {**env, "RANK": str(rank), "WORLD_SIZE": str(nproc),
+                            "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                            "MASTER_PORT": port}
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, str(script), *args], stdout=out, stderr=subprocess.STDOUT,
+                    env=rank_env, start_new_session=True))
+        out.close()
+
+    def pids(self) -> list[int]:
+        """Every live process of the job (the launchers and all their descendants)."""
+        from ddpdoctor.launch.proctree import alive, descendants
+
+        found = [p.pid for p in self.procs if p.poll() is None]
+        for p in self.procs:
+            found += descendants(p.pid)
+        return sorted({pid for pid in found if alive(pid)})
+
+    def rank_pids(self) -> list[int]:
+        from ddpdoctor.launch.discover import find_jobs
+
+        return [r.pid for job in find_jobs(self.pids()) for r in job.ranks]
+
+    def wait_until_still(self, ranks: int | None = None, timeout: float = 60) -> list[int]:
+        """Wait until ``ranks`` rank processes (default: nproc) exist and none used CPU for a
+        second (the job has hung); returns their pids."""
+        from ddpdoctor.launch.spy import counters
+
+        wanted = self.nproc if ranks is None else ranks
+        deadline = time.monotonic() + timeout
+        before: dict[int, float | None] = {}
+        while time.monotonic() < deadline:
+            pids = self.rank_pids()
+            now = {pid: counters(pid)[0] for pid in pids}
+            if len(pids) == wanted and before.keys() == now.keys() and all(
+                    now[p] is not None and before[p] is not None and now[p] - before[p] < 0.03
+                    for p in pids):
+                return pids
+            before = now
+            time.sleep(1.0)
+        raise AssertionError(f"the job did not settle: {self.output.read_text()[-2000:]}")
+
+    def __enter__(self) -> PlainJob:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for _ in range(3):
+            pids = self.pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            for p in self.procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            time.sleep(0.2)
+        from ddpdoctor.launch.proctree import alive
+
+        left = [pid for pid in self.pids() if alive(pid)]
+        assert not left, f"processes of the job survived: {left}"
+
+
+def attach(tmp_path: Path, *pids: int, options: tuple = ()) -> Job:
+    """``ddpdoctor attach`` on ``pids`` (none: the job it finds), with a JSON report."""
+    logdir = tmp_path / "attach"
+    report_path = tmp_path / "attach.json"
+    proc = ddpdoctor("attach", "--logdir", str(logdir), "--json", str(report_path), *options,
+                     *map(str, pids), timeout=90)
+    report = json.loads(report_path.read_text()) if report_path.exists() else None
+    return Job(proc.returncode, proc.stdout, proc.stderr, logdir, report)

@@ -20,7 +20,7 @@ ALLOWED = {
     "analysis": {"analysis", "trace", "knowledge"},
     "render": {"render", "analysis", "trace", "knowledge"},
     "launch": {"launch", "trace", "analysis", "runtime.env", "runtime.stderr_tail",
-               "runtime.torch_internals"},
+               "runtime.torch_internals", "runtime.source_capture"},
 }
 # Third-party packages the in-rank code may use: it runs inside every training process.
 IN_RANK = {"runtime", "trace"}

@@ -9,7 +9,7 @@ import os
 import sys
 import warnings
 
-from ddpdoctor.cli import diff, run, schedule  # noqa: F401  (each registers its commands)
+from ddpdoctor.cli import attach, diff, run, schedule  # noqa: F401  (each registers its commands)
 from ddpdoctor.cli.app import app, say
 from ddpdoctor.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
 from ddpdoctor.cli.run import split_run_args
@@ -18,7 +18,7 @@ from ddpdoctor.launch.options import UsageError
 __all__ = ["app", "main", "split_run_args"]
 
 # --help lists the commands in this order (typer lists them as they were registered).
-_ORDER = ["run", "diff", "timeline"]
+_ORDER = ["run", "attach", "diff", "timeline"]
 app.registered_commands.sort(
     key=lambda c: _ORDER.index(c.name) if c.name in _ORDER else len(_ORDER))
 

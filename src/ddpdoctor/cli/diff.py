@@ -10,11 +10,15 @@ import typer
 from rich.console import Console
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds
+from ddpdoctor.analysis.attach import diagnose_snapshots
+from ddpdoctor.analysis.report import CLEAN, RUNNING
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.trace.reader import TraceError, load_rounds, load_run, unreadable
+from ddpdoctor.trace.snapshot import SnapshotError, is_snapshot_folder
+from ddpdoctor.trace.snapshot import read as read_snapshot
 
 
 @app.command(cls=HelpCommand,
@@ -24,13 +28,17 @@ def diff(
                                        help="Log folder(s) or trace files (one folder per node)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead."),
 ) -> None:
-    """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix."""
+    """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix.
+    Folders written by `ddpdoctor attach` (one per node) are diagnosed from their stacks."""
     try:
-        with reading_progress() as on_file:
-            runs = load_rounds([str(p) for p in paths], on_file)
-        report = diagnose_rounds(runs)
+        if any(is_snapshot_folder(p) for p in paths):  # folders written by ddpdoctor attach
+            report = diagnose_snapshots([read_snapshot(p) for p in paths])
+        else:
+            with reading_progress() as on_file:
+                runs = load_rounds([str(p) for p in paths], on_file)
+            report = diagnose_rounds(runs)
     except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback
-        message = str(exc) if isinstance(exc, TraceError) else unreadable(exc)
+        message = str(exc) if isinstance(exc, (TraceError, SnapshotError)) else unreadable(exc)
         if json_out:  # a script reading --json gets JSON, errors included
             sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
         fail(message)
@@ -38,7 +46,7 @@ def diff(
         sys.stdout.write(render(JsonReporter(), report))
     else:
         show(report, Console(highlight=False))
-    raise typer.Exit(EXIT_OK if report.verdict == "clean" else EXIT_PROBLEM)
+    raise typer.Exit(EXIT_OK if report.verdict in (CLEAN, RUNNING) else EXIT_PROBLEM)
 
 
 @app.command(cls=HelpCommand, short_help="Write a timeline of every rank for Perfetto.")

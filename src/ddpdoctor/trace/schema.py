@@ -111,6 +111,11 @@ CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full d
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
 JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
 TORCHRUN_FILE = "torchrun.txt"  # torchrun's own failure summary, folded out of the terminal
+# ``ddpdoctor attach``: a job it did not start, read from outside (trace/snapshot.py). Its own
+# format and version: 1 is the first.
+SNAPSHOT_FILE = "attach.json"
+SNAPSHOT_FORMAT = "ddpdoctor-attach"
+SNAPSHOT_VERSION = 1
 
 
 class Stop(str, Enum):
