@@ -144,17 +144,17 @@ class PlainJob:
     every process of it is killed by pid, and none may survive."""
 
     def __init__(self, tmp_path: Path, script: Path, *args: str, nproc: int = 2,
-                 launcher: str = "torchrun") -> None:
+                 launcher: str = "torchrun", torchrun: tuple[str, ...] = ()) -> None:
         from ddpdoctor.launch.command import free_port
 
-        self.output = tmp_path / "output.txt"
+        self.output = tmp_path / f"output{abs(hash(torchrun))}.txt"
         self.nproc = nproc
         out = self.output.open("wb")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.procs: list[subprocess.Popen] = []
         if launcher == "torchrun":
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
-                   "--master-port", str(free_port()), str(script), *args]
+                   *(torchrun or ("--master-port", str(free_port()))), str(script), *args]
             self.procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
                                                env=env, start_new_session=True))
         elif launcher == "python":

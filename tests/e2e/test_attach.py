@@ -78,6 +78,37 @@ def test_attach_names_the_root_its_line_and_the_cause(
         assert json.loads(again.stdout)["findings"][0]["kind"] == kind
 
 
+def test_two_nodes_each_attached_then_diffed_together(tmp_path: Path) -> None:
+    """2 nodes x 2 ranks (two torchrun agents, a static rendezvous on this machine): each
+    node's attach names the ranks it cannot see instead of blaming its own; `diff` of both
+    folders roots the hang at rank 0's barrier under `if rank == 0:`."""
+    from ddpdoctor.launch.command import free_port
+
+    script = EXAMPLES / "rank0_only_barrier.py"
+    port = str(free_port())
+    nodes = [("--nnodes", "2", "--node-rank", str(k), "--master-addr", "127.0.0.1",
+              "--master-port", port) for k in range(2)]
+    with PlainJob(tmp_path, script, torchrun=nodes[0]) as node0, \
+            PlainJob(tmp_path, script, torchrun=nodes[1]) as node1:
+        folders = []
+        for k, node in enumerate((node0, node1)):
+            pids = node.wait_until_still()
+            folder = tmp_path / f"node{k}"
+            folder.mkdir()
+            found = attach(folder, *pids)
+            assert found.report is not None, found.stderr[-2000:]
+            assert found.report["verdict"] == "incomplete", found.stdout
+            assert not found.report["findings"], found.stdout
+            assert "no stack here" in found.stdout
+            folders.append(str(found.logdir))
+        merged = ddpdoctor("diff", "--json", *folders)
+        report = json.loads(merged.stdout)
+        root = report["findings"][0]
+        assert (root["kind"], root["cause"]) == ("op_mismatch", "rank_conditional_collective")
+        assert sorted(int(r) for r in root["ranks"]) == [0, 1, 2, 3]
+        assert root["ranks"]["0"]["site"]["line"] == marker_line(script, "rank0_barrier")
+
+
 def test_attach_finds_the_job_by_itself_and_says_a_healthy_job_progresses(
         tmp_path: Path) -> None:
     with PlainJob(tmp_path, SCRIPTS / "healthy_training.py") as job:

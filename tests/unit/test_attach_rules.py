@@ -147,6 +147,18 @@ def test_an_ended_rank_without_an_error_is_not_called_a_crash() -> None:
     assert root.kind == "rank_exited_early" and root.cause is None
 
 
+def test_a_rank_that_ended_on_a_transport_error_is_a_consequence_not_the_root() -> None:
+    tb = ('Traceback (most recent call last):\n'
+          '  File "/job/train.py", line 28, in <module>\n'
+          '    loss.backward()\n'
+          'RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection '
+          'closed by peer [127.0.0.1]:4000\n')
+    out = diagnose(rank(0, api("barrier"), user(61)),
+                   rank(1, Frame("_shutdown", THREADING, 1590), stderr=tb))
+    assert not out["findings"] and out["verdict"] == "incomplete"
+    assert any("transport error" in n for n in out["notes"])
+
+
 def test_another_ranks_traceback_in_a_shared_stderr_is_not_this_ranks() -> None:
     tb = ('[rank0]: Traceback (most recent call last):\n'
           '[rank0]:   File "/job/train.py", line 27, in <module>\n'

@@ -12,6 +12,7 @@ from ddpdoctor.cli import app
 
 @pytest.mark.parametrize("argv, usage", [
     (["run"], "Usage: ddpdoctor run [OPTIONS] SCRIPT [ARGS...]"),
+    (["attach"], "Usage: ddpdoctor attach [OPTIONS] [PID...]"),
     (["diff"], "Usage: ddpdoctor diff [OPTIONS] LOGDIR..."),
     (["timeline"], "Usage: ddpdoctor timeline [OPTIONS] LOGDIR..."),
     (["schedule", "save"], "Usage: ddpdoctor schedule save [OPTIONS] LOGDIR FILE"),

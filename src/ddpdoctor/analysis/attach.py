@@ -36,9 +36,9 @@ from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.analysis.stacks import RankView, Where, view
 from ddpdoctor.analysis.terms import rank_list, site_text
+from ddpdoctor.analysis.tracebacks import RaisedError, last_error, own_lines
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.ddp_sites import BUCKET, USER
-from ddpdoctor.trace.model import Site, is_internal_file
 from ddpdoctor.trace.snapshot import RankSnapshot, Snapshot
 
 _STATUS: dict[Where, RankStatus] = {
@@ -49,10 +49,6 @@ _STATE = {Where.WAITING: "pending", Where.INIT: "pending", Where.BUSY: "running"
           Where.BLOCKED: "blocked", Where.ENDED: "finished", Where.GONE: "killed",
           Where.UNKNOWN: "no stack"}
 _GROUP_ARG = re.compile(r"\bgroup\s*=\s*([\w.\[\]'\"]+)")
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\):\n(?:.*\n)*?(\w[\w.]*(Error|"
-                        r"Exception|Interrupt|Exit)\b.*)", re.M)
-_RANK_PREFIX = re.compile(r"^\[(?:default)?rank(\d+)\]:\s?")
-_TB_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)\n(?:[ \t]+(\S.*)\n)?')
 STACKS_ALONE = ("stacks show where each rank is now, not what it issued before: "
                 "`ddpdoctor run` (or PyTorch's flight recorder, TORCH_FR_BUFFER_SIZE=2000) "
                 "records every collective and finds the first one that differs")
@@ -105,7 +101,7 @@ def _summary(v: RankView, snap: RankSnapshot) -> RankSummary:
     if v.where in (Where.ENDED, Where.GONE) and error:
         status = rs.EXCEPTION
     return RankSummary(rank=v.rank, status=status, last=_detail(v),
-                       detail=error[1] if error else v.note, hang_stack=v.stack)
+                       detail=error.text if error else v.note, hang_stack=v.stack)
 
 
 def _detail(v: RankView, note: str = "") -> RankDetail:
@@ -140,34 +136,12 @@ def _op_text(v: RankView) -> str:
     return what + (f"({args})" if args and v.label == USER else "")
 
 
-def _own_lines(text: str, rank: int) -> str:
-    """The rank's own lines of a stderr that ranks may share: where lines carry torchrun's
-    ``[rankN]:`` prefix, those of this rank (prefix removed) and the unprefixed ones."""
-    lines = text.splitlines()
-    if not any(_RANK_PREFIX.match(line) for line in lines):
-        return text
-    own = []
-    for line in lines:
-        m = _RANK_PREFIX.match(line)
-        if m is None or int(m.group(1)) == rank:
-            own.append(line[m.end():] if m else line)
-    return "\n".join(own) + "\n"
-
-
-def _error(snap: RankSnapshot) -> tuple[list[re.Match], str] | None:
-    """(the traceback's frames, 'ValueError: ...') of the exception the rank left in its
-    error file or its stderr, when one is there."""
-    for text in (snap.error_file, _own_lines(snap.stderr_tail, snap.rank)):
-        if not text:
-            continue
-        found = list(_TRACEBACK.finditer(text))
-        if found:
-            block = found[-1].group(0)
-            return list(_TB_FRAME.finditer(block)), found[-1].group(1).strip()[:300]
-        if '"message"' in text:  # torchelastic's error.json without a traceback we can read
-            match = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
-            if match:
-                return [], match.group(1)[:300]
+def _error(snap: RankSnapshot) -> RaisedError | None:
+    """The exception the rank left in torchelastic's error file or its stderr, if any."""
+    for text in (snap.error_file, own_lines(snap.stderr_tail, snap.rank)):
+        error = last_error(text) if text else None
+        if error is not None:
+            return error
     return None
 
 
@@ -179,7 +153,8 @@ def _findings(views: dict[int, RankView], snaps: dict[int, RankSnapshot], absent
     unknown = [v for v in views.values() if v.where is Where.UNKNOWN]
     context = {v.rank: _detail(v) for v in waiting}
     if ended and (waiting or outside):
-        return [_ended_finding(ended, snaps, context)]
+        found = _ended_finding(ended, snaps, context, notes)
+        return [found] if found is not None else []
     if unknown:
         return []  # the rank we cannot see may be the one the others wait for
     if waiting and outside and not absent:
@@ -197,34 +172,35 @@ def _findings(views: dict[int, RankView], snaps: dict[int, RankSnapshot], absent
 
 
 def _ended_finding(ended: list[RankView], snaps: dict[int, RankSnapshot],
-                   context: dict[int, RankDetail]) -> Finding:
+                   waiting: dict[int, RankDetail], notes: list[str]) -> Finding | None:
+    """The rank(s) whose end the others wait for: one that raised (not a transport error,
+    which reports another rank's end), else one that ended without any error."""
     ranks: dict[int, RankDetail] = {}
-    crashed = []
+    crashed, silent = [], []
     for v in ended:
         error = _error(snaps[v.rank])
-        site = v.site
-        if error and error[0]:
-            user = [m for m in error[0] if not is_internal_file(m.group(1))]
-            if user:
-                m = user[-1]
-                site = Site(file=m.group(1), line=int(m.group(2)), function=m.group(3),
-                            text=(m.group(4) or "").strip())
         state = "exception" if error else ("killed" if v.where is Where.GONE else "finished")
-        if error:
+        if error is None:
+            silent.append(v.rank)
+        elif not error.comm:
             crashed.append(v.rank)
-        ranks[v.rank] = RankDetail(rank=v.rank, site=site, state=state,
-                                   note=error[1] if error else (v.note or "its script ended"))
-    who = rank_list(sorted(ranks))
+        ranks[v.rank] = RankDetail(rank=v.rank, site=error.site if error and error.site
+                                   else v.site, state=state,
+                                   note=error.text if error else (v.note or "its script ended"))
+    others = rank_list(sorted(waiting)) if waiting else "no other rank"
     if crashed:
-        kind, cause = fk.RANK_CRASHED, "rank_crashed"
-        summary = (f"{who} raised {ranks[crashed[0]].note}; {rank_list(sorted(context))} "
-                   f"{_verb(len(context))} for it in a collective")
-    else:
-        kind, cause = fk.RANK_EXITED_EARLY, None
-        how = "no process" if ended[0].where is Where.GONE else "its script ended"
-        summary = (f"{who} left the job ({how}; no error found in what it left) while "
-                   f"{rank_list(sorted(context))} still {_verb(len(context))} in a collective")
-    return _finding(kind, summary, {**ranks, **context}, cause)
+        summary = (f"{rank_list(crashed)} raised {ranks[crashed[0]].note}; {others} "
+                   f"{_verb(len(waiting))} for it")
+        return _finding(fk.RANK_CRASHED, summary, {**ranks, **waiting}, "rank_crashed")
+    if silent:
+        gone = any(v.where is Where.GONE for v in ended if v.rank in silent)
+        how = "no process" if gone else "its script ended"
+        summary = (f"{rank_list(silent)} left the job ({how}, no error in what it left) while "
+                   f"{others} still {_verb(len(waiting))} in a collective")
+        return _finding(fk.RANK_EXITED_EARLY, summary, {**ranks, **waiting}, None)
+    notes.append(f"{rank_list(sorted(ranks))} ended on a transport error, which reports "
+                 f"another rank's end: the rank that ended first is not among those read")
+    return None
 
 
 def _verb(count: int) -> str:

@@ -55,7 +55,7 @@ def _logdir(requested: Optional[Path]) -> Path:
 
 @app.command(cls=HelpCommand, short_help="Diagnose a running job that ddpdoctor did not start.")
 def attach(
-    pids: list[int] = typer.Argument(None, metavar="[PID]...",
+    pids: list[int] = typer.Argument(None, metavar="PID...",
                                      help="The ranks' process ids (default: every rank of the "
                                           "one torch.distributed job found on this node)."),
     logdir: Optional[Path] = typer.Option(None, "--logdir", metavar="DIR",
@@ -65,7 +65,7 @@ def attach(
                                       help="Which job, when several run on this node."),
     json_out: Optional[Path] = typer.Option(None, "--json", metavar="FILE",
                                             help="Also write the report as JSON."),
-    samples: int = typer.Option(3, "--samples", min=1, max=20,
+    samples: int = typer.Option(3, "--samples", min=1, max=20, metavar="N",
                                 help="How many times each rank is read."),
     interval: float = typer.Option(0.5, "--interval", min=0.05, max=30.0, metavar="SECONDS",
                                    help="Seconds between two reads."),

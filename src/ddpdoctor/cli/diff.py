@@ -11,12 +11,14 @@ from rich.console import Console
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds
 from ddpdoctor.analysis.attach import diagnose_snapshots
+from ddpdoctor.analysis.postmortem import diagnose_logs
 from ddpdoctor.analysis.report import CLEAN, RUNNING
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
-from ddpdoctor.trace.reader import TraceError, load_rounds, load_run, unreadable
+from ddpdoctor.trace.job_logs import find_logs
+from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run, unreadable
 from ddpdoctor.trace.snapshot import SnapshotError, is_snapshot_folder
 from ddpdoctor.trace.snapshot import read as read_snapshot
 
@@ -29,14 +31,22 @@ def diff(
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead."),
 ) -> None:
     """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix.
-    Folders written by `ddpdoctor attach` (one per node) are diagnosed from their stacks."""
+    Folders written by `ddpdoctor attach` (one per node) are diagnosed from their stacks; a
+    folder of a dead job's own logs (torchrun's --log-dir, a Slurm .out file) from what each
+    rank wrote last (its traceback, NCCL's watchdog, gloo's timeouts)."""
     try:
         if any(is_snapshot_folder(p) for p in paths):  # folders written by ddpdoctor attach
             report = diagnose_snapshots([read_snapshot(p) for p in paths])
         else:
-            with reading_progress() as on_file:
-                runs = load_rounds([str(p) for p in paths], on_file)
-            report = diagnose_rounds(runs)
+            try:
+                with reading_progress() as on_file:
+                    runs = load_rounds([str(p) for p in paths], on_file)
+                report = diagnose_rounds(runs)
+            except NoTraces:
+                logs = [log for p in paths if p.is_dir() for log in find_logs(p)]
+                if not logs:
+                    raise
+                report = diagnose_logs(logs)  # a dead job's own logs: a post-mortem
     except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback
         message = str(exc) if isinstance(exc, (TraceError, SnapshotError)) else unreadable(exc)
         if json_out:  # a script reading --json gets JSON, errors included

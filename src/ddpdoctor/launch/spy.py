@@ -3,9 +3,10 @@ and the evidence it left (its stderr where that is a file, torchelastic's error 
 flight-recorder dump).
 
 py-spy reads a process's memory with ptrace permissions; by default here it does not pause
-the rank (``--nonblocking``). Only a rank inside a backward is read once more with its native
-frames, which tell DDP's reducer waiting for its gradient all-reduce from autograd computing;
-that read pauses the rank while py-spy unwinds it (:data:`NATIVE_PAUSE_NOTE`). Every rank is
+the rank (``--nonblocking``). Only a rank that sits still inside a backward is read once more
+with its native frames, which tell DDP's reducer waiting for its gradient all-reduce from
+autograd computing; that read pauses the rank while py-spy unwinds it
+(:data:`NATIVE_PAUSE_NOTE`); a rank computing its backward is not paused. Every rank is
 read in parallel, a few times apart (:func:`take`), so a rank that moves is told from one
 that waits. Nothing here writes to, signals or slows a rank beyond those reads.
 """
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ddpdoctor.analysis.stacks import Where, view
 from ddpdoctor.launch.discover import FoundJob, RankProcess
 from ddpdoctor.runtime.source_capture import capture
 from ddpdoctor.trace import schema
@@ -226,8 +228,9 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 0.5,
          native: bool | None = None,
          progress: Callable[[str], None] = lambda _s: None) -> Snapshot:
     """Sample every rank of ``job`` ``samples`` times ``interval`` seconds apart; with
-    ``native`` None, read the ranks found inside a backward once more with native frames
-    (True: every rank; False: none). Writes nothing but flight-recorder copies into ``out``."""
+    ``native`` None, read the ranks found still inside a backward once more with native
+    frames (True: every rank; False: none). Writes nothing but flight-recorder copies into
+    ``out``."""
     exe = py_spy()
     pids = [r.pid for r in job.ranks]
     taken: dict[int, list[Sample]] = {pid: [] for pid in pids}
@@ -238,7 +241,8 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 0.5,
         for pid, s in sample_all(exe, pids).items():
             taken[pid].append(s)
     wanted = set(pids) if native else set() if native is False else {
-        pid for pid, ss in taken.items() if ss and _in_backward(ss[-1])}
+        pid for pid, ss in taken.items() if ss and _in_backward(ss[-1])
+        and view(RankSnapshot(rank=0, pid=pid, samples=ss)).where is not Where.BUSY}
     if wanted:
         progress(f"reading {len(wanted)} rank(s) with native frames")
         for pid, s in sample_all(exe, sorted(wanted), native=wanted).items():
