@@ -14,13 +14,16 @@ from ddpdoctor.launch.proctree import alive
 
 from .jobs import EXAMPLES, SCRIPTS, PlainJob, attach, ddpdoctor, marker_line
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 # (script, its arguments, launcher, ranks, root kind, cause, {rank: marker of its line})
 CASES = [
     pytest.param(EXAMPLES / "rank0_only_barrier.py", (), "torchrun", 2, "op_mismatch",
                  "rank_conditional_collective", {0: "rank0_barrier", 1: "train_backward"},
                  id="rank0_only_barrier"),
+    pytest.param(EXAMPLES / "rank0_only_barrier.py", (), "torchrun", 8, "op_mismatch",
+                 "rank_conditional_collective", {0: "rank0_barrier", 7: "train_backward"},
+                 id="rank0_only_barrier_8_ranks"),
     pytest.param(EXAMPLES / "rank0_only_reduce.py", (), "torchrun", 2, "op_mismatch",
                  "rank_conditional_collective", {0: "rank0_reduce"}, id="rank0_only_reduce"),
     pytest.param(EXAMPLES / "seed000_eval_grad.py", (), "torchrun", 2, "op_mismatch",
@@ -59,7 +62,7 @@ def test_attach_names_the_root_its_line_and_the_cause(
         tmp_path: Path, script: Path, args: tuple, launcher: str, nproc: int, kind: str,
         cause: str, lines: dict[int, str]) -> None:
     with PlainJob(tmp_path, script, *args, nproc=nproc, launcher=launcher) as job:
-        pids = job.wait_until_still()
+        pids = job.wait_until_still(timeout=150)
         found = attach(tmp_path, *pids)
         assert found.returncode == 3, found.stderr[-3000:]
         assert found.report is not None

@@ -180,6 +180,15 @@ def test_a_blocked_rank_is_stuck_and_a_busy_one_is_named_without_a_cause() -> No
     assert busy["verdict"] == "incomplete"
 
 
+def test_a_rank_not_yet_in_init_while_the_others_wait_in_the_rendezvous() -> None:
+    init = Frame("init_process_group", "/site-packages/torch/distributed/distributed_c10d.py",
+                 1700)
+    out = diagnose(rank(0, init, user(8)), rank(1, Frame("get", THREADING, 300), user(5)))
+    root = out["findings"][0]
+    assert (root.kind, root.cause) == ("rank_stuck", "rank_never_initialised")
+    assert root.ranks[1].site.line == 5
+
+
 def test_every_rank_moving_is_running() -> None:
     out = diagnose(rank(0, user(14), cpu=(1.0, 2.0), moved=True),
                    rank(1, user(14), cpu=(1.0, 2.0), moved=True))
@@ -250,3 +259,11 @@ def test_snapshot_round_trip_and_damaged_files(tmp_path: Path) -> None:
     (link / schema.SNAPSHOT_FILE).symlink_to(path)
     with pytest.raises(SnapshotError):
         read(link)
+
+
+def test_torchrun_agents_are_launchers_not_ranks() -> None:
+    from ddpdoctor.launch.discover import is_agent
+
+    assert is_agent(["/usr/bin/python3", "/venv/bin/torchrun", "--nproc-per-node", "8"])
+    assert is_agent(["python", "-m", "torch.distributed.run", "train.py"])
+    assert not is_agent(["python", "-u", "train.py"])

@@ -34,7 +34,7 @@ from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail, Seve
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
-from ddpdoctor.analysis.stacks import RankView, Where, view
+from ddpdoctor.analysis.stacks import PTRACE_FIX, RankView, Where, view
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.analysis.tracebacks import RaisedError, last_error, own_lines
 from ddpdoctor.knowledge import catalog
@@ -75,8 +75,7 @@ def diagnose_snapshots(snapshots: list[Snapshot]) -> Report:
     for v in views.values():
         if v.where is Where.UNKNOWN:
             notes.append(f"rank {v.rank}: no stack: {v.note}" + (
-                "" if "ermission" not in v.note else
-                " (fix: run as the job's user or root, with CAP_SYS_PTRACE in a container)"))
+                f" (fix: {PTRACE_FIX})" if "ermission" in v.note else ""))
     findings = _findings(views, snaps, absent, notes)
     summaries = [_summary(v, snaps[v.rank]) for v in views.values()]
     verdict = _verdict(findings, views, absent)
@@ -158,7 +157,7 @@ def _findings(views: dict[int, RankView], snaps: dict[int, RankSnapshot], absent
     if unknown:
         return []  # the rank we cannot see may be the one the others wait for
     if waiting and outside and not absent:
-        return [_outside_finding(outside, context)]
+        return [_outside_finding(outside, waiting, context)]
     if waiting and not outside and not absent:
         if any(v.where is Where.INIT for v in waiting):
             return []
@@ -207,9 +206,16 @@ def _verb(count: int) -> str:
     return "waits" if count == 1 else "wait"
 
 
-def _outside_finding(outside: list[RankView], context: dict[int, RankDetail]) -> Finding:
+def _outside_finding(outside: list[RankView], waiting: list[RankView],
+                     context: dict[int, RankDetail]) -> Finding:
     v = outside[0]
     others = rank_list(sorted(context))
+    if all(w.where is Where.INIT for w in waiting):
+        summary = (f"rank {v.rank} has not reached init_process_group: it is "
+                   f"{'blocked' if v.where is Where.BLOCKED else 'busy'} at "
+                   f"{site_text(v.site)}, while {others} wait for it in the rendezvous")
+        return _finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
+                        "rank_never_initialised")
     if v.where is Where.BLOCKED:
         summary = (f"rank {v.rank} is blocked in its own code at {site_text(v.site)}"
                    f"{f' (inside {v.call}())' if v.call else ''}, using no CPU, outside any "
@@ -288,11 +294,13 @@ def _cause(waiting: list[RankView]) -> tuple[str | None, list[str]]:
             f"{users[0].rank}'s own {users[0].op} at {site_text(users[0].site)} meets it"
             for v in joins[:1]]
     for v in users:
-        condition = source.rank_condition(v.site)
-        if condition is not None:
-            return "rank_conditional_collective", [
-                f"rank {v.rank}'s {v.op} at {site_text(v.site)} is inside `{condition[1]}` "
-                f"(line {condition[0]})"]
+        for frame in v.stack:  # the collective's line, then its callers'
+            condition = source.rank_condition(frame)
+            if condition is not None:
+                where = "" if frame is v.stack[0] else f", through {site_text(frame)}"
+                return "rank_conditional_collective", [
+                    f"rank {v.rank}'s {v.op} at {site_text(v.site)} is inside "
+                    f"`{condition[1]}` (line {condition[0]}{where})"]
     forwards = [v for v in waiting if labels[v.rank] in ("ddp.buffers", "ddp.rebuild_buckets")]
     for v in forwards:
         others = {(s.file, s.function) for o in waiting if o is not v for s in o.stack}

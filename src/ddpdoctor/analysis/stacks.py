@@ -34,6 +34,9 @@ _INIT_FUNCTIONS = frozenset({"init_process_group", "_store_based_barrier", "rend
 _NATIVE_WAIT = re.compile(r"c10d::(\w+::)*(Work::wait|.*Work\w*::wait|Reducer::finalize_"
                           r"backward|.*::wait\w*)|gloo::.*(wait|recv)", re.I)
 _ARGS = ("src", "dst", "tag", "group_src", "group_dst", "async_op")
+PTRACE_FIX = ("run ddpdoctor attach as the user that owns the job's processes, or as root; "
+              "inside a container it needs CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE); "
+              "check /proc/sys/kernel/yama/ptrace_scope (0 lets a user read its own processes)")
 
 
 class Where(str, Enum):

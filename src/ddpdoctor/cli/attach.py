@@ -13,6 +13,7 @@ from rich.console import Console
 
 from ddpdoctor.analysis.attach import diagnose_snapshots
 from ddpdoctor.analysis.report import RUNNING
+from ddpdoctor.analysis.stacks import PTRACE_FIX
 from ddpdoctor.cli.app import HelpCommand, app, fail, say, show
 from ddpdoctor.cli.exits import EXIT_HANG, EXIT_OK
 from ddpdoctor.launch import spy
@@ -67,7 +68,7 @@ def attach(
                                             help="Also write the report as JSON."),
     samples: int = typer.Option(3, "--samples", min=1, max=20, metavar="N",
                                 help="How many times each rank is read."),
-    interval: float = typer.Option(0.5, "--interval", min=0.05, max=30.0, metavar="SECONDS",
+    interval: float = typer.Option(1.0, "--interval", min=0.05, max=30.0, metavar="SECONDS",
                                    help="Seconds between two reads."),
     native: Optional[bool] = typer.Option(None, "--native/--no-native",
                                           help="Read native frames of every rank / of none "
@@ -87,7 +88,7 @@ def attach(
     denied = unreadable(pids or [])
     if denied:
         fail("cannot read " + "; ".join(f"pid {p}: {why}" for p, why in denied.items()) + (
-            f" (fix: {spy.PTRACE_FIX})" if any("permission" in w for w in denied.values())
+            f" (fix: {PTRACE_FIX})" if any("permission" in w for w in denied.values())
             else ""))
     try:
         found = _pick(find_jobs(pids or None), job)
@@ -103,7 +104,7 @@ def attach(
               if r.pid is not None]
     if errors and all(errors):
         fail(f"could not read the stack of any rank: {errors[0]}" + (
-            f" (fix: {spy.PTRACE_FIX})" if "ermission" in errors[0] else ""))
+            f" (fix: {PTRACE_FIX})" if "ermission" in errors[0] else ""))
     report = diagnose_snapshots([snapshot])
     if json_out is not None:
         try:

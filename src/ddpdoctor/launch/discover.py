@@ -124,9 +124,17 @@ def _is_python(cmdline: list[str]) -> bool:
     return bool(cmdline) and "python" in os.path.basename(cmdline[0]).lower()
 
 
+def is_agent(cmdline: list[str]) -> bool:
+    """torchrun's agent: a launcher, not a rank, even where its environment has SLURM_PROCID
+    (``srun torchrun ...``)."""
+    return any(a.endswith("torchrun") or a in ("torch.distributed.run",
+                                               "torch.distributed.launch")
+               for a in cmdline[1:3])
+
+
 def _candidate(pid: int) -> RankProcess | None:
     cmd = cmdline_of(pid)
-    if not _is_python(cmd) or _is_zombie(pid):
+    if not _is_python(cmd) or _is_zombie(pid) or is_agent(cmd):
         return None
     env = _environ(pid)
     if env is None:

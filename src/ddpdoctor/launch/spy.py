@@ -44,9 +44,6 @@ NATIVE_PAUSE_NOTE = ("read once more with native frames (inside a backward), whi
                      "while py-spy unwound its stack")
 _PLAIN_VALUE = re.compile(r"^(-?\d+(\.\d+)?|True|False|None)$")
 _CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-PTRACE_FIX = ("run ddpdoctor attach as the user that owns the job's processes, or as root; "
-              "inside a container it needs CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE); "
-              "check /proc/sys/kernel/yama/ptrace_scope (0 lets a user read its own processes)")
 
 
 class SpyMissing(RuntimeError):
@@ -224,7 +221,7 @@ def _flight_recorder(proc: RankProcess, rank: int, out: Path) -> str:
         return ""
 
 
-def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 0.5,
+def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
          native: bool | None = None,
          progress: Callable[[str], None] = lambda _s: None) -> Snapshot:
     """Sample every rank of ``job`` ``samples`` times ``interval`` seconds apart; with

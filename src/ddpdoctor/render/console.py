@@ -228,5 +228,7 @@ def _hang_stacks(view: ReportView, console: Console) -> None:
             console.print(Text(f"      {r.hang_stack[0].line} | ", style="dim")
                           + Text(code, style="cyan"))
 
-    _rank_section(console, "Stacks at the hang (main thread, your code, innermost last):",
+    title = "Where each rank is" if view.report is not None and \
+        view.report.verdict == rp.RUNNING else "Stacks at the hang"
+    _rank_section(console, f"{title} (main thread, your code, innermost last):",
                   view.hang_ranks, show)
