@@ -189,10 +189,14 @@ def test_a_rank_not_yet_in_init_while_the_others_wait_in_the_rendezvous() -> Non
     assert root.ranks[1].site.line == 5
 
 
-def test_every_rank_moving_is_running() -> None:
+def test_every_rank_outside_collectives_is_running_and_a_still_one_is_noted() -> None:
     out = diagnose(rank(0, user(14), cpu=(1.0, 2.0), moved=True),
                    rank(1, user(14), cpu=(1.0, 2.0), moved=True))
-    assert out["verdict"] == "running" and not out["findings"]
+    assert out["verdict"] == "running" and not out["findings"] and not out["notes"]
+    sleeping = diagnose(rank(0, user(14), cpu=(1.0, 2.0), moved=True),
+                        rank(1, user(14, "main", "time.sleep(1)")))
+    assert sleeping["verdict"] == "running" and not sleeping["findings"]
+    assert any("rank 1 sat at one place" in n for n in sleeping["notes"])
 
 
 def test_point_to_point_tags_and_cycles() -> None:

@@ -34,6 +34,20 @@ def test_every_label_rule_names_a_function_that_exists(rule: tuple) -> None:
         assert text in body
 
 
+@pytest.mark.parametrize("frame", [ddp_sites.SPAWN_WRAP, ddp_sites.BACKWARD,
+                                   *ddp_sites.INIT_FUNCTIONS], ids=lambda f: f[1])
+def test_every_frame_attach_reads_names_a_function_that_exists(frame: tuple) -> None:
+    suffix, function = frame
+    assert f"def {function}(" in open(_module_file(suffix)).read(), f"{function} not in {suffix}"
+
+
+def test_torchruns_agent_modules_exist() -> None:
+    import importlib.util
+
+    for name in ddp_sites.AGENT_MODULES:
+        assert importlib.util.find_spec(name) is not None, name
+
+
 def test_installed_torch_is_verified_and_has_what_the_recorder_needs() -> None:
     assert torch_internals.supported(torch.__version__)
     assert torch_internals.contract_problems() == []

@@ -88,8 +88,8 @@ def _verdict(findings: list[Finding], views: dict[int, RankView],
     if any(f.is_error for f in findings):
         return rp.verdict_of(findings, {})
     live = [v for v in views.values() if v.where not in (Where.GONE, Where.ENDED)]
-    if live and not absent and all(v.where is Where.BUSY for v in live) and \
-            all(v.where is not Where.UNKNOWN for v in views.values()):
+    if live and not absent and len(live) == len(views) and \
+            all(v.where in (Where.BUSY, Where.BLOCKED) for v in live):
         return rp.RUNNING
     return rp.INCOMPLETE
 
@@ -156,6 +156,13 @@ def _findings(views: dict[int, RankView], snaps: dict[int, RankSnapshot], absent
         return [found] if found is not None else []
     if unknown:
         return []  # the rank we cannot see may be the one the others wait for
+    if outside and not waiting:
+        still = [v for v in outside if v.where is Where.BLOCKED]
+        if still:
+            notes.append(f"{rank_list([v.rank for v in still])} sat at one place of its own "
+                         f"code through every read, using no CPU ({_where_text(still[0])} at "
+                         f"{site_text(still[0].site)}); no rank waits in a collective, so this "
+                         f"is no distributed hang: attach again to see whether it moves")
     if waiting and outside and not absent:
         return [_outside_finding(outside, waiting, context)]
     if waiting and not outside and not absent:

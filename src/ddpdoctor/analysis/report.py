@@ -17,7 +17,7 @@ DIVERGED: Final = "diverged"
 CRASHED: Final = "crashed"
 INCOMPLETE: Final = "incomplete"
 UNTESTED: Final = "untested"
-RUNNING: Final = "running"  # ddpdoctor attach: every rank was seen progressing
+RUNNING: Final = "running"  # ddpdoctor attach: every rank seen outside collectives
 Verdict = Literal["clean", "diverged", "crashed", "incomplete", "untested", "running"]
 VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE, UNTESTED, RUNNING)
 # What each verdict means, in the words every reporter shows.
@@ -27,7 +27,7 @@ VERDICT_TEXT = {
     CRASHED: "a rank failed, and any rank still running was left waiting for it",
     INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
     UNTESTED: "no two ranks' collectives could be compared: nothing was tested",
-    RUNNING: "every rank is progressing: no hang seen",
+    RUNNING: "no rank waits in a collective: no distributed hang seen",
 }
 
 

@@ -21,15 +21,12 @@ from ddpdoctor.trace import ddp_sites
 from ddpdoctor.trace.model import Site, is_internal_file
 from ddpdoctor.trace.snapshot import Frame, RankSnapshot, Sample
 
-DIST = "torch/distributed/"
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
 # The collective each DDP / join label stands for.
 LABEL_OPS = {"ddp.bucket": "all_reduce", "ddp.unused_params": "all_reduce",
              "ddp.buffers": "broadcast", "ddp.rebuild_buckets": "broadcast",
              "ddp.init.sync_params": "broadcast", "ddp.init.verify_params": "all_gather",
              "ddp.init": "broadcast", "syncbn": "all_gather"}
-_INIT_FUNCTIONS = frozenset({"init_process_group", "_store_based_barrier", "rendezvous",
-                             "_create_c10d_store", "init_device_mesh"})
 # Native frames of a rank blocked on a collective's completion (gloo, NCCL, DDP's reducer).
 _NATIVE_WAIT = re.compile(r"c10d::(\w+::)*(Work::wait|.*Work\w*::wait|Reducer::finalize_"
                           r"backward|.*::wait\w*)|gloo::.*(wait|recv)", re.I)
@@ -123,8 +120,8 @@ def _collective(frames: list[Frame]) -> tuple[str | None, str | None, dict[str, 
 
 
 def _in_init(frames: list[Frame]) -> bool:
-    return any(_norm(f.file).find(DIST) >= 0 and f.function in _INIT_FUNCTIONS
-               for f in _python(frames))
+    return any(_norm(f.file).endswith(suffix) and f.function == function
+               for f in _python(frames) for suffix, function in ddp_sites.INIT_FUNCTIONS)
 
 
 def _ended(sample: Sample) -> bool:
@@ -187,7 +184,7 @@ def view(snap: RankSnapshot) -> RankView:
         base.where = Where.INIT if still else Where.BUSY
         return base
     op, label, args = _collective(frames)
-    in_backward = bool(py) and py[0].function == "_engine_run_backward"
+    in_backward = bool(py) and py[0].function == ddp_sites.BACKWARD[1]
     if op is None and in_backward and (_native_wait(last) or (still and cpu is not None
                                                               and cpu < STILL_TREE_CPU)):
         op, label = "all_reduce", ddp_sites.BUCKET

@@ -82,8 +82,9 @@ def attach(
     changed: py-spy reads the ranks without pausing them (except a native read).
 
     On several nodes, run it on each node with its own --logdir, then
-    `ddpdoctor diff node0/ node1/ ...`. Exit 0: every rank progresses; 3: a hang diagnosed
-    (or ranks seen waiting); 2: no job found or bad usage."""
+    `ddpdoctor diff node0/ node1/ ...`. Exit 0: no rank waits in a collective; 3: ranks wait
+    in collectives (a hang diagnosed, or what is missing to diagnose it); 2: no job found, no
+    stack readable, or bad usage."""
     started = time.monotonic()
     denied = unreadable(pids or [])
     if denied:

@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ddpdoctor.trace.ddp_sites import AGENT_MODULES
 from ddpdoctor.trace.redact import mask_args
 
 SPAWN_MARK = "multiprocessing.spawn"  # in the command line of a spawn worker
@@ -127,9 +128,7 @@ def _is_python(cmdline: list[str]) -> bool:
 def is_agent(cmdline: list[str]) -> bool:
     """torchrun's agent: a launcher, not a rank, even where its environment has SLURM_PROCID
     (``srun torchrun ...``)."""
-    return any(a.endswith("torchrun") or a in ("torch.distributed.run",
-                                               "torch.distributed.launch")
-               for a in cmdline[1:3])
+    return any(a.endswith("torchrun") or a in AGENT_MODULES for a in cmdline[1:3])
 
 
 def _candidate(pid: int) -> RankProcess | None:

@@ -28,6 +28,7 @@ from ddpdoctor.analysis.stacks import Where, view
 from ddpdoctor.launch.discover import FoundJob, RankProcess
 from ddpdoctor.runtime.source_capture import capture
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.ddp_sites import BACKWARD, SPAWN_WRAP
 from ddpdoctor.trace.flight_recorder import looks_like_dump
 from ddpdoctor.trace.model import is_internal_file
 from ddpdoctor.trace.rank_text import rank_list
@@ -39,7 +40,6 @@ STDERR_TAIL = 16 * 1024
 ERROR_FILE_MAX = 64 * 1024
 FR_MAX = 256 * 1024 * 1024
 FR_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
-SPAWN_FILE = "multiprocessing/spawn.py"  # torch's spawn: its _wrap(fn, i, ...) frame gives i
 NATIVE_PAUSE_NOTE = ("read once more with native frames (inside a backward), which paused it "
                      "while py-spy unwound its stack")
 _PLAIN_VALUE = re.compile(r"^(-?\d+(\.\d+)?|True|False|None)$")
@@ -156,14 +156,13 @@ def sample_all(exe: str, pids: list[int],
 
 def _in_backward(sample: Sample) -> bool:
     main = sample.main
-    return main is not None and any(f.function == "_engine_run_backward"
-                                    for f in main.frames[:4])
+    return main is not None and any(f.function == BACKWARD[1] for f in main.frames[:4])
 
 
 def _spawn_index(sample: Sample) -> int | None:
     main = sample.main
     for f in (main.frames if main else []):
-        if f.file.replace("\\", "/").endswith(SPAWN_FILE) and f.function == "_wrap":
+        if f.file.replace("\\", "/").endswith(SPAWN_WRAP[0]) and f.function == SPAWN_WRAP[1]:
             value = f.locals.get("i", "")
             return int(value) if value.isdigit() else None
     return None

@@ -44,6 +44,16 @@ RULES: list[tuple[str, str, str | None, str, int]] = [
 ]
 API_FILE = "distributed/distributed_c10d.py"
 BACKWARD = ("autograd/graph.py", "_engine_run_backward")
+# Read from outside by ``ddpdoctor attach`` (launch/discover.py, launch/spy.py,
+# analysis/stacks.py): torch's spawn wrapper, whose local ``i`` is the worker's index (its
+# rank); the functions of a rank still in the rendezvous; torchrun's agent's command line.
+SPAWN_WRAP = ("multiprocessing/spawn.py", "_wrap")
+INIT_FUNCTIONS = (("distributed/distributed_c10d.py", "init_process_group"),
+                  ("distributed/distributed_c10d.py", "_store_based_barrier"),
+                  ("distributed/rendezvous.py", "rendezvous"),
+                  ("distributed/rendezvous.py", "_create_c10d_store"),
+                  ("distributed/device_mesh.py", "init_device_mesh"))
+AGENT_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 
 
 
