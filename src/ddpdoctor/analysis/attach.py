@@ -270,8 +270,7 @@ def _mismatch(waiting: list[RankView]) -> Finding | None:
                                 f"{site_text(waiting[0].site)} with different roots ({spread})",
                                 ranks, "broadcast_root_mismatch", evidence=[spread])
         return None
-    text = "; ".join(f"rank {v.rank} waits in {_op_text(v)} at {site_text(v.site)}"
-                     for v in waiting)
+    text = _waits_text(waiting)
     named = {g for g in groups.values() if g}
     if len(named) > 1 and len(ops) == 1:
         evidence = [f"rank {r}'s line passes group={g}" for r, g in groups.items() if g]
@@ -281,6 +280,16 @@ def _mismatch(waiting: list[RankView]) -> Finding | None:
     kind = fk.OP_MISMATCH if len(ops) > 1 else fk.CALLSITE_DIVERGENCE
     cause, evidence = _cause(waiting)
     return _finding(kind, text, ranks, cause, evidence=evidence)
+
+
+def _waits_text(waiting: list[RankView]) -> str:
+    """'rank 0 waits in barrier at train.py:61 in main(); ranks 1-7 wait in ...': ranks that
+    wait in the same call at the same line share a clause."""
+    clauses: dict[str, list[int]] = {}
+    for v in waiting:
+        clauses.setdefault(f"in {_op_text(v)} at {site_text(v.site)}", []).append(v.rank)
+    return "; ".join(f"{rank_list(ranks)} {_verb(len(ranks))} {what}"
+                     for what, ranks in clauses.items())
 
 
 def _group_arg(v: RankView) -> str | None:
