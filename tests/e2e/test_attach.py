@@ -112,6 +112,26 @@ def test_two_nodes_each_attached_then_diffed_together(tmp_path: Path) -> None:
         assert root["ranks"]["0"]["site"]["line"] == marker_line(script, "rank0_barrier")
 
 
+def test_flight_recorder_dumps_the_job_left_are_kept_and_aligned(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    script = SCRIPTS / "fr_dump_then_hang.py"
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "2000")
+    monkeypatch.setenv("TORCH_FR_DUMP_TEMP_FILE", str(tmp_path / "nccl_trace_rank_"))
+    with PlainJob(tmp_path, script) as job:
+        pids = job.wait_until_still()
+        deadline = time.monotonic() + 30
+        while len(list(tmp_path.glob("nccl_trace_rank_*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        found = attach(tmp_path, *pids)
+        assert found.report is not None and found.returncode == 3
+        assert "flight-recorder" in found.stdout
+        copies = sorted(p.name for p in (found.logdir / "flight-recorder").iterdir())
+        assert copies == ["nccl_trace_rank_0", "nccl_trace_rank_1"]
+        aligned = ddpdoctor("diff", "--json", str(found.logdir / "flight-recorder"))
+        root = json.loads(aligned.stdout)["findings"][0]
+        assert root["ranks"]["0"]["op"] == "barrier", root
+
+
 def test_attach_finds_the_job_by_itself_and_says_a_healthy_job_progresses(
         tmp_path: Path) -> None:
     with PlainJob(tmp_path, SCRIPTS / "healthy_training.py") as job:

@@ -27,7 +27,6 @@ from pathlib import Path
 from ddpdoctor.analysis.stacks import Where, view
 from ddpdoctor.launch.discover import FoundJob, RankProcess
 from ddpdoctor.runtime.source_capture import capture
-from ddpdoctor.trace import schema
 from ddpdoctor.trace.ddp_sites import BACKWARD, SPAWN_WRAP
 from ddpdoctor.trace.flight_recorder import looks_like_dump
 from ddpdoctor.trace.model import is_internal_file
@@ -40,6 +39,7 @@ STDERR_TAIL = 16 * 1024
 ERROR_FILE_MAX = 64 * 1024
 FR_MAX = 256 * 1024 * 1024
 FR_DEFAULT_PREFIX = "/tmp/nccl_trace_rank_"
+FR_FOLDER = "flight-recorder"  # the copies of the dumps the job left, beside attach.json
 NATIVE_PAUSE_NOTE = ("read once more with native frames (inside a backward), which paused it "
                      "while py-spy unwound its stack")
 _PLAIN_VALUE = re.compile(r"^(-?\d+(\.\d+)?|True|False|None)$")
@@ -205,17 +205,19 @@ def _error_file(proc: RankProcess, siblings: list[RankProcess], rank: int) -> st
 
 
 def _flight_recorder(proc: RankProcess, rank: int, out: Path) -> str:
-    """Copy the rank's flight-recorder dump, if the job left one, beside the snapshot."""
+    """Copy the rank's flight-recorder dump, if the job left one, into ``out/``
+    :data:`FR_FOLDER` under its own name (``ddpdoctor diff`` of that folder aligns the dumps by
+    sequence number); returns the copy's path relative to ``out``."""
     prefix = proc.env.get("TORCH_FR_DUMP_TEMP_FILE") or \
         proc.env.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE") or FR_DEFAULT_PREFIX
     source = Path(f"{prefix}{rank}")
     try:
-        if not source.is_file() or source.stat().st_size > FR_MAX or \
+        if not source.is_file() or source.is_symlink() or source.stat().st_size > FR_MAX or \
                 not looks_like_dump(source):
             return ""
-        name = schema.flight_recorder_file(rank)
-        shutil.copyfile(source, out / name)
-        return name
+        (out / FR_FOLDER).mkdir(exist_ok=True, mode=0o700)
+        shutil.copyfile(source, out / FR_FOLDER / source.name)
+        return f"{FR_FOLDER}/{source.name}"
     except OSError:
         return ""
 
@@ -265,6 +267,11 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
     node = job.node_ranks
     paused = sorted(r.rank for r in ranks if r.pid in wanted)
     notes = [f"{rank_list(paused)}: {NATIVE_PAUSE_NOTE}"] if paused else []
+    dumped = sorted(r.rank for r in ranks if r.flight_recorder)
+    if dumped:
+        notes.append(f"the flight-recorder dumps the job left for {rank_list(dumped)} are "
+                     f"copied into {out / FR_FOLDER}: `ddpdoctor diff {out / FR_FOLDER}` "
+                     f"aligns them by sequence number")
     return Snapshot(host=host, t=time.time(), kind=job.kind, world_size=job.world_size,
                     ranks=ranks + _absent(job, node, {r.rank for r in ranks}, out),
                     node_ranks=node, launcher=" ".join(mask_args(job.launcher_cmdline)),
