@@ -52,6 +52,8 @@ CASES = [
     pytest.param(SCRIPTS / "stuck_rank.py", (), "env", 2, "rank_stuck",
                  "rank_stuck_in_user_code", {0: "stuck", 1: "barrier"},
                  id="stuck_in_user_code_srun_shaped"),
+    pytest.param(SCRIPTS / "uneven_lingering.py", (), "torchrun", 2, "rank_exited_early",
+                 "uneven_inputs", {1: "backward"}, id="seed001_uneven_rank_left"),
     pytest.param(SCRIPTS / "crash_thread_alive.py", (), "torchrun", 2, "rank_crashed",
                  "rank_crashed", {0: "backward", 1: "raise"}, id="crashed_rank_others_wait"),
 ]

@@ -140,11 +140,20 @@ def test_a_rank_that_raised_while_its_peer_waits_is_the_crash_with_its_line() ->
 
 
 def test_an_ended_rank_without_an_error_is_not_called_a_crash() -> None:
-    """Contradicting facts for rank_crashed: nothing the rank left shows an exception."""
+    """Contradicting facts for rank_crashed: nothing the rank left shows an exception; and for
+    uneven_inputs: the rank left behind waits in a barrier of its own, not in DDP's step."""
     out = diagnose(rank(0, api("barrier"), user(61)),
                    rank(1, Frame("_shutdown", THREADING, 1590)))
     root = out["findings"][0]
     assert root.kind == "rank_exited_early" and root.cause is None
+
+
+def test_a_rank_that_ended_while_another_is_still_in_ddps_step_is_uneven_inputs() -> None:
+    out = diagnose(rank(0, Frame("_shutdown", THREADING, 1590)),
+                   rank(1, Frame("_engine_run_backward", GRAPH, 979), user(53)))
+    root = out["findings"][0]
+    assert (root.kind, root.cause) == ("rank_exited_early", "uneven_inputs")
+    assert "more batches" in root.evidence[0]
 
 
 def test_a_rank_that_ended_on_a_transport_error_is_a_consequence_not_the_root() -> None:

@@ -34,6 +34,7 @@ from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail, Seve
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
+from ddpdoctor.analysis.signature import DDP_STEP_LABELS
 from ddpdoctor.analysis.stacks import PTRACE_FIX, RankView, Where, view
 from ddpdoctor.analysis.terms import rank_list, site_text
 from ddpdoctor.analysis.tracebacks import RaisedError, last_error, own_lines
@@ -203,7 +204,16 @@ def _ended_finding(ended: list[RankView], snaps: dict[int, RankSnapshot],
         how = "no process" if gone else "its script ended"
         summary = (f"{rank_list(silent)} left the job ({how}, no error in what it left) while "
                    f"{others} still {_verb(len(waiting))} in a collective")
-        return _finding(fk.RANK_EXITED_EARLY, summary, {**ranks, **waiting}, None)
+        # Uneven inputs: the ranks left behind are still in DDP's training step (a backward's
+        # gradient all-reduce, a forward's broadcast) that the rank which ended never matched.
+        training = bool(waiting) and all(d.label in DDP_STEP_LABELS for d in waiting.values())
+        evidence = [f"{others} {_verb(len(waiting))} in DDP's training step "
+                    f"({', '.join(sorted({str(d.label) for d in waiting.values()}))}) after "
+                    f"{rank_list(silent)} ended without an error: "
+                    f"{'they have' if len(waiting) > 1 else 'it has'} more batches"] \
+            if training else []
+        return _finding(fk.RANK_EXITED_EARLY, summary, {**ranks, **waiting},
+                        "uneven_inputs" if training else None, evidence=evidence)
     notes.append(f"{rank_list(sorted(ranks))} ended on a transport error, which reports "
                  f"another rank's end: the rank that ended first is not among those read")
     return None
