@@ -133,3 +133,16 @@ def test_rank_that_never_reaches_init_process_group(tmp_path: Path) -> None:
     assert root["kind"] == "init_incomplete" and root["cause"] == "rank_never_initialised"
     assert root["ranks"]["0"]["site"]["line"] == marker_line(path, "init")
     assert root["ranks"]["1"]["site"]["line"] == marker_line(path, "stuck_before_init")
+
+
+@pytest.mark.timeout(120)
+def test_a_receive_cycle_inside_one_group_gets_a_point_to_point_cause(tmp_path: Path) -> None:
+    """Issue 54: both ranks receive first, in the default group alone: a p2p cause, not the
+    two-group inversion whose premise the job denies."""
+    path = SCRIPTS / "p2p_cycle.py"
+    job = run_job(tmp_path, path, hang_timeout=HANG_TIMEOUT)
+    assert job.returncode == 3, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert (root["kind"], root["cause"]) == ("wait_cycle", "p2p_peer_mismatch")
+    assert "inside the default group" in root["summary"]
+    assert all(d["site"]["line"] == marker_line(path, "recv") for d in root["ranks"].values())

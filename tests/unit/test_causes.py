@@ -420,3 +420,24 @@ def test_a_rank_inside_an_unrecorded_distributed_call_gets_no_cause() -> None:
     assert "torch.distributed.distributed_c10d.new_thing()" in root.evidence[0]
     assert any("inside torch.distributed.distributed_c10d.new_thing()" in n
                for n in report.notes)
+
+
+def test_a_wait_cycle_in_one_group_is_not_a_group_order_inversion() -> None:
+    """group_order_inversion's premise is two groups; a cycle of sends and receives inside one
+    group is p2p_peer_mismatch (issue 54: a one-group p2p ring was called an inversion)."""
+    from ddpdoctor.analysis.finding import ERROR, Finding, FindingKind, RankDetail
+    from ddpdoctor.analysis.rules import _group_order_inversion, _p2p_peer_mismatch
+
+    def cycle(*waits: tuple[str, str]) -> Finding:
+        return Finding(FindingKind.WAIT_CYCLE, ERROR, waits[0][1], None, "deadlock",
+                       {r: RankDetail(rank=r, op=op, group=g) for r, (op, g) in enumerate(waits)})
+
+    one_group_p2p = cycle(("recv", "0"), ("recv", "0"))
+    assert _group_order_inversion(one_group_p2p, None) is None  # type: ignore[arg-type]
+    assert _p2p_peer_mismatch(one_group_p2p, None)  # type: ignore[arg-type]
+    two_groups = cycle(("all_reduce", "1"), ("all_reduce", "2"))
+    assert _group_order_inversion(two_groups, None)  # type: ignore[arg-type]
+    assert _p2p_peer_mismatch(two_groups, None) is None  # type: ignore[arg-type]
+    one_group_collectives = cycle(("all_reduce", "0"), ("broadcast", "0"))
+    assert _group_order_inversion(one_group_collectives, None) is None  # type: ignore[arg-type]
+    assert _p2p_peer_mismatch(one_group_collectives, None) is None  # type: ignore[arg-type]

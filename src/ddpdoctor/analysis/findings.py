@@ -232,8 +232,9 @@ def cycle_finding(cycle: list[Wait], alignment: Alignment) -> Finding:
                      f"for rank {w.on}")
         details[w.rank] = collective_detail(c)
     groups = sorted({w.collective.group for w in cycle})
-    summary = (f"Deadlock across {'groups ' + ', '.join(groups) if len(groups) > 1 else 'groups'}"
-               f": " + "; ".join(steps) + ".")
+    where = f"across groups {', '.join(groups)}" if len(groups) > 1 else \
+        f"inside {group_text(groups[0], alignment.members(groups[0]))}"
+    summary = f"Deadlock {where}: " + "; ".join(steps) + "."
     first = cycle[0].collective
     return Finding(fk.WAIT_CYCLE, ERROR, first.group, first.seq, summary, dict(sorted(
         details.items())), t=max(w.collective.t for w in cycle))

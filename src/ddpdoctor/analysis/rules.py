@@ -24,7 +24,8 @@ from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
-from ddpdoctor.analysis.terms import rank_list, site_text
+from ddpdoctor.analysis.terms import group_text, rank_list, site_text
+from ddpdoctor.trace import ops
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Run, Site
 
@@ -232,11 +233,30 @@ def _stuck_in_user_code(f: Finding, ctx: RuleContext) -> list[str] | None:
             for text in thread_error_texts(ctx.states[r]) + ended_children_texts(ctx.states[r])]
 
 
-def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
+def _cycle_groups(f: Finding) -> list[str] | None:
+    """The groups a wait cycle's ranks are blocked in (None for another finding)."""
     if f.kind != fk.WAIT_CYCLE:
         return None
-    groups = sorted({d.group for d in f.ranks.values() if d.group is not None})
+    return sorted({d.group for d in f.ranks.values() if d.group is not None})
+
+
+def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """Premise: the ranks are blocked in two groups or more."""
+    groups = _cycle_groups(f)
+    if groups is None or len(groups) < 2:
+        return None
     return [f"the ranks are blocked in groups {', '.join(groups)}"]
+
+
+def _p2p_peer_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """Premise: one group, and every rank of the cycle blocked in a send or a recv."""
+    groups = _cycle_groups(f)
+    if groups is None or len(groups) != 1 or \
+            not all(d.op in ops.P2P for d in f.ranks.values()):
+        return None
+    waits = "; ".join(f"rank {r} in {d.op}" + (f" at {site_text(d.site)}" if d.site else "")
+                      for r, d in sorted(f.ranks.items()))
+    return [f"one group ({group_text(groups[0])}), point-to-point ops only: {waits}"]
 
 
 def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
@@ -480,6 +500,7 @@ RULES: list[tuple[str, Rule]] = [
     ("ddp_model_mismatch", _ddp_init_mismatch),
     ("rank_crashed", _rank_crashed),
     ("rank_blocked_outside_collectives", _blocked_outside_collectives),
+    ("p2p_peer_mismatch", _p2p_peer_mismatch),
     ("group_order_inversion", _group_order_inversion),
     ("collective_inside_join", _collective_inside_join),
     ("rank_conditional_collective", _collective_under_rank_test),

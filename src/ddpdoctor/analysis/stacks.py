@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from ddpdoctor.analysis.hang_rules import BUSY_CPU, STILL_IO, STILL_TREE_CPU
-from ddpdoctor.trace import ddp_sites
+from ddpdoctor.trace import ddp_sites, ops
 from ddpdoctor.trace.model import Site, is_internal_file
 from ddpdoctor.trace.snapshot import Frame, RankSnapshot, Sample
 
-P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv"})
+# The point-to-point ops as torch.distributed's functions name them (the backend's: ops.P2P).
+P2P_OPS = ops.P2P | {"isend", "irecv", "batch_isend_irecv"}
 # The collective each DDP / join label stands for.
 LABEL_OPS = {"ddp.bucket": "all_reduce", "ddp.unused_params": "all_reduce",
              "ddp.buffers": "broadcast", "ddp.rebuild_buckets": "broadcast",
