@@ -14,9 +14,10 @@ import re
 
 from ddpdoctor.trace.model import Site
 
-# ``gpu_id == 0``: PyTorch's own DDP tutorial series tests the rank so (multigpu_torchrun.py).
+# ``gpu_id == 0``: PyTorch's own DDP tutorial series tests the rank so (multigpu_torchrun.py);
+# ``trainer.is_global_zero``: Lightning's.
 _RANK_TEST = re.compile(r"^\s*(el)?if\b.*(rank|is_main|main_process|is_master|master_process"
-                        r"|is_primary|primary_process|local_main|gpu_id\s*==)", re.I)
+                        r"|is_primary|primary_process|local_main|gpu_id\s*==|global_zero)", re.I)
 
 
 def indent(site: Site | None) -> int | None:

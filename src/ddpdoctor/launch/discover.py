@@ -4,7 +4,8 @@
 names its rank (``RANK`` from torchrun, Accelerate or Lightning; ``SLURM_PROCID`` from srun),
 or a worker that ``torch.multiprocessing.spawn`` started (its rank is the index the spawn
 passes it, read later from its stack). A process whose parent is a rank of the same job is
-that rank's helper (a DataLoader worker), not a rank. Ranks are grouped into jobs by their
+that rank's helper (a DataLoader worker), not a rank; but the parent of Lightning's local
+rank 1 that runs the same script is local rank 0. Ranks are grouped into jobs by their
 rendezvous (``MASTER_ADDR:MASTER_PORT`` and torchrun's run id) or by their spawning parent.
 Nothing here changes or signals a process.
 """
@@ -144,7 +145,25 @@ def _candidate(pid: int) -> RankProcess | None:
             return RankProcess(pid, ppid, int(env[key]), cmd, env)
     if any(SPAWN_MARK in a for a in cmd):
         return RankProcess(pid, ppid, None, cmd, env)
+    if env.get("LOCAL_RANK", "").isdigit() and env.get("WORLD_SIZE", "").isdigit() and \
+            env.get("NODE_RANK", "0") == "0":
+        # Lightning's own launcher: it runs the script again for local ranks 1..n-1 with
+        # LOCAL_RANK / NODE_RANK / WORLD_SIZE (no RANK); on node 0 the rank is the local one.
+        return RankProcess(pid, ppid, int(env["LOCAL_RANK"]), cmd, env)
     return None
+
+
+def _script_parent(rank: RankProcess, found: dict[int, RankProcess]) -> RankProcess | None:
+    """Local rank 0 of a launcher that runs the script again for the other ranks (Lightning):
+    the parent of local rank 1, running the same command line, with nothing of its rank in
+    its environment (it sets it inside the process)."""
+    if rank.rank != 1 or "RANK" in rank.env or rank.ppid in found:
+        return None
+    if cmdline_of(rank.ppid) != rank.cmdline or _is_zombie(rank.ppid):
+        return None
+    env = {k: v for k, v in rank.env.items() if k in ("MASTER_ADDR", "MASTER_PORT",
+                                                      "WORLD_SIZE")}
+    return RankProcess(rank.ppid, _ppid(rank.ppid), 0, rank.cmdline, env)
 
 
 def unreadable(pids: Iterable[int]) -> dict[int, str]:
@@ -173,6 +192,7 @@ def find_jobs(pids: Iterable[int] | None = None) -> list[FoundJob]:
              for p in [_candidate(pid)] if p is not None}
     # A helper of a rank (DataLoader worker, a spawn worker's own spawn) is not a rank.
     ranks = [p for p in found.values() if p.ppid not in found]
+    ranks += [parent for p in ranks for parent in [_script_parent(p, found)] if parent]
     jobs: dict[str, FoundJob] = {}
     for p in ranks:
         if p.rank is None:
@@ -187,7 +207,7 @@ def find_jobs(pids: Iterable[int] | None = None) -> list[FoundJob]:
         job.ranks.append(p)
     for job in jobs.values():
         job.ranks.sort(key=lambda r: (r.rank if r.rank is not None else r.pid, r.pid))
-        parents = {r.ppid for r in job.ranks}
+        parents = {r.ppid for r in job.ranks} - {r.pid for r in job.ranks}
         if len(parents) == 1:
             parent = parents.pop()
             if parent > 1:
