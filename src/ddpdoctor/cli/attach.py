@@ -19,8 +19,10 @@ from ddpdoctor.cli.exits import EXIT_HANG, EXIT_OK
 from ddpdoctor.launch import spy
 from ddpdoctor.launch.command import DEFAULT_LOG_ROOT
 from ddpdoctor.launch.discover import FoundJob, find_jobs, unreadable
+from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
+from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.snapshot import write
 
@@ -116,4 +118,5 @@ def attach(
     code = EXIT_OK if report.verdict == RUNNING else EXIT_HANG
     say(f"read {len(snapshot.ranks)} rank(s) in {time.monotonic() - started:.1f}s; "
         f"evidence in {out} (ddpdoctor diff {out})")
+    say(closing_line(ReportView(report)))
     raise typer.Exit(code)
