@@ -145,6 +145,15 @@ def test_attach_finds_the_job_by_itself_and_says_a_healthy_job_progresses(
             time.sleep(0.5)
         time.sleep(3)  # past init_process_group and DDP's construction, into training
         found = attach(tmp_path)
+        if found.returncode == 2 and "jobs found on this node" in found.stderr:
+            # Other jobs run on this machine (a test run beside this one): each is listed,
+            # and ours is picked by its number, as a user would.
+            import re
+
+            number = re.search(rf"\[(\d+)\] torchrun \(pid {job.procs[0].pid}\)",
+                               found.stderr)
+            assert number is not None, found.stderr
+            found = attach(tmp_path, options=("--job", number.group(1)))
         assert found.returncode == 0, found.stdout + found.stderr[-3000:]
         assert found.report is not None and found.report["verdict"] == "running"
         assert "RUNNING" in found.stdout

@@ -103,7 +103,9 @@ def attach(
     snapshot = spy.take(found, out, samples=samples, interval=interval, native=native,
                         progress=say)
     write(snapshot, out)
-    errors = [next((x.error for x in r.samples if x.error), "") for r in snapshot.ranks
+    # A rank none of whose reads succeeded: its first error (an empty string: some read did).
+    errors = [next((x.error for x in r.samples if x.error), "")
+              if all(x.error for x in r.samples) else "" for r in snapshot.ranks
               if r.pid is not None]
     if errors and all(errors):
         fail(f"could not read the stack of any rank: {errors[0]}" + (

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds
 from ddpdoctor.analysis.attach import diagnose_snapshots
-from ddpdoctor.analysis.postmortem import diagnose_logs
+from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
 from ddpdoctor.analysis.report import CLEAN, RUNNING
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
@@ -44,7 +44,7 @@ def diff(
                 report = diagnose_rounds(runs)
             except NoTraces:
                 logs = [log for p in paths if p.is_dir() for log in find_logs(p)]
-                if not logs:
+                if not read_ranks(logs):  # no rank's own lines: nothing to diagnose from
                     raise
                 report = diagnose_logs(logs)  # a dead job's own logs: a post-mortem
     except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from ddpdoctor.analysis.stacks import Where, view
 from ddpdoctor.launch.discover import FoundJob, RankProcess
+from ddpdoctor.launch.proctree import alive
 from ddpdoctor.runtime.source_capture import capture
 from ddpdoctor.trace.ddp_sites import BACKWARD, SPAWN_WRAP
 from ddpdoctor.trace.flight_recorder import looks_like_dump
@@ -148,10 +149,16 @@ def _finish(proc: subprocess.Popen, pid: int, t: float) -> Sample:
 
 def sample_all(exe: str, pids: list[int],
                native: frozenset[int] | set[int] = frozenset()) -> dict[int, Sample]:
-    """One sample of every pid, read in parallel (``native``: pids read with native frames)."""
+    """One sample of every pid, read in parallel (``native``: pids read with native frames).
+    A read that failed is tried once more: without pausing a busy rank, py-spy may find a
+    frame freed under it ("Bad address")."""
     t = time.time()
     started = {pid: _start(exe, pid, pid in native) for pid in pids}
-    return {pid: _finish(proc, pid, t) for pid, proc in started.items()}
+    taken = {pid: _finish(proc, pid, t) for pid, proc in started.items()}
+    again = [pid for pid, s in taken.items() if s.error and alive(pid)]
+    retried = {pid: _start(exe, pid, pid in native) for pid in again}
+    taken.update({pid: _finish(proc, pid, t) for pid, proc in retried.items()})
+    return taken
 
 
 def _in_backward(sample: Sample) -> bool:
@@ -248,6 +255,7 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
                 taken[pid].append(s)
     out.mkdir(parents=True, exist_ok=True)
     ranks: list[RankSnapshot] = []
+    unnamed: list[int] = []
     host = socket.gethostname()
     for proc in job.ranks:
         ss = taken[proc.pid]
@@ -255,6 +263,7 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
         if rank is None:
             rank = next((i for i in map(_spawn_index, ss) if i is not None), None)
         if rank is None:
+            unnamed.append(proc.pid)
             continue
         err = stderr_path(proc.pid)
         note = next((s.error for s in ss if s.error), "")
@@ -267,6 +276,9 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
     node = job.node_ranks
     paused = sorted(r.rank for r in ranks if r.pid in wanted)
     notes = [f"{rank_list(paused)}: {NATIVE_PAUSE_NOTE}"] if paused else []
+    if unnamed:
+        notes.append(f"spawned process(es) {', '.join(map(str, unnamed))}: no rank in their "
+                     f"stack (torch's spawn wrapper not found), left out")
     dumped = sorted(r.rank for r in ranks if r.flight_recorder)
     if dumped:
         notes.append(f"the flight-recorder dumps the job left for {rank_list(dumped)} are "
