@@ -177,16 +177,15 @@ def test_another_ranks_traceback_in_a_shared_stderr_is_not_this_ranks() -> None:
     assert out["findings"][0].kind == "rank_exited_early"
 
 
-def test_a_blocked_rank_is_stuck_and_a_busy_one_is_named_without_a_cause() -> None:
+def test_a_blocked_rank_is_stuck_and_a_busy_one_is_only_named_in_a_note() -> None:
     lock = Frame("acquire", THREADING, 300)
     blocked = diagnose(rank(0, lock, user(14)), rank(1, api("barrier"), user(16)))
     assert (blocked["findings"][0].kind, blocked["findings"][0].cause) == \
         ("rank_stuck", "rank_stuck_in_user_code")
     busy = diagnose(rank(0, user(14), cpu=(1.0, 2.0), moved=True),
                     rank(1, api("barrier"), user(16)))
-    root = busy["findings"][0]
-    assert root.severity == "warning" and root.cause is None
-    assert busy["verdict"] == "incomplete"
+    assert not busy["findings"] and busy["verdict"] == "incomplete"
+    assert any("rank 0 is busy" in n and "attach again" in n for n in busy["notes"])
 
 
 def test_a_rank_not_yet_in_init_while_the_others_wait_in_the_rendezvous() -> None:
@@ -253,6 +252,18 @@ def test_classification_uses_cpu_and_movement() -> None:
     backward = view(rank(0, Frame("_engine_run_backward", GRAPH, 979), user(5),
                          cpu=(1.0, 1.9)))
     assert backward.where is Where.BUSY  # computing its backward, not waiting
+    # Still inside a backward: waiting in DDP's gradient all-reduce; the native read of such
+    # a rank shows the reducer there, and an async work's wait outside any torch call is one.
+    still = view(rank(0, Frame("_engine_run_backward", GRAPH, 979), user(5), cpu=(1.0, 1.1)))
+    assert (still.where, still.label) == (Where.WAITING, "ddp.bucket")
+    wait = Frame("c10d::ProcessGroupGloo::AsyncWork::wait", "/torch/lib/libtorch_cpu.so",
+                 native=True)
+    snap = rank(0, user(5))
+    main = snap.samples[-1].threads[0]
+    snap.samples.append(Sample(t=1.5, cpu=1.0, io=0, threads=[
+        Thread("MainThread", main.tid, True, [wait, *main.frames])]))
+    waiting = view(snap)
+    assert (waiting.where, waiting.op) == (Where.WAITING, "wait")
 
 
 def test_snapshot_round_trip_and_damaged_files(tmp_path: Path) -> None:

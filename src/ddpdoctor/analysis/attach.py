@@ -8,7 +8,8 @@ the stacks prove, in this order:
 1. a rank whose script ended (an exception on its stderr or in torchelastic's error file) or
    whose process is gone, while others wait: ``rank_crashed`` / ``rank_exited_early``;
 2. a rank blocked outside collectives while every other waits in one: ``rank_stuck``; a rank
-   that is *busy* there is named, as what the others wait for, without a cause;
+   that is *busy* there is named in a note, as what the others wait for (a slow step and an
+   endless loop look the same for a few seconds), with no finding;
 3. every live rank waits in a collective: the ranks split by what they wait in (op, DDP
    label, source line, plain arguments such as ``src`` and ``tag``); point-to-point ops by
    whom each waits for. Two kinds of wait are a mismatch (op, line, root, tag, group by the
@@ -30,7 +31,7 @@ import re
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis import source
-from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail, Severity
+from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail, Severity
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
@@ -165,7 +166,8 @@ def _findings(views: dict[int, RankView], snaps: dict[int, RankSnapshot], absent
                          f"{site_text(still[0].site)}); no rank waits in a collective, so this "
                          f"is no distributed hang: attach again to see whether it moves")
     if waiting and outside and not absent:
-        return [_outside_finding(outside, waiting, context)]
+        found = _outside_finding(outside, waiting, context, notes)
+        return [found] if found is not None else []
     if waiting and not outside and not absent:
         if any(v.where is Where.INIT for v in waiting):
             return []
@@ -224,27 +226,32 @@ def _verb(count: int) -> str:
 
 
 def _outside_finding(outside: list[RankView], waiting: list[RankView],
-                     context: dict[int, RankDetail]) -> Finding:
+                     context: dict[int, RankDetail], notes: list[str]) -> Finding | None:
+    """A rank outside collectives while the others wait in one: the rank they wait for when
+    it is blocked (or not yet in init_process_group); a *busy* one may be a slow step as well
+    as an endless loop, which a few seconds of stacks cannot tell: said, not concluded."""
     v = outside[0]
     others = rank_list(sorted(context))
     if all(w.where is Where.INIT for w in waiting):
         summary = (f"rank {v.rank} has not reached init_process_group: it is "
                    f"{'blocked' if v.where is Where.BLOCKED else 'busy'} at "
-                   f"{site_text(v.site)}, while {others} wait for it in the rendezvous")
+                   f"{site_text(v.site)}, while {others} {_verb(len(context))} for it in the "
+                   f"rendezvous")
         return _finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
                         "rank_never_initialised")
     if v.where is Where.BLOCKED:
         summary = (f"rank {v.rank} is blocked in its own code at {site_text(v.site)}"
                    f"{f' (inside {v.call}())' if v.call else ''}, using no CPU, outside any "
-                   f"collective, while {others} wait for it in a collective")
+                   f"collective, while {others} {_verb(len(context))} for it in a collective")
         return _finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
                         "rank_stuck_in_user_code")
-    summary = (f"rank {v.rank} is busy at {site_text(v.site)} outside any collective "
-               f"(CPU {v.cpu_share or 0:.0%}) while {others} wait for it: a slow step "
-               f"(a checkpoint, an evaluation) if it moves on, an endless loop if it does not; "
-               f"attach again in a minute to tell")
-    return _finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context}, None,
-                    severity=WARNING)
+    notes.append(f"rank {v.rank} is busy at {site_text(v.site)}"
+                 f"{f' (inside {v.call}())' if v.call else ''}, outside any collective (CPU "
+                 f"{v.cpu_share or 0:.0%}), while {others} {_verb(len(context))} in a "
+                 f"collective: the rank they wait for. A slow step (a checkpoint, an "
+                 f"evaluation) if it moves on, an endless loop if it does not: attach again "
+                 f"in a minute to tell")
+    return None
 
 
 def _finding(kind: fk, summary: str, ranks: dict[int, RankDetail], cause: str | None,

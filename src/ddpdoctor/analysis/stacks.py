@@ -184,11 +184,9 @@ def view(snap: RankSnapshot) -> RankView:
     if _in_init(frames):
         base.where = Where.INIT if still else Where.BUSY
         return base
+    # Inside a backward with no collective call of its own, the label is DDP's gradient
+    # all-reduce (ddp_sites.label_from_frames): waiting there when it sits still.
     op, label, args = _collective(frames)
-    in_backward = bool(py) and py[0].function == ddp_sites.BACKWARD[1]
-    if op is None and in_backward and (_native_wait(last) or (still and cpu is not None
-                                                              and cpu < STILL_TREE_CPU)):
-        op, label = "all_reduce", ddp_sites.BUCKET
     if op is None and _native_wait(last):
         op, label = "wait", ddp_sites.USER
     if op is not None:

@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ddpdoctor.analysis.stacks import Where, view
+from ddpdoctor.analysis.hang_rules import BUSY_CPU
+from ddpdoctor.analysis.stacks import RankView, view
 from ddpdoctor.launch.discover import FoundJob, RankProcess
 from ddpdoctor.launch.proctree import alive
 from ddpdoctor.runtime.source_capture import capture
@@ -166,6 +167,12 @@ def _in_backward(sample: Sample) -> bool:
     return main is not None and any(f.function == BACKWARD[1] for f in main.frames[:4])
 
 
+def _still(v: RankView) -> bool:
+    """At one place through every read, and not computing: the native frames tell whether
+    it waits (the hang rules' threshold: a rank with a collective pending computes above it)."""
+    return not v.moved and (v.cpu_share is None or v.cpu_share < BUSY_CPU)
+
+
 def _spawn_index(sample: Sample) -> int | None:
     main = sample.main
     for f in (main.frames if main else []):
@@ -247,7 +254,7 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
             taken[pid].append(s)
     wanted = set(pids) if native else set() if native is False else {
         pid for pid, ss in taken.items() if ss and _in_backward(ss[-1])
-        and view(RankSnapshot(rank=0, pid=pid, samples=ss)).where is not Where.BUSY}
+        and _still(view(RankSnapshot(rank=0, pid=pid, samples=ss)))}
     if wanted:
         progress(f"reading {len(wanted)} rank(s) with native frames")
         for pid, s in sample_all(exe, sorted(wanted), native=wanted).items():
