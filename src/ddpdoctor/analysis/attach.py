@@ -31,7 +31,7 @@ import re
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis import source
-from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail, Severity
+from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
@@ -133,7 +133,7 @@ def _op_text(v: RankView) -> str:
         what = "DDP's gradient all-reduce (the reducer, at the end of the backward)"
     elif v.label and v.label != USER:
         what = f"{v.op} ({v.label})"
-    args = ", ".join(f"{k}={val}" for k, val in v.args.items() if k != "async_op")
+    args = ", ".join(f"{k}={val}" for k, val in v.args.items())
     return what + (f"({args})" if args and v.label == USER else "")
 
 
@@ -200,7 +200,7 @@ def _ended_finding(ended: list[RankView], snaps: dict[int, RankSnapshot],
     if crashed:
         summary = (f"{rank_list(crashed)} raised {ranks[crashed[0]].note}; {others} "
                    f"{_verb(len(waiting))} for it")
-        return _finding(fk.RANK_CRASHED, summary, {**ranks, **waiting}, "rank_crashed")
+        return cause_finding(fk.RANK_CRASHED, summary, {**ranks, **waiting}, "rank_crashed")
     if silent:
         gone = any(v.where is Where.GONE for v in ended if v.rank in silent)
         how = "no process" if gone else "its script ended"
@@ -214,7 +214,7 @@ def _ended_finding(ended: list[RankView], snaps: dict[int, RankSnapshot],
                     f"{rank_list(silent)} ended without an error: "
                     f"{'they have' if len(waiting) > 1 else 'it has'} more batches"] \
             if training else []
-        return _finding(fk.RANK_EXITED_EARLY, summary, {**ranks, **waiting},
+        return cause_finding(fk.RANK_EXITED_EARLY, summary, {**ranks, **waiting},
                         "uneven_inputs" if training else None, evidence=evidence)
     notes.append(f"{rank_list(sorted(ranks))} ended on a transport error, which reports "
                  f"another rank's end: the rank that ended first is not among those read")
@@ -237,13 +237,13 @@ def _outside_finding(outside: list[RankView], waiting: list[RankView],
                    f"{'blocked' if v.where is Where.BLOCKED else 'busy'} at "
                    f"{site_text(v.site)}, while {others} {_verb(len(context))} for it in the "
                    f"rendezvous")
-        return _finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
+        return cause_finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
                         "rank_never_initialised")
     if v.where is Where.BLOCKED:
         summary = (f"rank {v.rank} is blocked in its own code at {site_text(v.site)}"
                    f"{f' (inside {v.call}())' if v.call else ''}, using no CPU, outside any "
                    f"collective, while {others} {_verb(len(context))} for it in a collective")
-        return _finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
+        return cause_finding(fk.RANK_STUCK, summary, {v.rank: _detail(v), **context},
                         "rank_stuck_in_user_code")
     notes.append(f"rank {v.rank} is busy at {site_text(v.site)}"
                  f"{f' (inside {v.call}())' if v.call else ''}, outside any collective (CPU "
@@ -254,11 +254,12 @@ def _outside_finding(outside: list[RankView], waiting: list[RankView],
     return None
 
 
-def _finding(kind: fk, summary: str, ranks: dict[int, RankDetail], cause: str | None,
-             severity: Severity = ERROR, evidence: list[str] | None = None,
-             p2p: bool = False) -> Finding:
+def cause_finding(kind: fk, summary: str, ranks: dict[int, RankDetail], cause: str | None,
+                  evidence: list[str] | None = None, p2p: bool = False,
+                  group: str | None = None, seq: int | None = None) -> Finding:
+    """An error finding with its known cause's fix as the advice (the post-mortem's too)."""
     known = catalog.get(cause)
-    return Finding(kind=kind, severity=severity, group=None, seq=None, summary=summary,
+    return Finding(kind=kind, severity=ERROR, group=group, seq=seq, summary=summary,
                    ranks=dict(sorted(ranks.items())), cause=cause,
                    advice=known.fix if known else "", evidence=evidence or [], p2p=p2p)
 
@@ -283,7 +284,7 @@ def _mismatch(waiting: list[RankView]) -> Finding | None:
             values = {v.args.get(arg) for v in waiting}
             if len(values) > 1:
                 spread = "; ".join(f"rank {v.rank}: {arg}={v.args.get(arg)}" for v in waiting)
-                return _finding(fk.ROOT_MISMATCH, f"the ranks wait in {waiting[0].op} at "
+                return cause_finding(fk.ROOT_MISMATCH, f"the ranks wait in {waiting[0].op} at "
                                 f"{site_text(waiting[0].site)} with different roots ({spread})",
                                 ranks, "broadcast_root_mismatch", evidence=[spread])
         return None
@@ -291,12 +292,12 @@ def _mismatch(waiting: list[RankView]) -> Finding | None:
     named = {g for g in groups.values() if g}
     if len(named) > 1 and len(ops) == 1:
         evidence = [f"rank {r}'s line passes group={g}" for r, g in groups.items() if g]
-        return _finding(fk.WAIT_CYCLE, f"{text}: each waits on another process group, which "
+        return cause_finding(fk.WAIT_CYCLE, f"{text}: each waits on another process group, which "
                         f"the other rank has not reached", ranks, "group_order_inversion",
                         evidence=evidence)
     kind = fk.OP_MISMATCH if len(ops) > 1 else fk.CALLSITE_DIVERGENCE
     cause, evidence = _cause(waiting)
-    return _finding(kind, text, ranks, cause, evidence=evidence)
+    return cause_finding(kind, text, ranks, cause, evidence=evidence)
 
 
 def _waits_text(waiting: list[RankView]) -> str:
@@ -377,12 +378,12 @@ def _p2p(waiting: list[RankView]) -> Finding | None:
             spread = (f"rank {v.rank}: {v.op} tag={v.args.get('tag', '0')}; rank "
                       f"{other.rank}: {other.op} tag={other.args.get('tag', '0')}")
             pair = {v.rank: ranks[v.rank], other.rank: ranks[other.rank]}
-            return _finding(fk.TAG_MISMATCH, f"rank {v.rank}'s {v.op} and rank {other.rank}'s "
+            return cause_finding(fk.TAG_MISMATCH, f"rank {v.rank}'s {v.op} and rank {other.rank}'s "
                             f"{other.op} name each other with different tags ({spread})",
                             pair, "p2p_tag_mismatch", evidence=[spread], p2p=True)
         if v.op == other.op:
             pair = {v.rank: ranks[v.rank], other.rank: ranks[other.rank]}
-            return _finding(fk.WAIT_CYCLE, f"rank {v.rank} and rank {other.rank} both wait in "
+            return cause_finding(fk.WAIT_CYCLE, f"rank {v.rank} and rank {other.rank} both wait in "
                             f"{v.op} for each other ({site_text(v.site)}, "
                             f"{site_text(other.site)}): neither reaches the matching "
                             f"{'send' if v.op == 'recv' else 'recv'}", pair,

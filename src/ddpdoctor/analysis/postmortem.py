@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
-from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail
+from ddpdoctor.analysis.attach import cause_finding
+from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.analysis.terms import rank_list
 from ddpdoctor.analysis.tracebacks import RaisedError, last_error, own_lines, prefixed_ranks
-from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.job_logs import LogFile
 
 _WATCHDOG = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+))?")
@@ -120,22 +120,15 @@ def _detail(r: RankLog) -> RankDetail:
                       note=r.error.text if r.error else _waited(r))
 
 
-def _finding(kind: fk, summary: str, ranks: dict[int, RankDetail], cause: str | None,
-             group: str | None = None, seq: int | None = None) -> Finding:
-    known = catalog.get(cause)
-    return Finding(kind=kind, severity=ERROR, group=group, seq=seq, summary=summary,
-                   ranks=dict(sorted(ranks.items())), cause=cause,
-                   advice=known.fix if known else "")
-
-
 def _findings(ranks: dict[int, RankLog], notes: list[str]) -> list[Finding]:
     details = {r.rank: _detail(r) for r in ranks.values()}
     crashed = [r for r in ranks.values() if r.error is not None and not r.error.comm]
     if crashed:
         first = crashed[0]
-        return [_finding(fk.RANK_CRASHED, f"{rank_list([r.rank for r in crashed])} raised "
-                         f"{first.error.text if first.error else ''}; the other ranks' errors "
-                         f"and timeouts follow from it", details, "rank_crashed")]
+        summary = (f"{rank_list([r.rank for r in crashed])} raised "
+                   f"{first.error.text if first.error else ''}; the other ranks' errors and "
+                   f"timeouts follow from it")
+        return [cause_finding(fk.RANK_CRASHED, summary, details, "rank_crashed")]
     for pg in sorted({pg for r in ranks.values() for pg in r.timeouts}):
         timed = {r.rank: r.timeouts[pg] for r in ranks.values() if pg in r.timeouts}
         seq = max(s for s, _op, _n in timed.values())
@@ -146,8 +139,9 @@ def _findings(ranks: dict[int, RankLog], notes: list[str]) -> list[Finding]:
             spread = "; ".join(f"rank {rank}: {op} of {n or '?'} elements"
                                for rank, (_s, op, n) in sorted(at.items()))
             kind = fk.OP_MISMATCH if len(ops) > 1 else fk.SHAPE_MISMATCH
-            return [_finding(kind, f"in collective {seq} of group {pg} the ranks timed out in "
-                             f"different collectives ({spread})", details, None, pg, seq)]
+            summary = (f"in collective {seq} of group {pg} the ranks timed out in different "
+                       f"collectives ({spread})")
+            return [cause_finding(kind, summary, details, None, group=pg, seq=seq)]
         # Behind: its own last enqueued work in this group is below seq, or it wrote nothing
         # of waiting anywhere (a rank of another group only, it would have timed out there).
         behind = [r.rank for r in ranks.values() if r.rank not in at and (
@@ -155,11 +149,11 @@ def _findings(ranks: dict[int, RankLog], notes: list[str]) -> list[Finding]:
             or not (r.timeouts or r.error or r.gloo_timeout))]
         if behind:
             op = next(iter(kinds))[0]
-            return [_finding(fk.MISSING_COLLECTIVE, f"{rank_list(sorted(at))} timed out in "
-                             f"collective {seq} ({op}) of group {pg}, which "
-                             f"{rank_list(behind)} never issued: the others waited for "
-                             f"{'it' if len(behind) == 1 else 'them'}", details, None, pg,
-                             seq)]
+            summary = (f"{rank_list(sorted(at))} timed out in collective {seq} ({op}) of group "
+                       f"{pg}, which {rank_list(behind)} never issued: the others waited for "
+                       f"{'it' if len(behind) == 1 else 'them'}")
+            return [cause_finding(fk.MISSING_COLLECTIVE, summary, details, None, group=pg,
+                                  seq=seq)]
         notes.append(f"every rank that wrote NCCL's watchdog lines timed out in collective "
                      f"{seq} of group {pg}: the rank that did not reach it left no line here")
     if any(r.gloo_timeout for r in ranks.values()):

@@ -18,7 +18,7 @@ from enum import Enum
 
 from ddpdoctor.analysis.hang_rules import BUSY_CPU, STILL_IO, STILL_TREE_CPU
 from ddpdoctor.trace import ddp_sites, ops
-from ddpdoctor.trace.model import Site, is_internal_file
+from ddpdoctor.trace.model import Site, is_internal_file, site_from
 from ddpdoctor.trace.snapshot import Frame, RankSnapshot, Sample
 
 # The point-to-point ops as torch.distributed's functions name them (the backend's: ops.P2P).
@@ -29,9 +29,9 @@ LABEL_OPS = {"ddp.bucket": "all_reduce", "ddp.unused_params": "all_reduce",
              "ddp.init.sync_params": "broadcast", "ddp.init.verify_params": "all_gather",
              "ddp.init": "broadcast", "syncbn": "all_gather"}
 # Native frames of a rank blocked on a collective's completion (gloo, NCCL, DDP's reducer).
-_NATIVE_WAIT = re.compile(r"c10d::(\w+::)*(Work::wait|.*Work\w*::wait|Reducer::finalize_"
-                          r"backward|.*::wait\w*)|gloo::.*(wait|recv)", re.I)
-_ARGS = ("src", "dst", "tag", "group_src", "group_dst", "async_op")
+_NATIVE_WAIT = re.compile(r"c10d::.*(::wait\w*|Reducer::finalize_backward)|gloo::.*(wait|recv)",
+                          re.I)
+_ARGS = ("src", "dst", "tag", "group_src", "group_dst")
 PTRACE_FIX = ("run ddpdoctor attach as the user that owns the job's processes, or as root; "
               "inside a container it needs CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE); "
               "check /proc/sys/kernel/yama/ptrace_scope (0 lets a user read its own processes)")
@@ -86,15 +86,9 @@ def _python(frames: list[Frame]) -> list[Frame]:
     return [f for f in frames if not f.native]
 
 
-def site_of(frame: Frame) -> Site:
-    return Site(file=frame.file, line=frame.line, function=frame.function, text=frame.text,
-                indent=frame.indent,
-                blocks=tuple((int(n), str(t)) for n, t in frame.blocks))
-
-
-def user_sites(frames: list[Frame]) -> list[Site]:
+def _user_frames(frames: list[Frame]) -> list[Frame]:
     """The user's frames, innermost first."""
-    return [site_of(f) for f in _python(frames) if f.line > 0 and not is_internal_file(f.file)]
+    return [f for f in _python(frames) if f.line > 0 and not is_internal_file(f.file)]
 
 
 def _api_frame(frames: list[Frame]) -> Frame | None:
@@ -166,15 +160,14 @@ def view(snap: RankSnapshot) -> RankView:
     last = readable[-1]
     main = last.main
     frames = main.frames if main else []
-    stack = user_sites(frames)
+    user = _user_frames(frames)
+    stack = [site_from(vars(f)) for f in user]
     moved = len({_key(s) for s in python_samples}) > 1
     cpu = _rate(readable[0], python_samples[-1], "cpu")
     io = _rate(readable[0], python_samples[-1], "io")
-    user = next((f for f in _python(frames) if f.line > 0 and not is_internal_file(f.file)),
-                None)
     base = RankView(snap.rank, Where.BUSY, site=stack[0] if stack else None, stack=stack,
-                    user_locals=dict(user.locals) if user else {}, cpu_share=cpu, moved=moved,
-                    note=snap.note)
+                    user_locals=dict(user[0].locals) if user else {}, cpu_share=cpu,
+                    moved=moved, note=snap.note)
     py = _python(frames)
     base.call = py[0].function if py and is_internal_file(py[0].file) else ""
     if _ended(last):

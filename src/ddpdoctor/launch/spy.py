@@ -31,6 +31,7 @@ from ddpdoctor.launch.proctree import alive
 from ddpdoctor.runtime.source_capture import capture
 from ddpdoctor.trace.ddp_sites import BACKWARD, SPAWN_WRAP
 from ddpdoctor.trace.flight_recorder import looks_like_dump
+from ddpdoctor.trace.job_logs import read_tail
 from ddpdoctor.trace.model import is_internal_file
 from ddpdoctor.trace.rank_text import rank_list
 from ddpdoctor.trace.redact import mask_args
@@ -182,17 +183,6 @@ def _spawn_index(sample: Sample) -> int | None:
     return None
 
 
-def _tail(path: str, limit: int) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - limit))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-
-
 def stderr_path(pid: int) -> str | None:
     """The regular file the process's stderr goes to, if it goes to one."""
     try:
@@ -215,7 +205,7 @@ def _error_file(proc: RankProcess, siblings: list[RankProcess], rank: int) -> st
                 if parent.name == str(local):
                     path = str(parent.with_name(str(local + rank - s.rank)) / Path(other).name)
                     break
-    return _tail(path, ERROR_FILE_MAX) if path and os.path.isfile(path) else ""
+    return read_tail(path, ERROR_FILE_MAX) if path and os.path.isfile(path) else ""
 
 
 def _flight_recorder(proc: RankProcess, rank: int, out: Path) -> str:
@@ -276,7 +266,7 @@ def take(job: FoundJob, out: Path, samples: int = 3, interval: float = 1.0,
         note = next((s.error for s in ss if s.error), "")
         ranks.append(RankSnapshot(
             rank=rank, pid=proc.pid, host=host, samples=ss,
-            stderr_tail=_tail(err, STDERR_TAIL) if err else "",
+            stderr_tail=read_tail(err, STDERR_TAIL) if err else "",
             error_file=_error_file(proc, job.ranks, rank),
             flight_recorder=_flight_recorder(proc, rank, out), note=note))
     ranks.sort(key=lambda r: r.rank)

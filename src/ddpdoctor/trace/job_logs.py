@@ -31,12 +31,15 @@ class LogFile:
     rank: int | None = None
 
 
-def _tail(path: Path) -> str:
-    with open(path, "rb") as fh:
-        fh.seek(0, os.SEEK_END)
-        size = fh.tell()
-        fh.seek(max(0, size - TAIL))
-        return fh.read().decode("utf-8", "replace")
+def read_tail(path: str | Path, limit: int = TAIL) -> str:
+    """The last ``limit`` bytes of a file, as text ("" when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def find_logs(folder: Path) -> list[LogFile]:
@@ -52,10 +55,7 @@ def find_logs(folder: Path) -> list[LogFile]:
             path = here / name
             if not name.endswith(SUFFIXES) or path.is_symlink() or not path.is_file():
                 continue
-            try:
-                text = _tail(path)
-            except OSError:
-                continue
+            text = read_tail(path)
             parent = path.parent.name
             rank = int(parent) if _LOCAL_RANK_DIR.match(parent) and \
                 path.parent.parent.name.startswith("attempt_") else None
