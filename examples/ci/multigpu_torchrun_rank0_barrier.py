@@ -7,18 +7,19 @@ the next epoch. Cause id: ``rank_conditional_collective``. Fix: call the barrier
 rank, after the ``if`` block.
 
 Run (CI, no GPU):
-    ddpdoctor run --cpu --max-steps 2 --junit report.xml examples/ci/multigpu_torchrun_rank0_barrier.py
+    ddpdoctor run --cpu --epoch-steps 2 --junit report.xml examples/ci/multigpu_torchrun_rank0_barrier.py
 
-Observed on gloo (torch 2.13 CPU, 2 ranks, ``--cpu --max-steps 2``): epoch 0 (iterations 1-2)
-matches; rank 0 saves its snapshot and waits in the barrier; rank 1 reaches the start of
-iteration 3, where ``--max-steps 2`` stops it. Rank 0 never comes: rank 1 waits half the hang
-timeout, leaves, and rank 0's barrier fails with "Connection closed by peer": exit 1 after
-~9 s with ``--hang-timeout 5`` (without ``--max-steps``: rank 0's barrier meets rank 1's next
-gradient all-reduce, and the job hangs - exit 3, as it hangs on NCCL).
+Observed on gloo (torch 2.13 CPU, 2 ranks, ``--cpu --epoch-steps 2``): epoch 0 (iterations 1-2)
+matches; rank 0 saves its snapshot and waits in the barrier; rank 1 starts epoch 1 and its
+first gradient all-reduce meets rank 0's barrier: collectives that can never match, so the
+job is stopped at once as the hang it would be on NCCL - exit 3 in ~4 s, with the barrier's
+line. (``--max-steps 2`` instead stops rank 1 at the start of iteration 3; rank 0's barrier
+then fails with "Connection closed by peer": exit 1, ``missing_collective``.)
 
 Expected diagnosis:
   verdict: diverged
-  finding: missing_collective
+  exit: 3
+  finding: op_mismatch
   cause: rank_conditional_collective
   ranks: 0,1
   lines: rank0_barrier

@@ -10,12 +10,12 @@ and resumed with ``torch.load(map_location=f"cuda:{local_rank}")``, a loss total
 ``--cpu`` it needs a GPU per process.
 
 Run (CI, no GPU):
-    ddpdoctor run --cpu --max-steps 2 examples/ci/multigpu_torchrun_style.py
+    ddpdoctor run --cpu --epoch-steps 2 examples/ci/multigpu_torchrun_style.py
     (GPUs: torchrun --nproc-per-node 2 examples/ci/multigpu_torchrun_style.py)
 
 Observed on gloo (torch 2.13 CPU, 2 ranks, ``--cpu``): 4 epochs of 2 steps; with
-``--max-steps 2`` both ranks stop at the start of iteration 3 (after epoch 0 and rank 0's
-snapshot), ~5 s, exit 0. Before the first step: DDP's construction (all-gather int64[1],
+``--epoch-steps 2`` both ranks run epochs 0 and 1 (rank 0 saves its snapshot after each) and
+stop at the start of epoch 2 (iteration 5), ~3 s, exit 0. Before the first step: DDP's construction (all-gather int64[1],
 broadcasts int64[12] and float32[1604]); per step: one gradient bucket all-reduce
 (float32[1604]), the bucket-rebuild broadcasts on iteration 2, and the all-reduce of the
 step's loss and count (float32[2]).

@@ -1,9 +1,11 @@
 """A DDP smoke test for CI runners without GPUs: copy this file into your project's tests.
 
-It runs your training script - written for CUDA/NCCL, unmodified - for two DDP iterations on
-the CPU, two ranks on gloo, every collective recorded::
+It runs your training script - written for CUDA/NCCL, unmodified - on the CPU, two ranks on
+gloo, every collective recorded, with every epoch cut to two batches per DataLoader pass, so
+that each epoch's end (evaluation, checkpoint, logging) and the next epoch's start run within
+seconds; the job stops at the start of its third epoch::
 
-    ddpdoctor run --cpu --max-steps 2 --junit ... --markdown ... train.py ARGS
+    ddpdoctor run --cpu --epoch-steps 2 --junit ... --markdown ... train.py ARGS
 
 and fails with ddpdoctor's diagnosis (the ranks that diverged, each one's source line, the
 cause and the fix) when the job crashes, hangs or its ranks stop issuing the same
@@ -14,7 +16,7 @@ JUnit file (``ddpdoctor-junit.xml`` in the test's temporary folder) and Markdown
 Settings (environment variables, so that the file needs no editing):
     DDP_SMOKE_SCRIPT     the training script (default: train.py)
     DDP_SMOKE_ARGS       its arguments (default: none)
-    DDP_SMOKE_MAX_STEPS  DDP iterations to run (default: 2)
+    DDP_SMOKE_EPOCH_STEPS  batches per DataLoader pass (default: 2)
     DDP_SMOKE_OPTIONS    more ddpdoctor run options, e.g. "--nproc-per-node 4 --hang-timeout 60"
     DDP_SMOKE_SCHEDULE   a schedule file (ddpdoctor schedule save) the run must match
 """
@@ -26,14 +28,14 @@ from pathlib import Path
 
 SCRIPT = os.environ.get("DDP_SMOKE_SCRIPT", "train.py")
 ARGS = shlex.split(os.environ.get("DDP_SMOKE_ARGS", ""))
-MAX_STEPS = os.environ.get("DDP_SMOKE_MAX_STEPS", "2")
+EPOCH_STEPS = os.environ.get("DDP_SMOKE_EPOCH_STEPS", "2")
 OPTIONS = shlex.split(os.environ.get("DDP_SMOKE_OPTIONS", "--hang-timeout 30"))
 SCHEDULE = os.environ.get("DDP_SMOKE_SCHEDULE")
 
 
 def test_ddp_training_smoke(tmp_path: Path) -> None:
     junit, summary = tmp_path / "ddpdoctor-junit.xml", tmp_path / "ddpdoctor.md"
-    cmd = [sys.executable, "-m", "ddpdoctor", "run", "--cpu", "--max-steps", MAX_STEPS,
+    cmd = [sys.executable, "-m", "ddpdoctor", "run", "--cpu", "--epoch-steps", EPOCH_STEPS,
            "--logdir", str(tmp_path / "ddpdoctor-logs"), "--junit", str(junit),
            "--markdown", str(summary), *OPTIONS]
     if SCHEDULE:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def ddpdoctor(*args: str, timeout: float = 120, cwd: Path | None = None,
 
 
 def run_job(tmp_path: Path, script: Path | str, *script_args: str, options: tuple = (),
-            timeout: float = 120, hang_timeout: float = 5) -> Job:
+            timeout: float = 120, hang_timeout: float = 5, env: dict | None = None) -> Job:
     """``ddpdoctor run`` SCRIPT with a JSON report; asserts no process of the job survives."""
     logdir = tmp_path / "logs"
     report_path = tmp_path / "report.json"
@@ -79,7 +80,7 @@ def run_job(tmp_path: Path, script: Path | str, *script_args: str, options: tupl
             "--hang-timeout", str(hang_timeout), "--grace", "2", *options, str(script),
             *script_args]
     try:
-        proc = ddpdoctor(*args, timeout=timeout)
+        proc = ddpdoctor(*args, timeout=timeout, env=env)
     finally:
         leftovers = kill_job_processes(logdir)
     assert not leftovers, f"processes of the job outlived ddpdoctor: {leftovers}"
@@ -127,6 +128,21 @@ class BackgroundJob:
             self.proc.wait()
         leftovers = kill_job_processes(self.logdir)
         assert not leftovers, f"processes of the job outlived ddpdoctor: {leftovers}"
+
+
+# A terminal of this size, as ddpdoctor sees one (rich reads both variables): what it prints
+# last must fit its screen.
+TERMINAL = {"FORCE_COLOR": "1", "COLUMNS": "80"}
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def last_screen(text: str, rows: int = 30, cols: int = 80) -> str:
+    """What the last screen of a ``rows`` x ``cols`` terminal shows of ``text`` written to it:
+    colours dropped, long lines wrapped, the cursor's empty line at the bottom."""
+    shown: list[str] = []
+    for line in _ANSI.sub("", text).splitlines():
+        shown += [line[i:i + cols] for i in range(0, max(len(line), 1), cols)]
+    return "\n".join(shown[-(rows - 1):])
 
 
 def marker_line(path: Path, marker: str) -> int:

@@ -1,6 +1,7 @@
 """The CI smoke test, end to end: CUDA/NCCL scripts run unmodified with ``--cpu``, short runs
-with ``--max-steps``, JUnit and Markdown reports, and the collective schedule, on real
-torchrun/gloo jobs. The examples of ``examples/ci/`` get the diagnosis they document."""
+with ``--epoch-steps`` and ``--max-steps``, JUnit and Markdown reports, and the collective
+schedule, on real torchrun/gloo jobs. The examples of ``examples/ci/`` get the diagnosis they
+document."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from .jobs import EXAMPLES, REPO, SCRIPTS, ddpdoctor, kill_job_processes, marker
 
 CI = EXAMPLES / "ci"
 HANG_TIMEOUT = 5
-SMOKE = ("--cpu", "--max-steps", "2")
+SMOKE = ("--cpu", "--epoch-steps", "2")  # the CI workflow's settings
 _BLOCK = re.compile(r"Expected diagnosis:\n((?:[ \t]+\w+:.*\n)+)")
 
 
@@ -46,7 +47,7 @@ def _timed_job(tmp_path: Path, script: Path, *args: str, options: tuple = ()):
 @pytest.mark.parametrize("path, expected", _ci_examples())
 def test_ci_example_smoke_diagnosis_junit_and_markdown(tmp_path: Path, monkeypatch,
                                                        path: Path, expected: dict) -> None:
-    """``ddpdoctor run --cpu --max-steps 2 --junit --markdown`` on each CUDA-only example."""
+    """``ddpdoctor run --cpu --epoch-steps 2 --junit --markdown`` on each CUDA-only example."""
     summary = tmp_path / "step-summary.md"
     summary.write_text("previous step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
@@ -67,14 +68,15 @@ def test_ci_example_smoke_diagnosis_junit_and_markdown(tmp_path: Path, monkeypat
         assert not [f for f in report["findings"] if f["severity"] == "error"]
         assert case.find("failure") is None and suite.get("failures") == "0"
         assert text.startswith("## ✅ ddpdoctor: CLEAN")
-        # Every rank stopped at the start of iteration 3, together.
+        # Every rank stopped at the start of its third epoch, together.
         run = job.run()
         assert {t.exit["status"] for t in run.ranks.values()} == {"max_steps"}
+        assert {t.exit["epoch_steps"] for t in run.ranks.values()} == {2}
         assert {len(t.collectives) for t in run.ranks.values()} != set()
         assert len({len(t.collectives) for t in run.ranks.values()}) == 1
         print(f"{path.name}: clean smoke run in {elapsed:.1f}s")
         return
-    assert job.returncode == 1, job.stderr[-3000:]  # a divergence, not a hang: see the doc
+    assert job.returncode == int(expected.get("exit", 1)), job.stderr[-3000:]
     root = report["findings"][0]
     assert root["kind"] == expected["finding"], root["summary"]
     assert root["cause"] == expected["cause"]
@@ -95,16 +97,18 @@ def test_ci_example_smoke_diagnosis_junit_and_markdown(tmp_path: Path, monkeypat
 
 
 @pytest.mark.timeout(150)
-def test_barrier_example_without_max_steps_hangs_as_on_nccl(tmp_path: Path) -> None:
-    """Without --max-steps the rank-0 barrier meets rank 1's next gradient all-reduce: a hang
-    (exit 3) with the same cause, stopped within the hang timeout."""
+def test_barrier_example_under_max_steps_fails_as_a_divergence(tmp_path: Path) -> None:
+    """Under --max-steps 2 rank 1 stops at the start of iteration 3 and leaves; rank 0's
+    barrier then fails: a divergence (exit 1) with the same cause and the barrier's line."""
     path = CI / "multigpu_torchrun_rank0_barrier.py"
     job, elapsed = _timed_job(tmp_path, path, "--snapshot-path", str(tmp_path / "s.pt"),
-                              options=("--cpu",))
-    assert job.returncode == 3, job.stderr[-3000:]
-    assert "hang detected" in job.stderr
-    assert job.report["findings"][0]["cause"] == "rank_conditional_collective"
-    print(f"{path.name} without --max-steps: hang reported in {elapsed:.1f}s")
+                              options=("--cpu", "--max-steps", "2"))
+    assert job.returncode == 1, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["kind"] == "missing_collective"
+    assert root["cause"] == "rank_conditional_collective"
+    assert root["ranks"]["0"]["site"]["line"] == marker_line(path, "rank0_barrier")
+    print(f"{path.name} under --max-steps: divergence reported in {elapsed:.1f}s")
 
 
 @pytest.mark.timeout(150)
@@ -112,9 +116,11 @@ def test_snapshot_resume_maps_cuda_map_location_to_the_cpu(tmp_path: Path) -> No
     """The healthy example resumes from its snapshot: torch.load(map_location="cuda:N")."""
     path = CI / "multigpu_torchrun_style.py"
     snapshot = tmp_path / "snapshot.pt"
-    first = run_job(tmp_path / "a", path, "--snapshot-path", str(snapshot), options=SMOKE)
+    first = run_job(tmp_path / "a", path, "--snapshot-path", str(snapshot),
+                    options=("--cpu", "--max-steps", "2"))
     assert first.returncode == 0 and snapshot.exists(), first.stderr[-3000:]
-    second = run_job(tmp_path / "b", path, "--snapshot-path", str(snapshot), options=SMOKE)
+    second = run_job(tmp_path / "b", path, "--snapshot-path", str(snapshot),
+                     options=("--cpu", "--max-steps", "2"))
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Resuming training from snapshot at epoch 1" in second.stdout + second.stderr
     assert second.report["verdict"] == "clean"
@@ -141,6 +147,71 @@ def test_max_steps_stops_every_rank_at_the_same_iteration(tmp_path: Path, steps:
     assert all(r["status"] == "finished" and r["iterations"] == steps
                for r in job.report["ranks"].values())
     assert f"stopped by --max-steps {steps} at the start of iteration {steps + 1}" in job.stderr
+    # The script's loop has no DataLoader epoch: the report says what the stop left unrun.
+    assert f"stopped at iteration {steps + 1}, before any epoch ended" in job.stderr
+
+
+def _seen(out: Path) -> dict[int, dict]:
+    return {r: json.loads(Path(f"{out}.rank-{r}.json").read_text()) for r in (0, 1)}
+
+
+@pytest.mark.timeout(120)
+def test_epoch_steps_makes_every_pass_short_and_stops_at_the_third_epoch(
+        tmp_path: Path) -> None:
+    """20 training and 12 evaluation batches an epoch, 5 epochs: under --epoch-steps 3 each
+    pass yields 3 batches (len() says so), evaluation runs at each epoch's end, and the job
+    stops cleanly at the start of the third epoch."""
+    out = tmp_path / "seen"
+    job = run_job(tmp_path, SCRIPTS / "epoch_loader.py", "--out", str(out),
+                  options=("--epoch-steps", "3"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean" and not job.report["findings"]
+    for seen in _seen(out).values():
+        assert seen == {"len_train": 3, "len_val": 3, "train": [3, 3], "val": [3, 3]}
+    for trace in job.run().ranks.values():
+        assert trace.exit["status"] == "max_steps" and trace.exit["epoch_steps"] == 3
+        assert max(c.iteration for c in trace.collectives) == 6
+    assert ("ranks 0, 1 were stopped by --epoch-steps 3 at the start of their third epoch "
+            "(after iteration 6)") in job.stderr
+
+
+@pytest.mark.timeout(120)
+def test_epoch_steps_keeps_uneven_inputs_uneven(tmp_path: Path) -> None:
+    """Rank 1's shard holds one batch more: under --epoch-steps 3 it still trains one batch
+    more than rank 0 in the first epoch, so the uneven-input bug at the epoch's end shows."""
+    out = tmp_path / "seen"
+    job = run_job(tmp_path, SCRIPTS / "epoch_loader.py", "--out", str(out), "--uneven",
+                  options=("--epoch-steps", "3"))
+    assert job.returncode == 1, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["cause"] == "uneven_inputs", root["summary"]
+    seen = _seen(out)
+    assert seen[0]["train"][0] == 3 and seen[1]["train"][0] == 4
+    assert root["ranks"]["1"]["site"]["line"] == marker_line(SCRIPTS / "epoch_loader.py",
+                                                             "backward")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("name, lines", [
+    ("rank0_only_barrier.py", {0: "rank0_barrier", 1: "train_backward"}),
+    ("seed000_eval_nograd.py", {0: "eval_forward", 1: "train_forward"}),
+])
+def test_smoke_settings_fail_ci_on_epoch_end_bugs(tmp_path: Path, name: str,
+                                                  lines: dict[int, str]) -> None:
+    """The CI workflow's settings (--cpu --epoch-steps 2, a JUnit file) on the bundled bugs
+    that live at an epoch's end: the step fails with each rank's line in the JUnit failure.
+    (``--max-steps 2`` stopped both before their bug: a false green.)"""
+    path = EXAMPLES / name
+    junit = tmp_path / "junit.xml"
+    job = run_job(tmp_path, path, options=(*SMOKE, "--junit", str(junit)))
+    assert job.returncode in (1, 3), job.stderr[-3000:]
+    root = job.report["findings"][0]
+    for rank, marker in lines.items():
+        assert root["ranks"][str(rank)]["site"]["line"] == marker_line(path, marker)
+    failure = ET.parse(junit).getroot().find("testsuite/testcase/failure")
+    assert failure is not None
+    for marker in lines.values():
+        assert f"{name}:{marker_line(path, marker)}" in failure.text
 
 
 @pytest.mark.timeout(150)
@@ -247,8 +318,8 @@ def test_the_copyable_pytest_example_passes_and_fails_readably(tmp_path: Path) -
     healthy, barrier = results.values()
     assert healthy.returncode == 0, healthy.stdout[-3000:]
     assert barrier.returncode == 1, barrier.stdout[-3000:]
-    assert "ddpdoctor exit code 1" in barrier.stdout
-    assert "Root cause: `missing_collective`" in barrier.stdout
+    assert "ddpdoctor exit code 3" in barrier.stdout  # the barrier meets an all-reduce
+    assert "Root cause: `op_mismatch`" in barrier.stdout
     assert "rank_conditional_collective" in barrier.stdout
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import EXAMPLES, marker_line, run_job
+from .jobs import EXAMPLES, TERMINAL, last_screen, marker_line, run_job
 
 _BLOCK = re.compile(r"Expected diagnosis(?: \(case (\d+)\))?:\n((?:[ \t]+\w+:.*\n)+)")
 # Scripts that start their own workers with mp.spawn run under --launcher python.
@@ -43,7 +43,8 @@ def _none(value: str) -> bool:
 @pytest.mark.parametrize("path, args, expected", _cases())
 def test_example_diagnosis(tmp_path: Path, path: Path, args: tuple, expected: dict) -> None:
     options = ("--launcher", "python") if path.name in _SPAWNING else ()
-    job = run_job(tmp_path, path, *args, options=options, hang_timeout=5)
+    # Run as on an 80-column terminal: the report printed last is its brief form.
+    job = run_job(tmp_path, path, *args, options=options, hang_timeout=5, env=TERMINAL)
     report = job.report
     assert report is not None, job.stderr[-3000:]
     assert report["verdict"] == expected["verdict"], job.stderr[-3000:]
@@ -51,6 +52,8 @@ def test_example_diagnosis(tmp_path: Path, path: Path, args: tuple, expected: di
     if _none(expected["finding"]):
         assert not errors, errors
         assert job.returncode == 0, job.stderr[-3000:]
+        # Nothing warns on a healthy run: torch 2.14 printed a deprecation ddpdoctor caused.
+        assert "Warning" not in job.stderr and "warning" not in job.stderr, job.stderr
         return
     assert job.returncode != 0
     root = report["findings"][0]
@@ -67,5 +70,13 @@ def test_example_diagnosis(tmp_path: Path, path: Path, args: tuple, expected: di
              for d in root["ranks"].values() if d.get("site")}
     for marker in expected["lines"].split(","):
         assert (path.name, marker_line(path, marker)) in sites, (marker, sites)
-    # The console report names the cause and the source lines too.
-    assert root["cause"] is None or root["cause"] in job.stderr
+    # The last screen of a 30-row terminal holds the verdict, each rank's line, the cause
+    # and the fix; the whole report is in the log folder.
+    screen = last_screen(job.stderr)
+    assert f"ddpdoctor: {expected['verdict'].upper()} — root cause {root['kind']}" in screen
+    assert "rank   op" in screen
+    for name, line in sites:
+        assert f"{name}:{line}" in screen, (name, line, screen)
+    if root["cause"] is not None:
+        assert f"[{root['cause']}]" in screen and "Fix:" in screen, screen
+    assert "Why:" in (job.logdir / "report.txt").read_text()

@@ -12,7 +12,15 @@ import pytest
 from ddpdoctor.launch.command import free_port
 from ddpdoctor.trace.reader import load_run
 
-from .jobs import EXAMPLES, SCRIPTS, BackgroundJob, job_processes, marker_line, run_job
+from .jobs import (
+    EXAMPLES,
+    SCRIPTS,
+    BackgroundJob,
+    ddpdoctor,
+    job_processes,
+    marker_line,
+    run_job,
+)
 
 HANG_TIMEOUT = 5
 GRACE = 2
@@ -96,6 +104,22 @@ def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Pat
     assert not [f for f in report["findings"] if f["severity"] == "error"], report["findings"]
     assert any("interrupted" in n for n in report["notes"]), report["notes"]
     assert "KeyboardInterrupt" not in job.stderr.split("ddpdoctor: interrupted")[-1]
+
+
+@pytest.mark.timeout(120)
+def test_diff_on_the_folder_of_a_running_job_says_it_runs(tmp_path: Path) -> None:
+    """`ddpdoctor diff` while `ddpdoctor run` still writes the folder: the job still runs
+    (the run holds the folder's lock), not "cut, or still runs, or killed"."""
+    with BackgroundJob(tmp_path, SCRIPTS / "long_loop.py") as job:
+        job.wait_for_collectives(1, 10)
+        live = ddpdoctor("diff", "--json", str(job.logdir))
+        job.proc.send_signal(signal.SIGINT)
+        job.finish()
+    report = json.loads(live.stdout)
+    assert any("the job is still running" in n for n in report["notes"]), report["notes"]
+    assert not any("was cut, or the job still runs" in n for n in report["notes"])
+    after = ddpdoctor("diff", "--json", str(job.logdir))  # ended: the lock is free
+    assert not any("still running" in n for n in json.loads(after.stdout)["notes"])
 
 
 @pytest.mark.timeout(120)

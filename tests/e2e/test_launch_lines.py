@@ -63,6 +63,8 @@ def test_a_script_that_spawns_its_own_workers_under_torchrun_is_refused_with_the
     assert f"(seed001_uneven.py:{spawn_line})" in job.stderr
     assert f"ddpdoctor run --launcher python {script}" in job.stderr
     assert job.report is None  # nothing was diagnosed
+    # One line says it: the ranks print no traceback of their own for it.
+    assert "Traceback" not in job.stderr and job.stderr.count("--launcher python") == 1
 
 
 @pytest.mark.timeout(120)

@@ -63,6 +63,7 @@ def test_the_timeline_of_a_healthy_job_has_every_collective_and_no_marks(tmp_pat
     proc = subprocess.run([sys.executable, "-m", "ddpdoctor", "timeline", str(job.logdir),
                            "-o", str(out)], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0 and "ui.perfetto.dev" in proc.stderr
+    assert out.stat().st_mode & 0o777 == 0o600  # private, as every report file
     events = _events(out)
     slices = [e for e in events if e["ph"] == "X"]
     run = job.run()

@@ -35,7 +35,7 @@ def test_github_workflow_runs_the_smoke_test_and_keeps_the_evidence() -> None:
     assert "on" in data or True in data  # YAML 1.1 reads the key `on` as true
     steps = data["jobs"]["ddp-smoke"]["steps"]
     runs = " ".join(s.get("run", "") for s in steps)
-    assert "ddpdoctor run --cpu --max-steps 2" in runs and "--junit ddpdoctor-junit.xml" in runs
+    assert "ddpdoctor run --cpu --epoch-steps 2" in runs and "--junit ddpdoctor-junit.xml" in runs
     # ddpdoctor is on no package index: the workflow installs it from its source.
     assert "pip install ddpdoctor" not in runs and 'pip install "./$DDPDOCTOR_SOURCE"' in runs
     uses = [s.get("uses", "") for s in steps]
@@ -46,5 +46,5 @@ def test_github_workflow_runs_the_smoke_test_and_keeps_the_evidence() -> None:
 def test_pytest_example_runs_ddpdoctor_in_cpu_mode_with_reports() -> None:
     source = (CI / "test_ddp_smoke.py").read_text()
     compile(source, "test_ddp_smoke.py", "exec")
-    for flag in ('"--cpu"', '"--max-steps"', '"--junit"', '"--markdown"', '"--expect-schedule"'):
+    for flag in ('"--cpu"', '"--epoch-steps"', '"--junit"', '"--markdown"', '"--expect-schedule"'):
         assert flag in source

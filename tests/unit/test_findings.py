@@ -488,3 +488,21 @@ def test_rank_stuck_before_init_process_group_is_named_with_its_stack() -> None:
     assert root.ranks[0].op == "init_process_group" and root.ranks[1].op is None
     assert root.ranks[1].site == Site("/job/train.py", 10, "load_data")
     assert "never reached it" in root.summary and report.verdict == "diverged"
+
+
+def test_a_round_the_script_ran_with_one_rank_does_not_decide_a_compared_job() -> None:
+    """PyTorch's DDP tutorial under --cpu: its model-parallel round has world size
+    n_gpus // 2 = 1. The rounds of two ranks decide (clean here); the lone round is said."""
+    from ddpdoctor.analysis import diagnose_rounds
+
+    two = make_run(*healthy_ddp(2))
+    one = make_run(*healthy_ddp(1))
+    report = diagnose_rounds([two, one])
+    assert report.verdict == "clean", report.notes
+    assert any("round 2 ran one rank, as the script asked" in n for n in report.notes)
+    # A lone round alone is still untested, and a divergence elsewhere still shows.
+    assert diagnose_rounds([one, one]).verdict == "untested"
+    bad = ranks(2)
+    bad[0].ddp_init().train(2).finish()
+    bad[1].ddp_init().train(3).finish()
+    assert diagnose_rounds([make_run(*bad), one]).verdict != "clean"

@@ -27,3 +27,17 @@ def test_help_reads_like_a_unix_command(argv: list[str], usage: str) -> None:
                          re.I), result.output
     assert "{" not in result.output.splitlines()[0]
     assert not any(line.endswith(" ") for line in result.output.splitlines())
+
+
+def test_run_help_is_short_and_names_no_file_the_installed_package_lacks() -> None:
+    """--help is read in a terminal, from an installed package: no docs/ paths (not
+    installed), no words of ddpdoctor's internals, and every option within about two
+    screens (it was 118 lines)."""
+    result = CliRunner().invoke(app, ["run", "--help"], prog_name="ddpdoctor",
+                                env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    assert "docs/" not in result.output and "trace format" not in result.output
+    assert "member file" not in result.output
+    assert len(result.output.splitlines()) <= 90, len(result.output.splitlines())
+    for option in ("--cpu", "--epoch-steps", "--max-steps", "--verbose", "--hang-timeout"):
+        assert option in result.output

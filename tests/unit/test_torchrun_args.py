@@ -99,7 +99,11 @@ def test_cpu_mode_runs_a_number_of_ranks_where_the_line_counts_accelerators(
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--nprocs-per-node", "2", "t.py"], "unknown option --nprocs-per-node"),
+    (["run", "--nprocs-per-node", "2", "t.py"],
+     r"unknown option --nprocs-per-node \(did you mean --nproc-per-node\?\)"),
+    (["run", "--hang-timout", "5", "t.py"],
+     r"unknown option --hang-timout \(did you mean --hang-timeout\?\)"),
+    (["run", "--nproc", "2", "t.py"], "ambiguous option --nproc: it begins --nproc-per-node"),
     (["run", "--nproc-per-node", "zero", "t.py"], "--nproc-per-node must be a number"),
     (["run", "--launcher", "python", "--standalone", "t.py"], "no meaning with --launcher"),
 ])
@@ -206,3 +210,41 @@ def test_an_unreadable_torchrun_cache_falls_back_to_torchs_parser(
         assert torchrun_cache.parser().parse_args(["t.py"]).training_script == "t.py"
     finally:
         os.chmod(tmp_path / "ddpdoctor", 0o700)
+
+
+@pytest.mark.parametrize("abbreviation", ["--nproc-per-nod", "--nproc_per", "--standal"])
+def test_torchruns_own_abbreviations_are_accepted_as_torchrun_accepts_them(
+        abbreviation: str) -> None:
+    """torchrun's parser (argparse) takes a unique prefix of a long option: so does run."""
+    argv = ["run", abbreviation, *([] if "standal" in abbreviation else ["3"]), "t.py"]
+    typer_argv, tokens = split_run_args(argv)
+    assert typer_argv == ["run", "--", "t.py"] and tokens == argv[1:-1]
+    opts = RunOptions(script="t.py", torchrun_args=tokens)
+    check_options(opts)
+    if "standal" in abbreviation:
+        assert opts.torchrun.values.standalone
+    else:
+        assert str(opts.torchrun.values.nproc_per_node) == "3"
+
+
+def test_a_prefix_of_ddpdoctors_own_option_is_not_taken_for_torchruns() -> None:
+    with pytest.raises(UsageError, match="unknown option --max"):
+        split_run_args(["run", "--max", "2", "t.py"])
+
+
+@pytest.mark.parametrize("installed, refused", [("2.6.0+cu124", True), ("2.7.1", False),
+                                                ("2.13.0+cpu", False)])
+def test_flight_recorder_on_gloo_is_refused_before_the_run_where_torch_keeps_nothing(
+        monkeypatch: pytest.MonkeyPatch, installed: str, refused: bool) -> None:
+    import importlib.metadata
+
+    from ddpdoctor.launch.command import check_flight_recorder
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: installed)
+    opts = RunOptions(script="t.py", cpu=True, flight_recorder=True)
+    if refused:
+        with pytest.raises(UsageError, match="keeps nothing of gloo groups on torch 2.6.0"):
+            check_flight_recorder(opts)
+    else:
+        check_flight_recorder(opts)
+    check_flight_recorder(RunOptions(script="t.py", cpu=True))  # not asked: nothing to check

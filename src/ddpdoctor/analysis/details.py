@@ -38,7 +38,7 @@ def where_text(state: RankState) -> str:
     if state.status == rs.REMOTE:
         return "ran on another node (its log folder was not given)"
     if state.status == rs.FINISHED and state.max_steps is not None:
-        return max_steps_text(state.max_steps)
+        return stop_text(state)
     if state.status == rs.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
         return f"finished its script{code} after {_progress_text(state)}"
@@ -113,8 +113,14 @@ def ended_children_texts(state: RankState) -> list[str]:
     return out
 
 
-def max_steps_text(steps: int) -> str:
-    """'was stopped by --max-steps 2 at the start of iteration 3'."""
+def stop_text(state: RankState) -> str:
+    """How a rank stopped by ddpdoctor stopped: 'was stopped by --max-steps 2 at the start of
+    iteration 3', or 'was stopped by --epoch-steps 2 at the start of its third epoch (after
+    iteration 5)'."""
+    steps = state.max_steps if state.max_steps is not None else state.iterations
+    if state.epoch_steps is not None:
+        return (f"was stopped by --epoch-steps {state.epoch_steps} at the start of its third "
+                f"epoch (after {iteration_text(steps)})")
     return f"was stopped by --max-steps {steps} at the start of iteration {steps + 1}"
 
 
@@ -174,7 +180,7 @@ def left_detail(state: RankState) -> RankDetail:
     if state.status == rs.FINISHED:
         d.state = "finished"
         ended = "finished its script" if state.max_steps is None else \
-            max_steps_text(state.max_steps).replace("was stopped", "stopped")
+            stop_text(state).replace("was stopped", "stopped")
         d.note = f"{ended}; last collective: {d.note}"
     if state.hang_stack:
         d.stack = state.hang_stack

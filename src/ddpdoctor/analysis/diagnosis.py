@@ -7,6 +7,7 @@ from __future__ import annotations
 from ddpdoctor.analysis import backend_words
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment, align
+from ddpdoctor.analysis.details import stop_text
 from ddpdoctor.analysis.endings import (
     crash_findings,
     exited_early_findings,
@@ -19,7 +20,7 @@ from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
-from ddpdoctor.analysis.report import CLEAN, INCOMPLETE, RankSummary, Report, verdict_of
+from ddpdoctor.analysis.report import CLEAN, INCOMPLETE, UNTESTED, RankSummary, Report, verdict_of
 from ddpdoctor.analysis.rules import RuleContext, recognise
 from ddpdoctor.analysis.terms import describe, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
@@ -27,7 +28,8 @@ from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run
 
 ONE_RANK_NOTE = ("the job ran one rank, so no other rank's collectives could be compared with "
-                 "its own: run 2 or more (--nproc-per-node 2; with one GPU, --cpu runs the ranks "
+                 "its own: run 2 or more (under torchrun --nproc-per-node 2; a script that "
+                 "starts its own workers decides how many; with one GPU, --cpu runs the ranks "
                  "on the CPU over gloo)")
 
 GENERIC_ADVICE = {
@@ -114,6 +116,10 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
 
 def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
     notes = list(run.notes)
+    if run.running:
+        notes.append("the job is still running: a `ddpdoctor run` holds this log folder, and "
+                     "what is shown is where each rank had got; its diagnosis comes when the "
+                     "job ends (or, for a job that hangs, when ddpdoctor stops it)")
     remote = [r for r, s in states.items() if s.status == rs.REMOTE]
     if remote:
         notes.append(f"{rank_list(remote)} ran on other nodes of this {run.nnodes}-node job; "
@@ -135,6 +141,7 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
             after = f" after collective #{last.seq} ({describe(last)})" if last else ""
             why = (f"the rank stopped recording ({s.trace.lost})"
                    if s.trace is not None and s.trace.lost else
+                   "the job still runs" if s.unended and run.running else
                    "it ends with no exit record, no exit code and no hang record (the file "
                    "was cut, or the job still runs, or it was killed with its launcher)"
                    if s.unended else
@@ -150,13 +157,23 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
         notes.append(f"the run was interrupted (Ctrl-C, or the job was stopped) while "
                      f"{rank_list(interrupted)} still ran: what they were doing then is no "
                      f"finding; only collectives that could never match would be")
-    stopped: dict[int, list[int]] = {}
+    stopped: dict[str, list[int]] = {}
     for r, s in states.items():
         if s.max_steps is not None:
-            stopped.setdefault(s.max_steps, []).append(r)
-    for steps, ranks in sorted(stopped.items()):
-        notes.append(f"{rank_list(ranks)} {'was' if len(ranks) == 1 else 'were'} stopped by "
-                     f"--max-steps {steps} at the start of iteration {steps + 1}")
+            stopped.setdefault(stop_text(s), []).append(r)
+    for text, ranks in sorted(stopped.items()):
+        text = text if len(ranks) == 1 else text.replace("was stopped", "were stopped") \
+            .replace(" its third", " their third")
+        notes.append(f"{rank_list(ranks)} {text}")
+    unreached = [s for s in states.values() if s.max_steps is not None
+                 and s.epoch_steps is None and s.epoch_ends == 0]
+    if unreached and len(unreached) == len([s for s in states.values()
+                                            if s.max_steps is not None]):
+        steps = unreached[0].max_steps
+        notes.append(f"the job was stopped at iteration {(steps or 0) + 1}, before any epoch "
+                     f"ended: its evaluation, checkpoint and epoch-end code did not run "
+                     f"(--epoch-steps 2 instead of --max-steps runs every epoch short and "
+                     f"reaches them)")
     models = max((len(s.trace.ddp) for s in states.values() if s.trace is not None), default=0)
     if models > 1:
         notes.append(f"the script made {models} DDP models: an iteration here is a forward "
@@ -197,11 +214,23 @@ def diagnose_rounds(runs: list[Run]) -> Report:
     reports = [diagnose(run) for run in runs]
     if len(reports) == 1:
         return reports[0]
-    shown = next((i for i, r in enumerate(reports) if r.verdict != CLEAN), len(reports) - 1)
+    # A round the script ran with one rank (PyTorch's DDP tutorial sizes its model-parallel
+    # round n_gpus // 2, which is 1 of --cpu's 2 devices) could not diverge: it decides
+    # nothing while another round was compared.
+    lone = [i for i, r in enumerate(reports) if r.verdict == UNTESTED and r.world_size <= 1]
+    compared = [i for i in range(len(reports)) if i not in lone] or list(range(len(reports)))
+    shown = next((i for i in compared if reports[i].verdict != CLEAN), compared[-1])
     report = reports[shown]
     others = ", ".join(f"round {i + 1} {r.verdict}" for i, r in enumerate(reports) if i != shown)
     report.notes.insert(0, f"the script made its process group {len(reports)} times (rounds: "
                            f"one mp.spawn each, or init_process_group again after "
                            f"destroy_process_group): this report is round {shown + 1}'s; "
                            f"{others}")
+    skipped = [i + 1 for i in lone if i != shown]
+    if skipped:
+        report.notes.insert(1, f"round{'s' if len(skipped) > 1 else ''} "
+                               f"{', '.join(map(str, skipped))} ran one rank, as the script "
+                               f"asked (a world size the script computes, such as n_gpus // 2, "
+                               f"may be 1 under --cpu's 2 devices): nothing there could "
+                               f"diverge, and the rounds that ran two or more decide")
     return report

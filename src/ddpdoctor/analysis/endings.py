@@ -13,8 +13,8 @@ from ddpdoctor.analysis.details import (
     elsewhere_detail,
     failed_in_detail,
     left_detail,
-    max_steps_text,
     phase_text,
+    stop_text,
     where_text,
 )
 from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
@@ -182,7 +182,7 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     ended = (f"finished {its} after "
              + (iteration_text(first.iterations) if trained else
                 f"{first.collectives} collective{'s' if first.collectives != 1 else ''}")
-             if first.max_steps is None else max_steps_text(first.max_steps))
+             if first.max_steps is None else stop_text(first))
     summary = (f"{who} {ended} while "
                f"{rank_list(waiting)} still {'waits' if len(waiting) == 1 else 'wait'} in "
                f"{describe(w0)} ({group_text(w0.group)}, #{w0.seq}) at {site_text(w0.site)}.")

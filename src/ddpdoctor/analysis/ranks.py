@@ -16,8 +16,8 @@ from typing import Final, Literal
 
 from ddpdoctor.analysis.backend_words import explaining_lines
 from ddpdoctor.analysis.terms import signal_name
-from ddpdoctor.trace import schema
-from ddpdoctor.trace.basics import call_name
+from ddpdoctor.trace import basics, schema
+from ddpdoctor.trace.basics import call_name, short_message
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import (
     Collective,
@@ -42,13 +42,6 @@ RankStatus = Literal["finished", "exception", "failed", "killed", "hung", "unfin
 
 PENDING_WINDOW = 1024
 
-_COMM_TYPES = frozenset({"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"})
-_COMM_TEXT = re.compile(
-    r"connection closed by peer|connection reset by peer|timed out waiting|broken pipe"
-    r"|remote worker crash|nccl error|nccl communicator|process ?group .*(destroyed|aborted)"
-    r"|detected at least one rank that exhausted|socket timeout|watchdog caught collective"
-    r"|econnreset|econnrefused|connection refused|collective operation timeout", re.I)
-_SOURCE_TAG = re.compile(r"^\[[^\]]*:\d+\]\s*")
 
 
 @dataclass
@@ -70,6 +63,8 @@ class RankState:
     end_t: float = 0.0
     hang_stack: list[Site] = field(default_factory=list)
     max_steps: int | None = None  # stopped by --max-steps after this many DDP iterations
+    epoch_steps: int | None = None  # the stop was --epoch-steps N's, at the third epoch
+    epoch_ends: int | None = None  # DataLoader passes that had ended by the stop
     cut: bool = False  # the trace ends early: the rank could not write it (full disk)
     unended: bool = False  # cut with no ending at all: no exit record, exit code or hang
     exc_iteration: int | None = None  # the DDP iteration an exception was raised in
@@ -98,19 +93,7 @@ class RankState:
 
 def is_comm_error(exc: dict) -> bool:
     """Whether an exception record reports a vanished peer or a timeout, not a bug here."""
-    return (str(exc.get("type", "")) in _COMM_TYPES
-            or bool(_COMM_TEXT.search(str(exc.get("message", "")))))
-
-
-def short_message(message: object, limit: int = 160) -> str:
-    """The gist of an exception message: first line, without a leading ``[file:line]`` tag,
-    cut after the first sentence ("Connection closed by peer [127.0.0.1]:27060")."""
-    lines = str(message or "").strip().splitlines()
-    text = _SOURCE_TAG.sub("", lines[0] if lines else "").strip()
-    cut = text.find(". ")
-    if 20 <= cut:
-        text = text[:cut]
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return basics.is_comm_error(str(exc.get("type", "")), str(exc.get("message", "")))
 
 
 def user_frame(frames: list[dict], user_files: set[str]) -> Site | None:
@@ -198,6 +181,9 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         steps = (trace.exit or {}).get("steps")
         state.max_steps = steps if isinstance(steps, int) else state.iterations
         state.iterations = max(state.iterations, state.max_steps)
+        for name in ("epoch_steps", "epoch_ends"):
+            value = (trace.exit or {}).get(name)
+            setattr(state, name, value if isinstance(value, int) and value >= 0 else None)
     if code == 0 and not trace.exit and not trace.exception:
         # The process ended normally, yet its trace has no exit record: it could not write
         # the end of its trace (a full disk, a size limit).

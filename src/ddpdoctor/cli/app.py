@@ -86,10 +86,11 @@ def main_options(
         ctx.ensure_object(dict)["torchrun_defaults"] = defaults.get("torchrun", [])
 
 
-def show(report: Report, console: Console) -> None:
-    """The report on a terminal (wrapped to it, in colour), or as plain long lines in a log."""
+def show(report: Report, console: Console, brief: str | None = None) -> None:
+    """The report on a terminal (wrapped to it, in colour; its brief form when ``brief`` names
+    the file that holds the whole), or as plain long lines in a log."""
     if console.is_terminal:
-        reporter = ConsoleReporter(console.width, console.color_system)
+        reporter = ConsoleReporter(console.width, console.color_system, brief)
     else:
         width = int(os.environ.get("COLUMNS", "0") or 0) or LOG_WIDTH
         reporter = ConsoleReporter(max(width, 80))

@@ -41,6 +41,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "json": ("json_out", "str"),
     "cpu": ("cpu", "bool"),
     "max-steps": ("max_steps", "int"),
+    "epoch-steps": ("epoch_steps", "int"),
     "max-trace-mb": ("max_trace_mb", "float"),
     "junit": ("junit_out", "str"),
     "markdown": ("markdown_out", "str"),
@@ -49,11 +50,13 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "record-nccl": ("record_nccl", "bool"),
     "timeline": ("timeline_out", "str"),
     "share-lines": ("share_lines", "bool"),
+    "verbose": ("verbose", "bool"),
 }
 LAUNCHERS = ("torchrun", "python")
 # Lower bounds the command line enforces too (checked here to name the file in the error).
 MINIMUM: dict[str, float] = {"hang-timeout": 0.5, "stuck-timeout": 0.5,
-                             "grace": 0.0, "max-steps": 1, "max-trace-mb": 0.0}
+                             "grace": 0.0, "max-steps": 1, "epoch-steps": 1,
+                             "max-trace-mb": 0.0}
 
 
 class ConfigError(Exception):

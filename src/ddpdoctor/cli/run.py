@@ -27,6 +27,7 @@ from ddpdoctor.cli.exits import (
 )
 from ddpdoctor.launch.command import (
     CPU_MODE_NPROC,
+    check_flight_recorder,
     gpu_count_word,
     lone_rank,
     make_logdir,
@@ -42,7 +43,7 @@ from ddpdoctor.launch.options import (
     check_script,
 )
 from ddpdoctor.render import live
-from ddpdoctor.render.console import closing_line
+from ddpdoctor.render.console import ConsoleReporter, closing_line
 from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
@@ -66,12 +67,9 @@ class Launcher(str, Enum):
     command = "command"
 
 
-RUN_EPILOG = ("torchrun's options (--nproc-per-node, --nnodes, --node-rank, --rdzv-*, "
-              "--standalone, --master-addr/--master-port, --max-restarts, --tee, --redirects, "
-              "--log-dir, --local-ranks-filter, -m, --no-python, --run-path, ...) pass through "
-              "to torchrun unchanged, in either spelling (--nproc_per_node=2); ddpdoctor's own "
-              "options are those listed here. Defaults: --nproc-per-node is the visible GPUs, "
-              "else 2 (2 with --cpu), and a free --master-port on a single node.")
+RUN_EPILOG = ("torchrun's own options (--nproc-per-node, --nnodes, --rdzv-*, --standalone, "
+              "-m, ...) pass through to torchrun. Default --nproc-per-node: the visible GPUs, "
+              "else 2.")
 
 
 def _output(flag: str, what: str) -> Any:
@@ -90,40 +88,40 @@ def run_command(
                                                help="Arguments for the script."),
     launcher: Launcher = typer.Option(
         Launcher.torchrun, "--launcher", metavar="torchrun|python",
-        help="torchrun, or python for scripts that start their own workers (mp.spawn, "
-             "multiprocessing.Process); such a script run under torchrun is stopped where it "
-             "starts them (its workers where they call init_process_group) with this advice. "
-             "Any other launcher: put its whole command after -- (ddpdoctor run -- accelerate "
-             "launch train.py; -- srun python train.py; -- bash launch.sh): every Python "
-             "process below it that creates a process group is recorded."),
+        help="python for scripts that start their own workers (mp.spawn, "
+             "multiprocessing.Process). Another launcher: put its whole command after -- "
+             "(-- accelerate launch train.py; -- srun python train.py)."),
     logdir: Optional[Path] = typer.Option(
         None, "--logdir", metavar="DIR",
-        help="Where the per-rank traces go (default: ./ddpdoctor-logs/<date>-<time>-<pid> in "
-             "the working directory; the folder is created private, 0700)."),
+        help="Where the traces and reports go (default: a new private folder under "
+             "./ddpdoctor-logs)."),
     backend: Optional[str] = typer.Option(
         None, "--backend", metavar="NAME",
-        help="Override the backend the script asks for (e.g. gloo)."),
+        help="Use this backend instead of the script's (e.g. gloo)."),
     hang_timeout: float = typer.Option(
         30.0, "--hang-timeout", metavar="SECONDS", min=0.5,
-        help="Seconds every live rank may wait in a collective, none progressing, before the job "
-             "is a hang. A rank busy outside collectives (checkpoint, evaluation) is not waiting; "
-             "collectives that provably cannot match are diagnosed at once."),
+        help="Seconds the ranks may all wait in collectives, none progressing, before the "
+             "job is a hang (collectives that can never match are diagnosed at once)."),
     stuck_timeout: float = typer.Option(
         600.0, "--stuck-timeout", metavar="SECONDS", min=0.5,
-        help="Seconds a rank may stay at one place in its own code, outside collectives and "
-             "without using CPU, before the job is stopped as stuck there."),
+        help="Seconds a rank may sit idle at one line of its own code while others wait, "
+             "before the job is stopped as stuck there."),
     grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0.0,
                                 help="Seconds between SIGTERM and SIGKILL when stopping the job."),
     json_out: Optional[Path] = _output("--json", "the report as JSON here"),
     cpu: bool = typer.Option(
         False, "--cpu",
-        help="Run a script written for CUDA/NCCL on the CPU, unmodified: gloo, CUDA devices "
-             "mapped to the CPU (docs/cpu-mode.md); --nproc-per-node defaults to 2."),
+        help="Run a script written for CUDA/NCCL on the CPU, unmodified (gloo; CUDA mapped "
+             "to the CPU; 2 ranks unless --nproc-per-node says otherwise)."),
     max_steps: Optional[int] = typer.Option(
         None, "--max-steps", metavar="N", min=1,
-        help="Stop every rank cleanly at the start of DDP iteration N+1 (a success, exit 0); "
-             "an iteration is a forward through a DDP model, any of them (a GAN's D and "
-             "G both count)."),
+        help="Stop every rank cleanly at the start of DDP iteration N+1 (exit 0). Code at an "
+             "epoch's end does not run: --epoch-steps reaches it."),
+    epoch_steps: Optional[int] = typer.Option(
+        None, "--epoch-steps", metavar="N", min=1,
+        help="CI smoke test: every DataLoader pass yields at most N batches (uneven ranks "
+             "stay uneven), so each epoch's end and the next epoch's start run in seconds; "
+             "the job stops at its third epoch. 2 is a good value."),
     junit_out: Optional[Path] = _output("--junit",
                                         "a JUnit XML file: one test, failed with the diagnosis"),
     markdown_out: Optional[Path] = _output(
@@ -134,31 +132,28 @@ def run_command(
                       "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')"),
     max_trace_mb: float = typer.Option(
         RunOptions.max_trace_mb, "--max-trace-mb", metavar="MB", min=0.0,
-        help="After this many MB per rank, write only what breaks the rank's repeating "
-             "pattern: about 25 MB per rank for an hour at 10 steps/s, and the first "
-             "divergence is never lost (docs/trace-format.md). 0 from the start; a large "
-             "value keeps every collective in full."),
+        help="After this many MB per rank, record only what breaks the rank's repeating "
+             "pattern (a divergence is never lost)."),
     flight_recorder: bool = typer.Option(
         False, "--flight-recorder",
-        help="Keep the collectives with PyTorch's flight recorder instead of ddpdoctor's own "
-             "recording (NCCL groups use it unless --record-nccl is given); every rank dumps it "
-             "into the log folder on a hang. No labels beyond DDP's call sites, no reduce op or "
-             "root."),
+        help="Record with PyTorch's flight recorder instead of ddpdoctor's own recorder "
+             "(NCCL groups do unless --record-nccl); fewer details."),
     record_nccl: bool = typer.Option(
         False, "--record-nccl",
-        help="Record NCCL groups with ddpdoctor's own process-group wrapper (as gloo groups "
-             "are) instead of PyTorch's flight recorder (checked on one GPU with "
-             "scripts/gpu-check; a divergence between 2 NCCL ranks is not yet verified)."),
+        help="Record NCCL groups with ddpdoctor's own recorder, as gloo groups are "
+             "(experimental)."),
     share_lines: Optional[bool] = typer.Option(
         None, "--share-lines/--no-share-lines",
-        help="Once the job has ended, rewrite each rank whose collective lines are byte for "
-             "byte another rank's of the log folder as a short member file of that rank's "
-             "(trace format 8: a node of 8 identical ranks keeps its lines once). Default: "
-             f"on for jobs of {SHARE_FROM_RANKS} ranks or more."),
+        help="When the job has ended, keep the collectives that identical ranks share once "
+             f"(smaller logs; default: on from {SHARE_FROM_RANKS} ranks)."),
+    verbose: bool = typer.Option(
+        False, "--verbose", "-v",
+        help="On a terminal, print the whole report, not its essentials (it is in "
+             "LOGDIR/report.txt either way)."),
     expect_schedule: Optional[Path] = typer.Option(
         None, "--expect-schedule", metavar="FILE",
-        help="Fail (exit 1) when the run's collective schedule differs from this file "
-             "(written by 'ddpdoctor schedule save')."),
+        help="Fail (exit 1) when the collectives differ from this 'ddpdoctor schedule save' "
+             "file."),
 ) -> None:
     """Run SCRIPT under torchrun with every rank recorded; diagnose a hang, crash or divergence.
 
@@ -166,21 +161,17 @@ def run_command(
 
       ddpdoctor run --nproc-per-node 2 train.py --epochs 1
 
-      ddpdoctor run --standalone --nproc_per_node=4 main.py --batch-size 32
-
       ddpdoctor run --launcher python spawn_script.py
 
       ddpdoctor run --hang-timeout 60 -- accelerate launch --num_processes 2 train.py
 
-      ddpdoctor run -- bash launch.sh
-
-      ddpdoctor run --cpu --max-steps 2 --junit junit.xml train_on_gpus.py
+      ddpdoctor run --cpu --epoch-steps 2 --junit junit.xml train_on_gpus.py
     """
     opts = RunOptions(
         script=script, args=list(args or []), torchrun_args=_torchrun_args(ctx),
         launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend,
         hang_timeout=hang_timeout, stuck_timeout=stuck_timeout, grace=grace, cpu=cpu,
-        max_steps=max_steps, max_trace_mb=max_trace_mb,
+        max_steps=max_steps, epoch_steps=epoch_steps, max_trace_mb=max_trace_mb,
         expect_schedule=str(expect_schedule) if expect_schedule else None,
         reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
         record_nccl=record_nccl, share_lines=share_lines)
@@ -236,8 +227,9 @@ def run_command(
     result = ReportView(outcome.report, info)
     if json_out:
         _write([(json_out, JsonReporter().render(result), "w")])
+    whole = log_path / schema.REPORT_FILE
     if outcome.report is not None:
-        show(outcome.report, err)
+        _write([(whole, ConsoleReporter().render(result), "w")])
     elif outcome.read_error:
         say(f"no diagnosis: {outcome.read_error}")
     if timeline_out:
@@ -271,10 +263,14 @@ def run_command(
         say(f"{done.members} of {done.files} rank traces share their collective lines with "
             f"another rank's, kept once: {done.bytes_before / 1e6:.1f} MB -> "
             f"{done.bytes_after / 1e6:.1f} MB (--no-share-lines keeps every file whole)")
-    say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
-    if not err.is_terminal and outcome.report is not None:
-        # In a log the report may be far above the end: its verdict is the last line.
-        say(closing_line(result))
+    if outcome.report is not None:
+        # Last, so that a terminal's last screen holds the answer (the whole report is in
+        # report.txt), and a log ends with it.
+        show(outcome.report, err, brief=None if verbose else str(whole))
+        say(f"{closing_line(result)}; logs in {log_path} ({job.duration:.1f}s, "
+            f"exit {outcome.exit_code})")
+    else:
+        say(f"logs in {log_path} ({job.duration:.1f}s, exit {outcome.exit_code})")
     raise typer.Exit(outcome.exit_code)
 
 
@@ -347,6 +343,7 @@ def prepare_run(opts: RunOptions) -> Path:
     """Validate the options, the script and the expected schedule, and create the log folder
     (raises UsageError)."""
     check_options(opts)
+    check_flight_recorder(opts)
     check_script(opts)
     if opts.expect_schedule:
         _expected_schedule(opts.expect_schedule)
@@ -388,6 +385,7 @@ def run_and_diagnose(opts: RunOptions, logdir: Path,
         rounds = load_rounds([str(logdir)])
         rounds[-1].stopped_for_hang = job.hang
         rounds[-1].interrupted = job.interrupted
+        rounds[-1].running = False  # the lock read as held is this run's own
         report = diagnose_rounds(rounds)
         if expected is not None:
             changes = schedule.compare(expected, schedule.from_run(rounds[-1]))

@@ -66,6 +66,26 @@ def _visible_gpus() -> int:
         return 0
 
 
+def check_flight_recorder(opts: RunOptions) -> None:
+    """Refuse ``--flight-recorder`` where it would keep nothing: gloo groups (``--cpu``,
+    ``--backend gloo``, no GPU) on a torch whose gloo writes no flight-recorder entries.
+    torch's version is read from its installed metadata: the launcher does not import it."""
+    if not opts.flight_recorder:
+        return
+    gloo = opts.cpu or (opts.backend or "").lower() == "gloo" or _visible_gpus() == 0
+    try:
+        from importlib.metadata import version
+
+        found = torch_internals.minor(version("torch"))
+    except Exception:  # noqa: BLE001 - no metadata: the ranks find out themselves
+        return
+    if gloo and found is not None and found < torch_internals.GLOO_FLIGHT_RECORDER:
+        low = ".".join(map(str, torch_internals.GLOO_FLIGHT_RECORDER))
+        raise UsageError(f"--flight-recorder keeps nothing of gloo groups on torch "
+                         f"{version('torch')} (their flight recorder starts at {low}): run "
+                         f"without it (ddpdoctor's own recorder) or on NCCL")
+
+
 def nproc(opts: RunOptions) -> int:
     """Processes per node: as asked (a number; ``cpu``: one per core), else 2 in CPU mode,
     else the visible GPUs (or 2)."""
@@ -208,6 +228,9 @@ def build_env(opts: RunOptions, logdir: Path, run: str) -> dict[str, str]:
         environ[rank_env.MAX_TRACE_MB] = f"{opts.max_trace_mb:g}"
     if opts.max_steps is not None:
         environ[rank_env.MAX_STEPS] = str(opts.max_steps)
+    if opts.epoch_steps is not None:
+        environ[rank_env.EPOCH_STEPS] = str(opts.epoch_steps)
+    if opts.max_steps is not None or opts.epoch_steps is not None:
         environ[rank_env.STOP_TIMEOUT] = f"{stop_timeout(opts):g}"
     if opts.launcher == "python":
         environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -37,6 +37,7 @@ class RunOptions:
     status_every: float = 10.0
     cpu: bool = False  # run a CUDA/NCCL script on the CPU with gloo (runtime/cpu_mode.py)
     max_steps: int | None = None  # stop every rank at the start of DDP iteration N+1
+    epoch_steps: int | None = None  # every DataLoader pass yields at most N batches
     expect_schedule: str | None = None  # schedule file the run must match (analysis/schedule.py)
     # Per-rank trace size after which only what breaks the rank's pattern is written
     # (runtime/trace_cap.py; CLI --max-trace-mb): bench/run.py item f measures the hour.
@@ -65,9 +66,11 @@ class RunOptions:
 
     @property
     def ci_mode(self) -> bool:
-        """A CI check (--cpu, --max-steps, a CI report, or $CI set): nothing tested fails."""
+        """A CI check (--cpu, --max-steps, --epoch-steps, a CI report, or $CI set): nothing
+        tested fails."""
         ci = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-        return self.cpu or self.max_steps is not None or self.reports or ci
+        return self.cpu or self.max_steps is not None or self.epoch_steps is not None or \
+            self.reports or ci
 
 
 def check_script(opts: RunOptions) -> None:
@@ -100,6 +103,8 @@ def check_options(opts: RunOptions) -> None:
                          f"{opts.backend}")
     if opts.max_steps is not None and opts.max_steps < 1:
         raise UsageError("--max-steps must be at least 1")
+    if opts.epoch_steps is not None and opts.epoch_steps < 1:
+        raise UsageError("--epoch-steps must be at least 1")
     if opts.launcher == "command":
         if opts.torchrun_args:
             raise UsageError(f"torchrun option {opts.torchrun_args[0]} has no meaning with a "

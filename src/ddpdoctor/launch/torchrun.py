@@ -13,10 +13,11 @@ option. The tokens reach torchrun verbatim.
 from __future__ import annotations
 
 import argparse
+import difflib
 import hashlib
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ddpdoctor.launch import torchrun_cache
 from ddpdoctor.launch.options import UsageError
@@ -85,9 +86,11 @@ def split(argv: list[str], own: dict[str, bool]) -> Split:
                 action = actions[name[:2]]  # a short option with its value attached: -r3
                 eq = "=" if len(name) > 2 else eq
             if action is None:
-                raise UsageError(f"unknown option {name}: neither ddpdoctor's nor torchrun's "
-                                 f"(ddpdoctor run --help lists ddpdoctor's; torchrun --help "
-                                 f"torchrun's)")
+                action = _abbreviated(name, actions, own)
+            if action is None:
+                raise UsageError(f"unknown option {name}{_did_you_mean(name, actions, own)}: "
+                                 f"neither ddpdoctor's nor torchrun's (ddpdoctor run --help "
+                                 f"lists ddpdoctor's; torchrun --help torchrun's)")
             out.torchrun.append(token)
             if _takes_value(action) and not eq and i + 1 < len(argv):
                 out.torchrun.append(argv[i + 1])
@@ -97,6 +100,24 @@ def split(argv: list[str], own: dict[str, bool]) -> Split:
             return out
         i += 1
     return out
+
+
+def _abbreviated(name: str, actions: dict[str, Any], own: dict[str, bool]) -> Any:
+    """The torchrun option ``name`` abbreviates, as torchrun's parser (argparse) reads it: the
+    one long option it begins (None when it begins none, or one of ddpdoctor's; an error
+    when it begins several)."""
+    if not name.startswith("--") or any(o.startswith(name) for o in own):
+        return None
+    found = [o for o in actions if o.startswith(name)]
+    if len(found) > 1:
+        raise UsageError(f"ambiguous option {name}: it begins {', '.join(found[:4])}")
+    return actions[found[0]] if found else None
+
+
+def _did_you_mean(name: str, actions: dict[str, Any], own: dict[str, bool]) -> str:
+    known = [o for o in [*own, *actions] if o.startswith("--")]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 @dataclass

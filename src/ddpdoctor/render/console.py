@@ -5,6 +5,11 @@ one table of what each rank was doing at the root finding (ranks doing the same 
 row), the code of each source line (as the rank captured it; no file is opened), then
 the cause's title, why and how to fix it; other findings folded to one line each.
 :class:`ConsoleReporter` is the :class:`~ddpdoctor.render.interface.Reporter`.
+
+The *brief* form is what a terminal shows at the end of ``ddpdoctor run``: the headline, the
+root finding's table and lines of code, the cause's title and its fix, then one line saying
+where the rest (why, the other findings, stacks, notes) is: it fits a 30-row terminal's last
+screen.
 """
 
 from __future__ import annotations
@@ -43,16 +48,21 @@ class ConsoleReporter:
     """The report as a terminal shows it: ``color_system`` None for plain text (a log, CI),
     lines up to ``width`` wide and no trailing spaces."""
 
-    def __init__(self, width: int = 100, color_system: str | None = None) -> None:
+    def __init__(self, width: int = 100, color_system: str | None = None,
+                 brief: str | None = None) -> None:
         self.width = width
         self.color_system = color_system
+        self.brief = brief  # the brief form, the whole report being in this file
 
     def render(self, view: ReportView) -> str:
         buffer = io.StringIO()
         console = Console(file=buffer, width=self.width, color_system=self.color_system,  # type: ignore[arg-type]
                           force_terminal=self.color_system is not None, highlight=False,
                           emoji=False)
-        _print(view, console)
+        if self.brief is None:
+            _print(view, console)
+        else:
+            _print_brief(view, console, self.brief)
         return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
 
 
@@ -78,15 +88,38 @@ def _print(view: ReportView, console: Console) -> None:
             console.print(f"  • {note}", markup=False, highlight=False)
 
 
+def _print_brief(view: ReportView, console: Console, whole: str) -> None:
+    if view.report is not None:
+        view = replace(view, report=clean_report(view.report))
+    left: list[str] = []
+    if view.root is not None:
+        _root(view.root, console, brief=view)
+        if catalog.get(view.root.cause) is not None or view.root.evidence:
+            left.append("why")
+        if view.hang_ranks:
+            left.append("the stacks")
+    else:
+        _headline(view, console)
+        _unfinished(view, console)
+        _hang_stacks(view, console)
+    if view.folded:
+        left.append(f"{len(view.folded)} other finding{'s' if len(view.folded) > 1 else ''}")
+    notes = len(view.report.notes) if view.report is not None else 0
+    if notes:
+        left.append(f"{notes} note{'s' if notes > 1 else ''}")
+    if left:
+        console.print(Text(f"More ({', '.join(left)}): {whole}, or run with --verbose",
+                           style="dim"))
+
+
 def closing_line(view: ReportView) -> str:
-    """The verdict again in one line, for the very end of a log: 'DIVERGED — root cause
-    callsite_divergence [rank_conditional_ddp_forward] (the report above)'."""
-    text = f"{view.verdict_word} — {view.verdict_text}"
+    """The verdict again in one line, for the very end: 'DIVERGED — root cause
+    callsite_divergence [rank_conditional_ddp_forward]'."""
     root = view.root
-    if root is not None:
-        text = f"{view.verdict_word} — root cause {root.kind}" + \
-            (f" [{root.cause}]" if root.cause else "")
-    return text + " (the report above)"
+    if root is None:
+        return f"{view.verdict_word} — {view.verdict_text}"
+    return f"{view.verdict_word} — root cause {root.kind}" + \
+        (f" [{root.cause}]" if root.cause else "")
 
 
 def _headline(view: ReportView, console: Console) -> None:
@@ -149,9 +182,16 @@ def _labelled(items: list[tuple[str, Text | str, str]]) -> Table:
     return grid
 
 
-def _root(f: Finding, console: Console) -> None:
-    console.print()
-    title = Text("Root cause: ", style="bold")
+def _root(f: Finding, console: Console, brief: ReportView | None = None) -> None:
+    """The root finding; ``brief``: its essentials, under a headline of the view's verdict."""
+    if brief is None:
+        console.print()
+        title = Text("Root cause: ", style="bold")
+    else:
+        verdict = brief.report.verdict if brief.report is not None else ""
+        title = Text(f"ddpdoctor: {brief.verdict_word}",
+                     style=f"bold {_COLOURS.get(verdict, 'yellow')}")
+        title.append(" — root cause ")
     title.append(f.kind, style="bold")
     if where(f):
         title.append(f"  ({where(f)})")
@@ -160,20 +200,22 @@ def _root(f: Finding, console: Console) -> None:
     console.print(_rank_table(f))
     _source_block(f, console)
     context = _context_line(f)
-    if context:
+    if context and brief is None:
         console.print(context, markup=False, highlight=False, style="dim")
     cause = catalog.get(f.cause)
     items: list[tuple[str, Text | str, str]] = []
     if cause is not None:
         items.append(("Cause:", Text(cause.title) + Text(f"  [{cause.id}]", style="dim"),
                       "bold"))
-        items.append(("Why:", Text(cause.explanation), "bold"))
-    for item in f.evidence:
+        if brief is None:
+            items.append(("Why:", Text(cause.explanation), "bold"))
+    for item in f.evidence if brief is None else []:
         items.append(("", Text(f"• {item}"), ""))
     if f.advice:
         items.append(("Fix:", Text(f.advice), "bold green"))
     if items:
-        console.print()
+        if brief is None:
+            console.print()
         console.print(_labelled(items))
 
 

@@ -18,6 +18,7 @@ rank: 16,384 identical ranks are one track, and the rank that diverged is a trac
 from __future__ import annotations
 
 import json
+import os
 from array import array
 from collections.abc import Hashable
 from pathlib import Path
@@ -166,7 +167,10 @@ def _draw_rank(trace: RankTrace, rank: int, events: list[dict[str, Any]], tids: 
 
 
 def write(run: Run, report: Report | None, out: Path) -> int:
-    """Write the timeline to ``out``; returns the number of events."""
+    """Write the timeline to ``out`` (readable by the user only, as every report file: it
+    quotes the job's source lines and messages); returns the number of events."""
     doc = build(run, report)
-    out.write_text(json.dumps(doc))
+    with open(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w",
+              encoding="utf-8") as fh:
+        fh.write(json.dumps(doc))
     return len(doc["traceEvents"])

@@ -135,6 +135,18 @@ def _excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
         _recorder.flush()
     except Exception:
         pass
+    if exc_type.__name__ == "NestedLaunch" and exc_type.__module__.startswith("ddpdoctor."):
+        return  # the launcher says, once, to run the script with --launcher python
+    try:
+        from ddpdoctor.runtime import user_traceback
+
+        user_traceback.clean(exc)
+        if _recorder.rank is not None and user_traceback.lost_peer(exc) and \
+                user_traceback.fold(exc, os.environ[env.LOGDIR], _recorder.rank):
+            return
+        tb = exc.__traceback__
+    except Exception:
+        pass
     _previous_excepthook(exc_type, exc, tb)
 
 

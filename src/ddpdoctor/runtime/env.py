@@ -6,6 +6,7 @@ BACKEND = "DDPDOCTOR_BACKEND"
 CPU = "DDPDOCTOR_CPU"  # "1": map CUDA to the CPU in every rank (runtime/cpu_mode.py)
 CPU_DEVICES = "DDPDOCTOR_CPU_DEVICES"  # what torch.cuda.device_count() answers in CPU mode
 MAX_STEPS = "DDPDOCTOR_MAX_STEPS"  # N: stop every rank at the start of DDP iteration N+1
+EPOCH_STEPS = "DDPDOCTOR_EPOCH_STEPS"  # N: every DataLoader pass yields at most N batches
 STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the others
 # after this many MB a trace keeps only what breaks the pattern
 MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"

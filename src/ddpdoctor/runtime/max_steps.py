@@ -1,4 +1,5 @@
-"""``--max-steps N``: every rank ends cleanly at the start of DDP iteration N+1.
+"""``--max-steps N``: every rank ends cleanly at the start of DDP iteration N+1 (and, through
+:func:`stop`, ``--epoch-steps`` at the start of the third epoch: ``epoch_steps.py``).
 
 The DDP hooks call :func:`check` at the start of every DDP forward (and join shadow
 iteration), before it is counted and before DDP issues any collective of it. Once N
@@ -41,6 +42,7 @@ _POLL = 0.02
 
 _limit: int | None = None
 _timeout: float = DEFAULT_STOP_TIMEOUT
+epoch_ends = 0  # DataLoader passes that ran to their end (counted by epoch_steps.py)
 
 
 def configure(limit: int | None, timeout: float | None = None) -> None:
@@ -69,8 +71,9 @@ def check(recorder: Any) -> None:
         stop(recorder)
 
 
-def stop(recorder: Any) -> None:
-    """End this rank now: exit record, wait for the other ranks, ``os._exit(0)``."""
+def stop(recorder: Any, extra: dict[str, Any] | None = None) -> None:
+    """End this rank now: exit record (``steps``, the DataLoader passes that ended, and
+    ``extra``), wait for the other ranks, ``os._exit(0)``."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -78,7 +81,8 @@ def stop(recorder: Any) -> None:
             pass
     try:
         _settle(recorder)
-        recorder.close(schema.EXIT_MAX_STEPS, {"steps": _limit})
+        recorder.close(schema.EXIT_MAX_STEPS,
+                       {"steps": _limit, "epoch_ends": epoch_ends, **(extra or {})})
     except Exception:
         pass
     try:

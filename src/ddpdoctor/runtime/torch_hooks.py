@@ -15,7 +15,8 @@
   (``_patch_ddp_buckets``, ``ddp_buckets.py``);
 * records an exception escaping an ``mp.spawn`` worker function (``spawn._wrap`` swallows it);
 * with ``DDPDOCTOR_CPU=1`` installs CPU mode first (``cpu_mode.py``), and with
-  ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``).
+  ``DDPDOCTOR_MAX_STEPS`` stops the rank at the start of DDP iteration N+1 (``max_steps.py``);
+  ``DDPDOCTOR_EPOCH_STEPS`` makes every DataLoader pass short (``epoch_steps.py``).
 
 Each of these relies on a torch behaviour that ``torch_internals.contract_problems`` checks at
 start-up (and ``tests/unit/test_torch_contract.py`` in more depth); every private torch name is
@@ -35,7 +36,7 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-from ddpdoctor.runtime import env, max_steps, patches, user_code
+from ddpdoctor.runtime import env, epoch_steps, max_steps, patches, user_code
 from ddpdoctor.runtime import torch_internals as internals
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import nested_launch
@@ -71,6 +72,7 @@ def install(recorder: Recorder, backend_override: str | None) -> bool:
     _backend_override = backend_override
     recorder.set_internal_dirs(list(user_code.internal_prefixes()))
     max_steps.configure_from_env()
+    epoch_steps.install(recorder)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -437,6 +439,11 @@ def _torchrun_worker_child() -> bool:
         os.environ.get(env.TOP_PID) != str(os.getppid())
 
 
+class NestedLaunch(RuntimeError):
+    """Raised where a torchrun rank starts workers of its own; printed by nobody (the
+    launcher says what to do, once)."""
+
+
 def _nested_launch(frame: Any) -> RuntimeError:
     """Report a script that starts its own workers, run under torchrun, found at ``frame``:
     every torchrun rank would start a whole job of its own, on the same ports (the job hangs
@@ -445,7 +452,7 @@ def _nested_launch(frame: Any) -> RuntimeError:
     nested_launch.report(os.environ[env.LOGDIR], int(os.environ["RANK"]),
                          site.f_code.co_filename if site else None,
                          site.f_lineno if site else None)
-    return RuntimeError("ddpdoctor: this script starts its own workers; run it with "
+    return NestedLaunch("ddpdoctor: this script starts its own workers; run it with "
                         "ddpdoctor run --launcher python")
 
 

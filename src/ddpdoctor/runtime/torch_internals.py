@@ -28,7 +28,7 @@ VERIFIED = ((2, 6), (2, 15))  # oldest and newest minor release the test suite p
 
 # From this release on every group's sequence numbers start at 0 by themselves and
 # _set_sequence_number_for_group() only prints that it is deprecated, on every rank.
-SEQUENCE_NUMBERS_START_AT_ZERO = (2, 15)
+SEQUENCE_NUMBERS_START_AT_ZERO = (2, 14)
 
 AGENT_MODULE = "torch.distributed.elastic.multiprocessing.api"  # torchrun's worker handling
 SPAWN_MODULE = "torch.multiprocessing.spawn"
@@ -38,6 +38,7 @@ DYNAMO_MODULE = "torch._dynamo"  # imported once torch.compile is about to be us
 # generic one gloo writes to (from 2.7): not one ring under two names; entries of one job
 # may be in either, and a rank's dump is both rings' entries.
 FLIGHT_RECORDER_DUMPS = ("_dump_nccl_trace", "_dump_fr_trace")
+GLOO_FLIGHT_RECORDER = (2, 7)  # the first release whose gloo groups write flight-recorder entries
 _CPP_LOG_LEVEL = "TORCH_CPP_LOG_LEVEL"
 
 

@@ -26,12 +26,20 @@ def _prefixes(dirs: set[str]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+OWN = _prefixes({os.path.dirname(os.path.dirname(os.path.abspath(__file__)))})  # ddpdoctor/
+
+
+def is_own(filename: str) -> bool:
+    """ddpdoctor's own code."""
+    return filename.startswith(OWN)
+
+
 @functools.lru_cache(maxsize=1)
 def internal_prefixes() -> tuple[str, ...]:
     """Path prefixes of torch's and ddpdoctor's files. Torch is located, never imported: the
     watchdog thread asks this while the main thread may be importing torch, and a second
     thread importing it then sees a half-initialised package."""
-    dirs = {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}  # ddpdoctor/
+    dirs: set[str] = set()
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         dirs.add(os.path.dirname(str(torch.__file__)))
@@ -39,7 +47,7 @@ def internal_prefixes() -> tuple[str, ...]:
         spec = importlib.util.find_spec("torch")
         if spec is not None and spec.origin:
             dirs.add(os.path.dirname(spec.origin))
-    return _prefixes(dirs)
+    return OWN + _prefixes(dirs)
 
 
 @functools.lru_cache(maxsize=1)

@@ -217,7 +217,8 @@ class Watchdog:
     @staticmethod
     def library_call(frame: Any) -> str | None:
         """The library function the main thread's user code is inside ('queue.get()'), or None
-        when its innermost frame is the user's own."""
+        when its innermost frame is the user's own. A wrapper of ddpdoctor's is named by what
+        it wraps (``DistributedDataParallel.__init__``, not ddpdoctor's patch of it)."""
         callee = None
         while frame is not None:
             name = frame.f_code.co_filename
@@ -225,7 +226,8 @@ class Watchdog:
                 if callee is None or callee.f_code.co_filename.startswith("<"):
                     return None  # the user's own line, or an import in progress
                 return call_name(callee.f_code.co_filename, callee.f_code.co_name)
-            callee = frame
+            if callee is None or not user_code.is_own(name):
+                callee = frame
             frame = frame.f_back
         return None
 

@@ -235,6 +235,7 @@ class Run:
     stop_reason: str = ""
     nnodes: int = 1  # nodes of the job: a rank without a trace may be on another node
     interrupted: bool = False  # the user stopped the job (Ctrl-C): what came after is unknown
+    running: bool = False  # a `ddpdoctor run` still holds the folder: the job has not ended
     damaged: bool = False  # a file was left out as damaged: a clean verdict would claim too much
 
     @property

@@ -514,6 +514,22 @@ def load_run(paths: Iterable[str | os.PathLike],
     return runs[-1]
 
 
+def in_use(folder: Path) -> bool:
+    """Whether a ``ddpdoctor run`` holds ``folder``'s lock: its job has not ended. (The run
+    itself reads its folder while it holds the lock: it says otherwise.)"""
+    try:
+        fd = os.open(folder / schema.LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing releases a lock this call took
+    return False
+
+
 def load_rounds(paths: Iterable[str | os.PathLike],
                 on_file: Callable[[int, int], None] | None = None) -> list[Run]:
     """One :class:`Run` per round, in order: a script that starts its ranks more than once
@@ -545,6 +561,7 @@ def load_rounds(paths: Iterable[str | os.PathLike],
         if final:
             run.stopped_for_hang, run.stop, run.stop_reason = stop is not None, stop, reason
             run.interrupted = interrupted
+            run.running = any(in_use(folder) for folder in folders)
         runs.append(run)
     return runs
 

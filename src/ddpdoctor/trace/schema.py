@@ -111,6 +111,8 @@ CUT_SUFFIX = ".cut"  # an empty file next to a trace whose writes failed (full d
 # The other files of a log folder (docs/trace-format.md, "Other files in the log folder").
 JOB_FILE = "job.json"  # the launcher's record: why it stopped the job
 TORCHRUN_FILE = "torchrun.txt"  # torchrun's own failure summary, folded out of the terminal
+REPORT_FILE = "report.txt"  # the whole report, of which a terminal shows the essentials
+TRACEBACK_PREFIX = "traceback-rank-"  # traceback-rank-N.txt: a lost-peer traceback, folded
 # ``ddpdoctor attach``: a job it did not start, read from outside (trace/snapshot.py). Its own
 # format and version: 1 is the first.
 SNAPSHOT_FILE = "attach.json"
@@ -135,6 +137,11 @@ LOCK_FILE = ".lock"  # held by the one ddpdoctor run writing into the folder
 EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
 HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence
 NESTED_LAUNCH = "nested-launch.json"  # a torchrun rank was asked to spawn its own workers
+
+
+def traceback_file(rank: int) -> str:
+    """The file of a rank's folded lost-peer traceback (runtime/user_traceback.py)."""
+    return f"{TRACEBACK_PREFIX}{rank}.txt"
 
 
 def remote_filename(rank: int) -> str:

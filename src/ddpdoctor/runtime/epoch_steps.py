@@ -1,0 +1,164 @@
+"""``--epoch-steps N``: every epoch made short, so that a smoke test reaches the epoch-end code.
+
+Bugs that make DDP ranks diverge live where an epoch ends: evaluation on one rank, a
+checkpoint barrier, the last uneven batch, the second epoch's first forward. Stopping a smoke
+run after a few steps never reaches them; running whole epochs takes hours. Under
+``DDPDOCTOR_EPOCH_STEPS=N`` every pass over a ``torch.utils.data.DataLoader`` (an epoch of
+training, a round of evaluation) yields at most N batches, so the script's loop ends its
+epoch, runs its evaluation, checkpoint and logging code and starts the next one, in seconds:
+
+* **uneven inputs stay uneven**: before a pass, the ranks tell each other (through the
+  default group's c10d store, no collective) how many batches their loader holds; a rank
+  whose loader holds k batches more than the shortest rank's yields N + k, so the rank with
+  one batch more still meets the epoch's end with one batch more. A loader that only some
+  ranks go through (evaluation on rank 0) is capped at N after one short wait
+  (:data:`EXCHANGE_WAIT`), and not exchanged again;
+* ``len(loader)`` answers the short length, as learning-rate schedules and progress bars ask;
+* **the job ends at the start of the third epoch**: when any DataLoader begins its third pass,
+  the rank stops cleanly as ``--max-steps`` stops it (``max_steps.stop``; exit record status
+  ``max_steps`` with ``epoch_steps`` set), every rank at the same point.
+
+Under ``--max-steps`` alone (nothing shortened) the passes that ran to their end are counted,
+so that the report can say when the stop came before any epoch ended.
+
+Standard library and torch only: this runs inside every rank.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from typing import Any
+
+from ddpdoctor.runtime import env, max_steps, patches
+from ddpdoctor.runtime import torch_internals as internals
+
+EXCHANGE_WAIT = 2.0  # seconds a rank waits for its peers' loader lengths, once per loader
+STOP_AT_PASS = 2  # the pass (0-based) at whose start the job stops: the third epoch
+_POLL = 0.005
+
+_steps: int | None = None  # N; None: count the passes, shorten nothing
+_recorder: Any = None
+_passes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> passes begun
+_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> order first seen
+_alone: set[int] = set()  # loaders (by index) whose peers did not answer: capped at N
+_caps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> its current cap
+
+
+def install(recorder: Any) -> None:
+    """Patch ``DataLoader`` when ``--epoch-steps`` or ``--max-steps`` is given."""
+    global _steps, _recorder
+    raw = os.environ.get(env.EPOCH_STEPS, "").strip()
+    _steps = int(raw) if raw.isdigit() and int(raw) > 0 else None
+    if _steps is None and not os.environ.get(env.MAX_STEPS, "").strip():
+        return
+    import torch.utils.data
+
+    _recorder = recorder
+    loader = torch.utils.data.DataLoader
+    real_iter, real_len = loader.__iter__, loader.__len__
+
+    def __iter__(self: Any) -> Any:
+        it = real_iter(self)
+        try:
+            cap = _begin_pass(self, _length(real_len, self))
+        except Exception:  # never fail the job's data for a smoke-test shortcut
+            cap = _steps
+        return _Pass(it, cap)
+
+    def __len__(self: Any) -> int:
+        length = real_len(self)
+        cap = _caps.get(self)
+        if cap is None and _steps is not None:
+            cap = _steps
+        return length if cap is None else min(length, cap)
+
+    patches.replace(loader, "__iter__", __iter__)
+    patches.replace(loader, "__len__", __len__)
+
+
+def _length(real_len: Any, loader: Any) -> int | None:
+    try:
+        return int(real_len(loader))
+    except Exception:  # an IterableDataset without a length
+        return None
+
+
+def _begin_pass(loader: Any, length: int | None) -> int | None:
+    """Count the pass, stop the job at the third epoch, and return how many batches it yields
+    (None: all)."""
+    index = _index.setdefault(loader, len(_index))
+    done = _passes.get(loader, 0)
+    _passes[loader] = done + 1
+    if _steps is None:
+        return None
+    if done >= STOP_AT_PASS:
+        max_steps.stop(_recorder, {"steps": getattr(_recorder, "iteration", 0),
+                                   "epoch_steps": _steps})
+    cap = _steps
+    if length is not None and length > _steps and index not in _alone:
+        shortest = _shortest(index, done, length)
+        if shortest is None:
+            _alone.add(index)
+        else:
+            cap = min(length, _steps + length - shortest)
+    _caps[loader] = cap
+    return cap
+
+
+def _shortest(index: int, done: int, length: int) -> int | None:
+    """The shortest length of this loader's pass over every rank (None: a peer did not say
+    within :data:`EXCHANGE_WAIT`, or there is no process group)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    world, rank = dist.get_world_size(), dist.get_rank()
+    store = internals.default_store()
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    base = f"ddpdoctor/epoch_steps/{getattr(_recorder, 'run_id', '')}/{attempt}/{index}/{done}"
+    store.set(f"{base}/{rank}", str(length))
+    keys = [f"{base}/{r}" for r in range(world)]
+    deadline = time.monotonic() + EXCHANGE_WAIT
+    while not store.check(keys):
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_POLL)
+    return min(int(store.get(k)) for k in keys)
+
+
+class _Pass:
+    """One pass over a loader: at most ``cap`` batches; counts a pass that ran to its end."""
+
+    def __init__(self, it: Any, cap: int | None) -> None:
+        self._it = it
+        self._left = cap
+        self._ended = False
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __next__(self) -> Any:
+        if self._left is not None and self._left <= 0:
+            self._end()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self._end()
+        if self._left is not None:
+            self._left -= 1
+        return batch
+
+    def _end(self) -> Any:
+        if not self._ended:
+            self._ended = True
+            max_steps.epoch_ends += 1
+        raise StopIteration
+
+    def __len__(self) -> int:
+        length = len(self._it)
+        return length if self._left is None else min(length, self._left)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._it, name)  # the loader iterator's own attributes
