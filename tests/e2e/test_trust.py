@@ -26,7 +26,7 @@ ABORTS = [
                  {0: "sync_backward", 1: "log_loss"}, id="no_sync-count"),
     pytest.param("iterable_uneven.py", "uneven_inputs", {0: "backward", 1: "metrics"},
                  id="iterable-dataset"),
-    pytest.param("nan_skip.py", "rank_conditional_collective",
+    pytest.param("nan_skip.py", "data_dependent_skip",
                  {0: "loss_all_reduce", 1: "backward"}, id="nan-skip"),
 ]
 

@@ -150,6 +150,34 @@ def logging_reduce_on_rank0() -> Run:
     return make_run(*bs, stopped_for_hang=True)
 
 
+def nan_skip() -> Run:
+    """``if torch.isnan(loss): continue`` before the loss all-reduce: rank 1 skips it at step
+    3, and its next gradient all-reduce meets rank 0's loss all-reduce."""
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init()
+        for _ in range(2):
+            b.step().user("all_reduce", shapes=[[1]], reduce_op="SUM", line=45)
+        b.step()
+    bs[0].user("all_reduce", shapes=[[1]], reduce_op="SUM", line=45).pend_last()
+    bs[1].step().pend_last()
+    return make_run(*bs, stopped_for_hang=True)
+
+
+def micro_batch_skip() -> Run:
+    """A sharded job's own collectives (no DDP): each micro-batch all-reduces its statistics
+    at line 30, then its gradients at line 34; rank 1 skips one micro-batch's statistics (an
+    empty batch), so its gradient all-reduce meets rank 0's statistics all-reduce."""
+    bs = ranks(2)
+    for b in bs:
+        for _ in range(3):
+            b.user("all_reduce", shapes=[[8]], line=30).user("all_reduce", shapes=[[64]],
+                                                             line=34)
+    bs[0].user("all_reduce", shapes=[[8]], line=30).pend_last()
+    bs[1].user("all_reduce", shapes=[[64]], line=34).pend_last()
+    return make_run(*bs, stopped_for_hang=True)
+
+
 def logging_reduce_no_buffers() -> Run:
     """The same with a model without buffers: its first forward issues nothing, so rank 1's
     next collective is the bucket rebuild of iteration 2, from the forward line."""
@@ -188,6 +216,17 @@ def rank_dependent_shape() -> Run:
         b.ddp_init().train(2)
     bs[0].user("all_reduce", shapes=[[3]], line=50).pend_last()
     bs[1].user("all_reduce", shapes=[[4]], line=50).pend_last()
+    return make_run(*bs, stopped_for_hang=True)
+
+
+def rank_dependent_dtype() -> Run:
+    """``dist.all_reduce(torch.tensor(np.mean(losses)))`` on rank 0 (float64), a float32
+    tensor on rank 1: the same shape."""
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(2)
+    bs[0].user("all_reduce", shapes=[[1]], dtypes=["float64"], line=50).pend_last()
+    bs[1].user("all_reduce", shapes=[[1]], dtypes=["float32"], line=50).pend_last()
     return make_run(*bs, stopped_for_hang=True)
 
 

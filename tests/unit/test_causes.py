@@ -33,9 +33,13 @@ from .factories import TraceBuilder, make_run, ranks
      "rank_conditional_collective", [0, 1]),
     (scenarios.checkpoint_barrier_on_rank0, "diverged", "missing_collective",
      "rank_conditional_collective", [0, 1]),
+    (scenarios.nan_skip, "diverged", "op_mismatch", "data_dependent_skip", [0, 1]),
+    (scenarios.micro_batch_skip, "diverged", "shape_mismatch", "data_dependent_skip", [0, 1]),
     (scenarios.seed003_crash, "crashed", "rank_crashed", "rank_crashed", [0, 1]),
     (scenarios.group_inversion, "diverged", "wait_cycle", "group_order_inversion", [0, 1]),
     (scenarios.rank_dependent_shape, "diverged", "shape_mismatch", "rank_dependent_shape",
+     [0, 1]),
+    (scenarios.rank_dependent_dtype, "diverged", "dtype_mismatch", "rank_dependent_dtype",
      [0, 1]),
     (scenarios.broadcast_root_mismatch, "diverged", "root_mismatch", "broadcast_root_mismatch",
      [0, 1]),
@@ -441,3 +445,31 @@ def test_a_wait_cycle_in_one_group_is_not_a_group_order_inversion() -> None:
     one_group_collectives = cycle(("all_reduce", "0"), ("broadcast", "0"))
     assert _group_order_inversion(one_group_collectives, None) is None  # type: ignore[arg-type]
     assert _p2p_peer_mismatch(one_group_collectives, None) is None  # type: ignore[arg-type]
+
+
+def test_a_dtype_only_difference_is_never_told_to_pad_and_a_shape_one_never_to_cast() -> None:
+    """Each of the two causes on the facts that deny the other's premise: a float32-vs-float64
+    metric gets the dtype cause (not "pad to a common size"), and a shape difference the shape
+    cause; the dtype evidence names each rank's dtype."""
+    dtype = diagnose(scenarios.rank_dependent_dtype()).root
+    assert dtype.cause == "rank_dependent_dtype"
+    assert dtype.evidence == ["rank 0 passed float64; rank 1 passed float32 tensors of the same "
+                              "shape"]
+    assert "Pad" not in dtype.advice and "dtype" in dtype.advice
+    shape = diagnose(scenarios.rank_dependent_shape()).root
+    assert shape.cause == "rank_dependent_shape" and "dtype" not in shape.advice
+
+
+def test_a_skip_is_data_dependent_only_where_the_skipping_rank_ran_the_line_before() -> None:
+    """The premise that tells a data-dependent skip from an `if rank == 0:` block: the rank
+    that did not issue the collective had issued it from the same line before. A reduce that
+    rank 1 never issued is rank-conditional; the same pair where rank 1 had issued it is a
+    skip, never described as an `if rank == 0:` block."""
+    never = diagnose(scenarios.logging_reduce_on_rank0()).root
+    assert never.cause == "rank_conditional_collective"
+    skipped = diagnose(scenarios.micro_batch_skip()).root
+    assert skipped.cause == "data_dependent_skip"
+    assert skipped.evidence == ["rank 1 had issued all_reduce at train.py:30 in main() before, "
+                                "so no rank test keeps it from it; here rank 0 issued it and "
+                                "rank 1 did not"]
+    assert "rank == 0" not in catalog.get("data_dependent_skip").title

@@ -432,6 +432,29 @@ def _collective_under_rank_test(f: Finding, ctx: RuleContext) -> list[str] | Non
     return None
 
 
+def _skipped_user_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """Premises: a user collective that some ranks issued here and the others did not (they
+    issued something else, or nothing), no rank test around it, and the others had issued it
+    from the same line before: no `if rank == 0:` keeps them from it, so each rank decided on
+    its own data. (Two lines that differ in shape too: one rank's statistics met another's
+    gradients, not a tensor sized by the rank.)"""
+    if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE,
+                      fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH) or f.group is None:
+        return None
+    user = {r: d for r, d in _issued(f).items() if d.label == "user"}
+    if not user or any(_rank_test(d) for d in user.values()):
+        return None
+    for r, d in sorted(user.items()):
+        key = site_key(d.site)
+        rest = [o for o, od in sorted(f.ranks.items())
+                if o != r and (od.op is None or site_key(od.site) != key)]
+        if key is not None and rest and all(key in ctx.group_sites(f.group, o) for o in rest):
+            return [f"{rank_list(rest)} had issued {d.op} at {site_text(d.site)} before, so "
+                    f"no rank test keeps {'it' if len(rest) == 1 else 'them'} from it; here "
+                    f"rank {r} issued it and {rank_list(rest)} did not"]
+    return None
+
+
 def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE):
         return None
@@ -454,13 +477,28 @@ def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | No
     return None
 
 
-def _rank_dependent_shape(f: Finding, ctx: RuleContext) -> list[str] | None:
-    if f.kind not in (fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH):
-        return None
+def _user_only(f: Finding) -> bool:
+    """Every rank that issued ``f``'s collective issued it from the script's own call."""
     labels = _labels(f)
-    if labels and labels <= {"user"}:
-        return []
-    return None
+    return bool(labels) and labels <= {"user"}
+
+
+def _rank_dependent_shape(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """Premises: the user's collective, and the shapes differ (not only the dtypes)."""
+    return [] if f.kind == fk.SHAPE_MISMATCH and _user_only(f) else None
+
+
+def _rank_dependent_dtype(f: Finding, ctx: RuleContext) -> list[str] | None:
+    """Premises: the user's collective, the same shapes on every rank, other dtypes."""
+    issued = _issued(f)
+    if f.kind != fk.DTYPE_MISMATCH or not _user_only(f) or \
+            len({str(d.shapes) for d in issued.values()}) != 1:
+        return None
+    by_dtype: dict[str, list[int]] = {}
+    for r, d in sorted(issued.items()):
+        by_dtype.setdefault(",".join(d.dtypes) or "?", []).append(r)
+    return ["; ".join(f"{rank_list(rs_)} passed {dtype}" for dtype, rs_ in by_dtype.items())
+            + " tensors of the same shape"]
 
 
 def _ddp_model_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
@@ -468,7 +506,8 @@ def _ddp_model_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
         return None
     labels = _labels(f)
     if labels and all(lb.startswith("ddp.") for lb in labels):
-        return [f"the DDP collectives ({', '.join(sorted(labels))}) differ in size between "
+        what = "size" if f.kind == fk.SHAPE_MISMATCH else "dtype"
+        return [f"the DDP collectives ({', '.join(sorted(labels))}) differ in {what} between "
                 f"ranks"]
     return None
 
@@ -506,10 +545,12 @@ RULES: list[tuple[str, Rule]] = [
     ("rank_conditional_collective", _collective_under_rank_test),
     ("rank_conditional_ddp_forward", _rank_conditional_ddp_forward),
     ("rank_dependent_no_sync", _rank_dependent_no_sync),
-    ("rank_conditional_collective", _skipped_collective),
+    ("data_dependent_skip", _skipped_collective),
     ("uneven_inputs", _uneven_inputs),
+    ("data_dependent_skip", _skipped_user_collective),
     ("rank_conditional_collective", _rank_conditional_collective),
     ("rank_dependent_shape", _rank_dependent_shape),
+    ("rank_dependent_dtype", _rank_dependent_dtype),
     ("ddp_model_mismatch", _ddp_model_mismatch),
     ("broadcast_root_mismatch", _broadcast_root_mismatch),
     ("rank_dependent_split_sizes", _kind(fk.SPLIT_MISMATCH)),
