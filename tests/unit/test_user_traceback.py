@@ -89,3 +89,30 @@ def test_the_library_call_of_a_rank_is_named_by_what_a_wrapper_wraps() -> None:
         co_filename=os.path.join(sysconfig.get_paths()["stdlib"], "queue.py"))
     _namespace["wrapper"](torch_like)  # the user's line calls ddpdoctor's wrapper
     assert seen == ["queue.torch_like()"]
+
+
+def test_an_mp_spawn_workers_traceback_text_loses_ddpdoctors_frames_too() -> None:
+    """mp.spawn's parent raises ProcessRaisedException with the worker's traceback as text."""
+    own = os.path.join(user_code.OWN[0], "runtime", "torch_hooks.py")
+    text = ("\n\n-- Process 1 terminated with the following error:\n"
+            "Traceback (most recent call last):\n"
+            '  File "/venv/torch/multiprocessing/spawn.py", line 90, in _wrap\n'
+            "    fn(i, *args)\n"
+            f'  File "{own}", line 478, in recorded\n'
+            "    return fn(*a)\n"
+            "           ^^^^^^\n"
+            '  File "/home/me/train.py", line 12, in worker\n'
+            "    raise ValueError('bad batch')\n"
+            "ValueError: bad batch\n")
+
+    class ProcessRaisedException(Exception):  # torch's shape: message, index, pid
+        def __init__(self, msg: str, index: int, pid: int) -> None:
+            super().__init__(msg)
+            self.msg = msg
+
+    exc = ProcessRaisedException(text, 1, 42)
+    user_traceback.clean(exc)
+    assert own not in str(exc) and own not in exc.msg
+    assert "return fn(*a)" not in str(exc) and "^^^^^^" not in str(exc)
+    assert 'File "/home/me/train.py", line 12, in worker' in str(exc)
+    assert "spawn.py" in str(exc) and str(exc).endswith("ValueError: bad batch\n")

@@ -1,7 +1,8 @@
 """The traceback a rank prints, as the user would see it without ddpdoctor.
 
 * ddpdoctor's own frames (its wrappers around torch's collectives and DDP's hooks) are left
-  out of every traceback the rank prints: a user's traceback read under ddpdoctor names the
+  out of every traceback the rank prints (and of an ``mp.spawn`` worker's, which its parent
+  prints as text): a user's traceback read under ddpdoctor names the
   same frames as under plain torchrun, and never invites blaming the tool;
 * an exception that only reports a lost peer or a wait that ran out (gloo's "Connection closed
   by peer" after another rank failed or left) is a consequence, which the diagnosis names:
@@ -14,6 +15,7 @@ Standard library only: this runs inside every rank.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from types import TracebackType
@@ -40,8 +42,17 @@ def without_own_frames(tb: TracebackType | None) -> TracebackType | None:
     return head
 
 
+def without_own_frames_text(text: str) -> str:
+    """A formatted traceback without ddpdoctor's frames (each frame's ``File`` line and the
+    indented lines under it)."""
+    own = "|".join(re.escape(p) for p in user_code.OWN)
+    return re.sub(rf'^  File "(?:{own})[^"]*", line \d+, in [^\n]*\n(?:    [^\n]*\n)*', "",
+                  text, flags=re.M)
+
+
 def clean(exc: BaseException) -> None:
-    """Leave ddpdoctor's frames out of ``exc`` and the exceptions it was raised from."""
+    """Leave ddpdoctor's frames out of ``exc`` and the exceptions it was raised from; an
+    ``mp.spawn`` worker's traceback, which the parent raises as text, too."""
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
@@ -50,6 +61,11 @@ def clean(exc: BaseException) -> None:
             continue
         seen.add(id(e))
         e.__traceback__ = without_own_frames(e.__traceback__)
+        if type(e).__name__ == "ProcessRaisedException" and e.args and \
+                isinstance(e.args[0], str):
+            e.args = (without_own_frames_text(e.args[0]), *e.args[1:])
+            if isinstance(getattr(e, "msg", None), str):
+                e.msg = e.args[0]  # type: ignore[attr-defined]  # torch's ProcessException
         todo += [e.__cause__, e.__context__]
 
 
