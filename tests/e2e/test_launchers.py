@@ -7,6 +7,7 @@ torchrun, healthy and diverged, at the user's line."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -117,6 +118,29 @@ def test_the_deepspeed_launcher_is_diagnosed(tmp_path: Path, uneven: bool) -> No
     site = root["ranks"]["1"]["site"]  # the user's engine.backward(), not DeepSpeed's
     assert (Path(site["file"]).name, site["line"]) == ("deepspeed_job.py",
                                                        marker_line(DEEPSPEED, "backward"))
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None or
+                    shutil.which("accelerate") is None,
+                    reason="Lightning and Accelerate are in the test extras")
+@pytest.mark.parametrize("framework", ["lightning", "accelerate"])
+def test_epoch_steps_makes_a_frameworks_epochs_short(tmp_path: Path, framework: str) -> None:
+    """--epoch-steps 2 on the frameworks' own loaders (Lightning's loops stop at len(), never
+    asking for more; Accelerate's prepared loaders are DataLoader subclasses): every training
+    and evaluation pass is 2 batches, and the job stops at its third epoch, not its fifth."""
+    out = tmp_path / "seen"
+    script = SCRIPTS / f"{framework}_epochs.py"
+    command = ((sys.executable, str(script)) if framework == "lightning" else
+               (*ACCELERATE_LAUNCH, str(script)))
+    job = run_job(tmp_path, "--", *command, str(out), hang_timeout=10,
+                  options=("--epoch-steps", "2"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert job.report["verdict"] == "clean"
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{out}.rank-{rank}.json").read_text())
+        assert seen["train"] == [2, 2] and seen["val"] == [2, 2], seen
+    assert {t.exit.get("epoch_steps") for t in job.run().ranks.values()} == {2}
 
 
 @pytest.mark.timeout(60)

@@ -14,9 +14,11 @@ epoch, runs its evaluation, checkpoint and logging code and starts the next one,
   ranks go through (evaluation on rank 0) is capped at N after one short wait
   (:data:`EXCHANGE_WAIT`), and not exchanged again;
 * ``len(loader)`` answers the short length, as learning-rate schedules and progress bars ask;
-* **the job ends at the start of the third epoch**: when any DataLoader begins its third pass,
-  the rank stops cleanly as ``--max-steps`` stops it (``max_steps.stop``; exit record status
-  ``max_steps`` with ``epoch_steps`` set), every rank at the same point.
+* **the job ends at the start of the third epoch**: when a DataLoader two of whose passes ran
+  to their end begins another, the rank stops cleanly as ``--max-steps`` stops it
+  (``max_steps.stop``; exit record status ``max_steps`` with ``epoch_steps`` set), every rank
+  at the same point. Passes abandoned early do not count: pytorch/examples' trainers peek at
+  one batch (``next(iter(loader))``) at the start of each epoch.
 
 Under ``--max-steps`` alone (nothing shortened) the passes that ran to their end are counted,
 so that the report can say when the stop came before any epoch ended.
@@ -35,12 +37,13 @@ from ddpdoctor.runtime import env, max_steps, patches
 from ddpdoctor.runtime import torch_internals as internals
 
 EXCHANGE_WAIT = 2.0  # seconds a rank waits for its peers' loader lengths, once per loader
-STOP_AT_PASS = 2  # the pass (0-based) at whose start the job stops: the third epoch
+STOP_AT_ENDS = 2  # a loader begins a pass after this many ran to their end: the third epoch
 _POLL = 0.005
 
 _steps: int | None = None  # N; None: count the passes, shorten nothing
 _recorder: Any = None
 _passes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> passes begun
+_ends: dict[int, int] = {}  # loader (by index) -> its passes that ran to their end
 _index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> order first seen
 _alone: set[int] = set()  # loaders (by index) whose peers did not answer: capped at N
 _caps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> its current cap
@@ -60,12 +63,11 @@ def install(recorder: Any) -> None:
     real_iter, real_len = loader.__iter__, loader.__len__
 
     def __iter__(self: Any) -> Any:
-        it = real_iter(self)
-        try:
+        try:  # first: the third epoch's stop starts no worker
             cap = _begin_pass(self, _length(real_len, self))
         except Exception:  # never fail the job's data for a smoke-test shortcut
             cap = _steps
-        return _Pass(it, cap)
+        return _Pass(real_iter(self), cap, _index.get(self))
 
     def __len__(self: Any) -> int:
         length = real_len(self)
@@ -93,7 +95,7 @@ def _begin_pass(loader: Any, length: int | None) -> int | None:
     _passes[loader] = done + 1
     if _steps is None:
         return None
-    if done >= STOP_AT_PASS:
+    if _ends.get(index, 0) >= STOP_AT_ENDS:
         max_steps.stop(_recorder, {"steps": getattr(_recorder, "iteration", 0),
                                    "epoch_steps": _steps})
     cap = _steps
@@ -131,9 +133,10 @@ def _shortest(index: int, done: int, length: int) -> int | None:
 class _Pass:
     """One pass over a loader: at most ``cap`` batches; counts a pass that ran to its end."""
 
-    def __init__(self, it: Any, cap: int | None) -> None:
+    def __init__(self, it: Any, cap: int | None, index: int | None) -> None:
         self._it = it
         self._left = cap
+        self._index = index
         self._ended = False
 
     def __iter__(self) -> _Pass:
@@ -148,13 +151,22 @@ class _Pass:
             self._end()
         if self._left is not None:
             self._left -= 1
+            if self._left <= 0:
+                # Its last batch: the pass has ended for a loop that stops at len(loader)
+                # (Lightning's) and never asks for more.
+                self._count_end()
         return batch
 
     def _end(self) -> Any:
+        self._count_end()
+        raise StopIteration
+
+    def _count_end(self) -> None:
         if not self._ended:
             self._ended = True
             max_steps.epoch_ends += 1
-        raise StopIteration
+            if self._index is not None:
+                _ends[self._index] = _ends.get(self._index, 0) + 1
 
     def __len__(self) -> int:
         length = len(self._it)

@@ -1,6 +1,7 @@
 """A DDP job whose epochs come from DataLoaders: 20 training batches an epoch, evaluation on
 every rank at each epoch's end, 5 epochs; each rank writes what it saw to ``--out``.rank-N.json
-as it goes (len(loader), batches per pass, epochs begun).
+as it goes (len(loader), batches per pass, epochs begun). Each epoch first peeks at one batch,
+as pytorch/examples' trainers do.
 
 ``--uneven``: each rank trains on its own shard, no DistributedSampler, and rank 1's shard holds
 one batch more (no join()): at each epoch's end rank 1's extra backward has no partner.
@@ -42,6 +43,9 @@ def main() -> None:
     for epoch in range(EPOCHS):
         if not args.uneven:
             train_loader.sampler.set_epoch(epoch)
+        # pytorch/examples' trainers peek at one batch for its size at each epoch's start: a
+        # pass abandoned after one batch, which is no epoch.
+        assert len(next(iter(train_loader))[0]) == BATCH
         count = 0
         for x, y in train_loader:
             opt.zero_grad()
