@@ -46,6 +46,30 @@ def test_a_refused_log_folder_is_left_as_it_was(tmp_path: Path) -> None:
     assert sorted(p.name for p in folder.iterdir()) == before
 
 
+@pytest.mark.parametrize("name", ["job.json", "rank-0.jsonl.cut", "hang-request.json",
+                                  "report.txt", "exits-12.json", "torchrun.txt"])
+def test_a_folder_with_a_file_named_as_ddpdoctors_own_is_refused_and_left_alone(
+        tmp_path: Path, name: str) -> None:
+    """A user's job.json was overwritten, a user's .cut file made a healthy run incomplete and
+    a leftover hang-request.json made healthy ranks write hang records (issue 53)."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / name).write_text("the user's\n")
+    (folder / "notes.md").write_text("kept\n")
+    with pytest.raises(UsageError, match=f"holds files named as ddpdoctor's own \\({name}\\)"):
+        make_logdir(str(folder))
+    assert (folder / name).read_text() == "the user's\n"
+    assert sorted(p.name for p in folder.iterdir()) == sorted([name, "notes.md"])
+
+
+def test_a_folder_of_other_files_is_used(tmp_path: Path) -> None:
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.md").write_text("kept\n")
+    assert make_logdir(str(folder)) == folder.resolve()
+    assert (folder / "notes.md").read_text() == "kept\n"
+
+
 def test_a_new_log_folder_is_the_users_alone(tmp_path: Path) -> None:
     folder = make_logdir(str(tmp_path / "new"))
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
@@ -58,6 +82,20 @@ def test_a_new_log_folder_is_the_users_alone(tmp_path: Path) -> None:
     (["--database-url=mysql://admin:S3cr3t!@db:3306/x"], "S3cr3t!"),
     (["sk-proj-4f9aK2mZq8XvB1nT7yLcW3eR6uH0pJdS"], "4f9aK2mZq8XvB1nT7yLcW3eR6uH0pJdS"),
     (["--hf", "hf_AbCdEfGhIjKlMnOpQrStUvWxYz0123456789"], "AbCdEfGhIjKlMnOpQrStUvWxYz"),
+    # Shapes an independent check found leaking (issue 53).
+    (["--repo", "https://ghp_16C7e42F292c6912E7710c838347Ae178B4a@github.com/o/r.git"],
+     "ghp_16C7e42F292c6912E7710c838347Ae178B4a"),
+    (["--config", '{"lr": 0.1, "password": "hunter2", "db": {"api_key": "k9"}}'], "hunter2"),
+    (["--config", '{"lr": 0.1, "password": "hunter2", "db": {"api_key": "k9"}}'], '"k9"'),
+    (["--config", "db_password: hunter2"], "hunter2"),
+    (["-p", "hunter2"], "hunter2"),
+    (["--header", "Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.abc"], "eyJhbGciOiJIUzI1NiJ9"),
+    (["Bearer", "abc.def.ghi"], "abc.def.ghi"),
+    (["--note", "token github_pat_11ABCDEFG0123456789_abcdefghijkl used"],
+     "github_pat_11ABCDEFG0123456789"),
+    (["--slack", "xoxb-123456789012-abcdefghijkl"], "xoxb-123456789012"),
+    (["--aws", "AKIAIOSFODNN7EXAMPLE"], "AKIAIOSFODNN7EXAMPLE"),
+    (["--key-file=x", "--openai", "sk-abcdefghijklmnopqrstuvwx"], "sk-abcdefghijklmnopqrstuvwx"),
 ])
 def test_secrets_are_masked_by_name_and_by_shape(args: list[str], hidden: str) -> None:
     masked = " ".join(redact.mask_args(args))
@@ -68,6 +106,8 @@ def test_secrets_are_masked_by_name_and_by_shape(args: list[str], hidden: str) -
     ["--resume", "checkpoints/checkpoint_epoch_0001_step_000020000.pt"],
     ["--data", "data_train_shard_00001_of_00064_v2_x"], ["--epochs", "3", "--lr=0.001"],
     ["--url", "https://example.org/data/train.tar"],
+    ["--url", "https://user@example.org/data"], ["--config", '{"lr": 0.1, "epochs": 3}'],
+    ["--lr-schedule", "cosine:0.1"], ["--desk", "sk-1"],
 ])
 def test_ordinary_arguments_are_kept(args: list[str]) -> None:
     assert redact.mask_args(args) == args

@@ -142,8 +142,7 @@ def make_logdir(requested: str | None) -> Path:
     else:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         path = Path(DEFAULT_LOG_ROOT) / f"{stamp}-{os.getpid()}"
-    if path.is_dir() and any(path.glob(schema.TRACE_GLOB)):
-        raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
+    _refuse_taken(path)
     try:
         existed = path.is_dir()
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -157,9 +156,22 @@ def make_logdir(requested: str | None) -> Path:
         raise UsageError(f"cannot use log folder {path.absolute()}: {exc.strerror or exc} "
                          f"(choose another with --logdir)") from None
     _lock(path)
-    if any(path.glob(schema.TRACE_GLOB)):  # another run started writing meanwhile
-        raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
+    _refuse_taken(path)  # another run started writing meanwhile
     return path.resolve()
+
+
+def _refuse_taken(path: Path) -> None:
+    """Refuse a folder that holds a file under a name ddpdoctor writes: a run never
+    overwrites, nor reads as its own, a file it did not write (a user's job.json, a .cut)."""
+    if not path.is_dir():
+        return
+    taken = sorted({p.name for pattern in schema.OWN_FILES for p in path.glob(pattern)})
+    if any(name.startswith("rank-") and name.endswith(".jsonl") for name in taken):
+        raise UsageError(f"log folder {path} already holds traces; give an empty or new folder")
+    if taken:
+        shown = ", ".join(taken[:3]) + (", ..." if len(taken) > 3 else "")
+        raise UsageError(f"log folder {path} holds files named as ddpdoctor's own ({shown}), "
+                         f"which a run would overwrite or misread; give an empty or new folder")
 
 
 _locks: list[int] = []  # descriptors held for the life of this process

@@ -3,9 +3,14 @@
 Script arguments that look like secrets are masked as ``***`` in traces (``process_start``'s
 ``argv``) and in reports (the JUnit test name, the Markdown header), by name — an option named
 like ``--api-key``, ``--token``, ``--db-pass``, ``--secret``, ``--credentials`` (its value,
-after ``=`` or as the next argument) and ``KEY=value`` forms with such a name — and by shape:
-the password of a URL with credentials (``postgres://user:***@host/db``), and a long token
-with the spread of a random one (an API key given as a plain value). Standard library only.
+after ``=`` or as the next argument), ``-p`` (a password as often as a port: masked),
+``KEY=value`` forms with such a name, and values under such keys inside JSON or YAML given as
+an argument (``--config '{"password": "***"}'``) — and by shape: the password of a URL with
+credentials (``postgres://user:***@host/db``) and a token given as a URL's user
+(``https://***@github.com/...``), the value after ``Bearer`` / ``Basic`` (an
+``Authorization`` header), the well-known token shapes (``ghp_``, ``github_pat_``, ``sk-``,
+``xox?-``, ``AKIA``, ``hf_``) wherever they are, and a long token with the spread of a random
+one (an API key given as a plain value). Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +21,19 @@ import re
 _SECRET = re.compile(r"key|token|pass|secret|credential|auth|pwd", re.I)
 # A URL with credentials (scheme://user:password@host): the password is masked wherever it is.
 _URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^\s:/@]*:)[^\s@/]+(?=@)", re.I)
+# A URL whose user part is a token (https://ghp_xxx@github.com/...): no colon, no dot.
+_URL_TOKEN = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://)[A-Za-z0-9_\-]{16,}(?=@)", re.I)
+# A value under a secret-looking key inside JSON or YAML text ("password": "x", token: x).
+_KEYED_VALUE = re.compile(
+    r"(?P<head>[\"']?[\w.-]*(?:key|token|pass|secret|credential|auth|pwd)[\w.-]*[\"']?\s*[:=]"
+    r"\s*)(?P<quote>[\"']?)(?P<value>[^\"',}\s\]]+)(?P=quote)", re.I)
+# An Authorization header's scheme followed by its credentials.
+_AUTH_VALUE = re.compile(r"(?P<head>\b(?:Bearer|Basic|Token)\s+)\S+", re.I)
+# Token shapes that providers give their keys, anywhere in an argument.
+_KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
+                          r"|sk-[A-Za-z0-9_\-]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}"
+                          r"|AKIA[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,})")
+_AUTH_WORDS = ("bearer", "basic", "token", "authorization:")
 # A long value of letters, digits and the few signs keys use (an API key pasted as a value).
 _KEY_LIKE = re.compile(r"^[A-Za-z0-9_\-+/=]{24,}$")
 MASK = "***"
@@ -26,10 +44,14 @@ def mask_args(args: list[str]) -> list[str]:
     out: list[str] = []
     mask_next = False
     for raw in args:
-        arg = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, raw)
+        arg = _masked_inside(raw)
         if mask_next:
             out.append(MASK)
             mask_next = False
+            continue
+        if arg == "-p" or arg.lower() in _AUTH_WORDS:
+            out.append(arg)
+            mask_next = True
             continue
         if _looks_random(arg):
             out.append(arg.partition("=")[0] + "=" + MASK if arg.startswith("-") and "=" in arg
@@ -47,6 +69,18 @@ def mask_args(args: list[str]) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+def _masked_inside(arg: str) -> str:
+    """``arg`` with the secrets masked that can sit anywhere inside it."""
+    arg = _URL_PASSWORD.sub(lambda m: m.group("head") + MASK, arg)
+    arg = _URL_TOKEN.sub(lambda m: m.group("head") + MASK, arg)
+    arg = _KNOWN_TOKEN.sub(MASK, arg)
+    arg = _AUTH_VALUE.sub(lambda m: m.group("head") + MASK, arg)
+    if any(c in arg for c in ":=") and not arg.startswith("-"):
+        arg = _KEYED_VALUE.sub(lambda m: m.group("head") + m.group("quote") + MASK +
+                               m.group("quote"), arg)
+    return arg
 
 
 def _looks_random(arg: str) -> bool:

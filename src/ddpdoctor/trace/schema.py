@@ -139,6 +139,14 @@ HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evide
 NESTED_LAUNCH = "nested-launch.json"  # a torchrun rank was asked to spawn its own workers
 
 
+# Every name ddpdoctor writes (or reads back) in a log folder: ``ddpdoctor run`` refuses a
+# folder that holds one already, so that it never overwrites, nor reads, a file of the user's.
+OWN_FILES = (TRACE_GLOB, TRACE_GLOB + CUT_SUFFIX, "rank-*.jsonl.*", REMOTE_GLOB, JOB_FILE,
+             TORCHRUN_FILE, REPORT_FILE, f"{TRACEBACK_PREFIX}*.txt", SNAPSHOT_FILE,
+             f"{EXITS_PREFIX}*.json", HANG_REQUEST, "hang-ack-*", NESTED_LAUNCH, "fr-rank-*.json",
+             "stderr-*.txt", "agent-*", "fault-*.txt")
+
+
 def traceback_file(rank: int) -> str:
     """The file of a rank's folded lost-peer traceback (runtime/user_traceback.py)."""
     return f"{TRACEBACK_PREFIX}{rank}.txt"
