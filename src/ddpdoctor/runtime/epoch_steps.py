@@ -63,11 +63,12 @@ def install(recorder: Any) -> None:
     real_iter, real_len = loader.__iter__, loader.__len__
 
     def __iter__(self: Any) -> Any:
+        length = _length(real_len, self)
         try:  # first: the third epoch's stop starts no worker
-            cap = _begin_pass(self, _length(real_len, self))
+            cap = _begin_pass(self, length)
         except Exception:  # never fail the job's data for a smoke-test shortcut
             cap = _steps
-        return _Pass(real_iter(self), cap, _index.get(self))
+        return _Pass(real_iter(self), cap, length, _index.get(self))
 
     def __len__(self: Any) -> int:
         length = real_len(self)
@@ -131,30 +132,32 @@ def _shortest(index: int, done: int, length: int) -> int | None:
 
 
 class _Pass:
-    """One pass over a loader: at most ``cap`` batches; counts a pass that ran to its end."""
+    """One pass over a loader: at most ``cap`` batches (None: all). The pass has ended once it
+    has given its last batch (``cap``, or the loader's length): a loop that stops at
+    ``len(loader)`` (Lightning's) never asks for more; else at ``StopIteration``."""
 
-    def __init__(self, it: Any, cap: int | None, index: int | None) -> None:
+    def __init__(self, it: Any, cap: int | None, length: int | None,
+                 index: int | None) -> None:
         self._it = it
-        self._left = cap
+        self._cap = cap
+        self._last = min((n for n in (cap, length) if n is not None), default=None)
         self._index = index
+        self._given = 0
         self._ended = False
 
     def __iter__(self) -> _Pass:
         return self
 
     def __next__(self) -> Any:
-        if self._left is not None and self._left <= 0:
+        if self._cap is not None and self._given >= self._cap:
             self._end()
         try:
             batch = next(self._it)
         except StopIteration:
             self._end()
-        if self._left is not None:
-            self._left -= 1
-            if self._left <= 0:
-                # Its last batch: the pass has ended for a loop that stops at len(loader)
-                # (Lightning's) and never asks for more.
-                self._count_end()
+        self._given += 1
+        if self._last is not None and self._given >= self._last:
+            self._count_end()
         return batch
 
     def _end(self) -> Any:
@@ -170,7 +173,7 @@ class _Pass:
 
     def __len__(self) -> int:
         length = len(self._it)
-        return length if self._left is None else min(length, self._left)
+        return length if self._cap is None else min(length, self._cap)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._it, name)  # the loader iterator's own attributes
