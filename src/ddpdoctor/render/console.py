@@ -81,6 +81,10 @@ def _print(view: ReportView, console: Console) -> None:
         _root(view.root, console)
     _folded(view.folded, console)
     _hang_stacks(view, console)
+    _notes(view, console)
+
+
+def _notes(view: ReportView, console: Console) -> None:
     if view.report is not None and view.report.notes:
         console.print()
         console.print(Text("Notes:", style="bold"))
@@ -98,13 +102,14 @@ def _print_brief(view: ReportView, console: Console, whole: str) -> None:
             left.append("why")
         if view.hang_ranks:
             left.append("the stacks")
-    else:
+    else:  # no finding to explain: the notes are the answer (what ran, what was not reached)
         _headline(view, console)
         _unfinished(view, console)
         _hang_stacks(view, console)
+        _notes(view, console)
     if view.folded:
         left.append(f"{len(view.folded)} other finding{'s' if len(view.folded) > 1 else ''}")
-    notes = len(view.report.notes) if view.report is not None else 0
+    notes = len(view.report.notes) if view.report is not None and view.root is not None else 0
     if notes:
         left.append(f"{notes} note{'s' if notes > 1 else ''}")
     if left:
