@@ -89,7 +89,6 @@ def fold(exc: BaseException, logdir: str, rank: int) -> bool:
     if user:
         where = f" at {os.path.basename(user[-1].filename)}:{user[-1].lineno}"
     sys.stderr.write(f"ddpdoctor: rank {rank} ended on {type(exc).__name__}: "
-                     f"{basics.short_message(exc)}{where} - a peer it waited for was gone, "
-                     f"a consequence the diagnosis explains (traceback: {path})\n")
+                     f"{basics.short_message(exc)}{where} - it lost a peer, or waited past its "
+                     f"timeout: a consequence the diagnosis explains (traceback: {path})\n")
     return True
-
