@@ -31,29 +31,31 @@ class _Iterator:
 @pytest.fixture(autouse=True)
 def _fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(max_steps, "epoch_ends", 0)
-    monkeypatch.setattr(epoch_steps, "_ends", {})
 
 
 def test_a_pass_gives_at_most_its_cap_and_says_so() -> None:
-    one = epoch_steps._Pass(_Iterator(20), 3, 20, 0)
+    loader = epoch_steps._Loader(0)
+    one = epoch_steps._Pass(_Iterator(20), 3, 20, loader)
     assert len(one) == 3 and list(one) == [0, 1, 2]
-    assert max_steps.epoch_ends == 1 and epoch_steps._ends == {0: 1}
-    shorter = epoch_steps._Pass(_Iterator(2), 3, 2, 0)  # a loader shorter than the cap
-    assert list(shorter) == [0, 1] and epoch_steps._ends == {0: 2}
+    assert max_steps.epoch_ends == 1 and loader.ended == 1
+    shorter = epoch_steps._Pass(_Iterator(2), 3, 2, loader)  # a loader shorter than the cap
+    assert list(shorter) == [0, 1] and loader.ended == 2
 
 
 def test_a_peek_at_one_batch_is_no_epoch_and_a_loop_stopping_at_len_is_one() -> None:
-    peek = epoch_steps._Pass(_Iterator(20), 3, 20, 0)
+    loader = epoch_steps._Loader(0)
+    peek = epoch_steps._Pass(_Iterator(20), 3, 20, loader)
     next(peek)  # next(iter(loader)) at an epoch's start, as pytorch/examples' trainers do
-    assert epoch_steps._ends == {} and max_steps.epoch_ends == 0
-    by_len = epoch_steps._Pass(_Iterator(20), 3, 20, 0)
+    assert loader.ended == 0 and max_steps.epoch_ends == 0
+    by_len = epoch_steps._Pass(_Iterator(20), 3, 20, loader)
     assert list(itertools.islice(by_len, len(by_len))) == [0, 1, 2]  # never asks for more
-    assert epoch_steps._ends == {0: 1}
+    assert loader.ended == 1
 
 
 def test_under_max_steps_alone_nothing_is_cut_and_a_whole_pass_is_an_epoch() -> None:
-    whole = epoch_steps._Pass(_Iterator(5), None, 5, 1)
+    loader = epoch_steps._Loader(1)
+    whole = epoch_steps._Pass(_Iterator(5), None, 5, loader)
     assert len(whole) == 5 and list(itertools.islice(whole, 5)) == [0, 1, 2, 3, 4]
     assert max_steps.epoch_ends == 1  # Lightning stops at len(): still an ended epoch
-    part = epoch_steps._Pass(_Iterator(5), None, 5, 1)
+    part = epoch_steps._Pass(_Iterator(5), None, 5, loader)
     assert list(itertools.islice(part, 2)) == [0, 1] and max_steps.epoch_ends == 1

@@ -108,6 +108,7 @@ def test_secrets_are_masked_by_name_and_by_shape(args: list[str], hidden: str) -
     ["--url", "https://example.org/data/train.tar"],
     ["--url", "https://user@example.org/data"], ["--config", '{"lr": 0.1, "epochs": 3}'],
     ["--lr-schedule", "cosine:0.1"], ["--desk", "sk-1"],
+    ["--norm", "basic", "--lr", "3"], ["--mode", "token", "--lr", "3"], ["--desc", "Basic model"],
 ])
 def test_ordinary_arguments_are_kept(args: list[str]) -> None:
     assert redact.mask_args(args) == args

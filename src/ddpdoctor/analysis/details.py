@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.finding import RankDetail
-from ddpdoctor.analysis.ranks import RankState, frame_sites, short_message
+from ddpdoctor.analysis.ranks import RankState, frame_sites
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, site_text
+from ddpdoctor.trace.basics import short_message
 from ddpdoctor.trace.model import Collective
 
 
@@ -113,15 +114,16 @@ def ended_children_texts(state: RankState) -> list[str]:
     return out
 
 
-def stop_text(state: RankState) -> str:
+def stop_text(state: RankState, ranks: int = 1) -> str:
     """How a rank stopped by ddpdoctor stopped: 'was stopped by --max-steps 2 at the start of
     iteration 3', or 'was stopped by --epoch-steps 2 at the start of its third epoch (after
-    iteration 5)'."""
+    iteration 5)'; said of ``ranks`` ranks that stopped alike ('were ... their')."""
+    was, its = ("was", "its") if ranks == 1 else ("were", "their")
     steps = state.max_steps if state.max_steps is not None else state.iterations
     if state.epoch_steps is not None:
-        return (f"was stopped by --epoch-steps {state.epoch_steps} at the start of its third "
-                f"epoch (after {iteration_text(steps)})")
-    return f"was stopped by --max-steps {steps} at the start of iteration {steps + 1}"
+        return (f"{was} stopped by --epoch-steps {state.epoch_steps} at the start of {its} "
+                f"third epoch (after {iteration_text(steps)})")
+    return f"{was} stopped by --max-steps {steps} at the start of iteration {steps + 1}"
 
 
 def elsewhere_detail(state: RankState) -> RankDetail:

@@ -157,19 +157,15 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
         notes.append(f"the run was interrupted (Ctrl-C, or the job was stopped) while "
                      f"{rank_list(interrupted)} still ran: what they were doing then is no "
                      f"finding; only collectives that could never match would be")
-    stopped: dict[str, list[int]] = {}
-    for r, s in states.items():
+    stopped: dict[str, list[RankState]] = {}
+    for s in states.values():
         if s.max_steps is not None:
-            stopped.setdefault(stop_text(s), []).append(r)
-    for text, ranks in sorted(stopped.items()):
-        text = text if len(ranks) == 1 else text.replace("was stopped", "were stopped") \
-            .replace(" its third", " their third")
-        notes.append(f"{rank_list(ranks)} {text}")
-    unreached = [s for s in states.values() if s.max_steps is not None
-                 and s.epoch_steps is None and s.epoch_ends == 0]
-    if unreached and len(unreached) == len([s for s in states.values()
-                                            if s.max_steps is not None]):
-        steps = unreached[0].max_steps
+            stopped.setdefault(stop_text(s), []).append(s)
+    for _text, alike in sorted(stopped.items()):
+        notes.append(f"{rank_list([s.rank for s in alike])} {stop_text(alike[0], len(alike))}")
+    ended = [s for alike in stopped.values() for s in alike]
+    if ended and all(s.epoch_steps is None and s.epoch_ends == 0 for s in ended):
+        steps = ended[0].max_steps
         notes.append(f"the job was stopped at iteration {(steps or 0) + 1}, before any epoch "
                      f"ended: its evaluation, checkpoint and epoch-end code did not run "
                      f"(--epoch-steps 2 instead of --max-steps runs every epoch short and "

@@ -43,7 +43,6 @@ RankStatus = Literal["finished", "exception", "failed", "killed", "hung", "unfin
 PENDING_WINDOW = 1024
 
 
-
 @dataclass
 class RankState:
     """One rank's ending and progress, derived once from its trace and exit code."""

@@ -76,13 +76,14 @@ def check_flight_recorder(opts: RunOptions) -> None:
     try:
         from importlib.metadata import version
 
-        found = torch_internals.minor(version("torch"))
+        installed = version("torch")
     except Exception:  # noqa: BLE001 - no metadata: the ranks find out themselves
         return
+    found = torch_internals.minor(installed)
     if gloo and found is not None and found < torch_internals.GLOO_FLIGHT_RECORDER:
         low = ".".join(map(str, torch_internals.GLOO_FLIGHT_RECORDER))
         raise UsageError(f"--flight-recorder keeps nothing of gloo groups on torch "
-                         f"{version('torch')} (their flight recorder starts at {low}): run "
+                         f"{installed} (their flight recorder starts at {low}): run "
                          f"without it (ddpdoctor's own recorder) or on NCCL")
 
 

@@ -18,7 +18,8 @@ epoch, runs its evaluation, checkpoint and logging code and starts the next one,
   to their end begins another, the rank stops cleanly as ``--max-steps`` stops it
   (``max_steps.stop``; exit record status ``max_steps`` with ``epoch_steps`` set), every rank
   at the same point. Passes abandoned early do not count: pytorch/examples' trainers peek at
-  one batch (``next(iter(loader))``) at the start of each epoch.
+  one batch (``next(iter(loader))``) at the start of each epoch. A loader the script makes
+  anew every epoch has no second pass: its epochs are short, and the script runs to its end.
 
 Under ``--max-steps`` alone (nothing shortened) the passes that ran to their end are counted,
 so that the report can say when the stop came before any epoch ended.
@@ -28,9 +29,11 @@ Standard library and torch only: this runs inside every rank.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from ddpdoctor.runtime import env, max_steps, patches
@@ -42,11 +45,21 @@ _POLL = 0.005
 
 _steps: int | None = None  # N; None: count the passes, shorten nothing
 _recorder: Any = None
-_passes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> passes begun
-_ends: dict[int, int] = {}  # loader (by index) -> its passes that ran to their end
-_index: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> order first seen
-_alone: set[int] = set()  # loaders (by index) whose peers did not answer: capped at N
-_caps: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loader -> its current cap
+
+
+@dataclass
+class _Loader:
+    """What this rank knows of one DataLoader's passes."""
+
+    index: int  # the order in which the rank first iterated it: the same on every rank
+    begun: int = 0  # passes begun
+    ended: int = 0  # passes that ran to their end: epochs
+    cap: int | None = None  # batches its current pass yields
+    alone: bool = False  # its peers did not say their length once: capped at N from then on
+
+
+_loaders: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DataLoader -> _Loader
+_order = itertools.count()
 
 
 def install(recorder: Any) -> None:
@@ -64,17 +77,19 @@ def install(recorder: Any) -> None:
 
     def __iter__(self: Any) -> Any:
         length = _length(real_len, self)
+        state = _loaders.get(self)
+        if state is None:
+            state = _loaders[self] = _Loader(next(_order))
         try:  # first: the third epoch's stop starts no worker
-            cap = _begin_pass(self, length)
+            cap = _begin_pass(state, length)
         except Exception:  # never fail the job's data for a smoke-test shortcut
             cap = _steps
-        return _Pass(real_iter(self), cap, length, _index.get(self))
+        return _Pass(real_iter(self), cap, length, state)
 
     def __len__(self: Any) -> int:
         length = real_len(self)
-        cap = _caps.get(self)
-        if cap is None and _steps is not None:
-            cap = _steps
+        state = _loaders.get(self)
+        cap = state.cap if state is not None and state.cap is not None else _steps
         return length if cap is None else min(length, cap)
 
     patches.replace(loader, "__iter__", __iter__)
@@ -88,25 +103,24 @@ def _length(real_len: Any, loader: Any) -> int | None:
         return None
 
 
-def _begin_pass(loader: Any, length: int | None) -> int | None:
+def _begin_pass(state: _Loader, length: int | None) -> int | None:
     """Count the pass, stop the job at the third epoch, and return how many batches it yields
     (None: all)."""
-    index = _index.setdefault(loader, len(_index))
-    done = _passes.get(loader, 0)
-    _passes[loader] = done + 1
+    done = state.begun
+    state.begun += 1
     if _steps is None:
         return None
-    if _ends.get(index, 0) >= STOP_AT_ENDS:
+    if state.ended >= STOP_AT_ENDS:
         max_steps.stop(_recorder, {"steps": getattr(_recorder, "iteration", 0),
                                    "epoch_steps": _steps})
     cap = _steps
-    if length is not None and length > _steps and index not in _alone:
-        shortest = _shortest(index, done, length)
+    if length is not None and length > _steps and not state.alone:
+        shortest = _shortest(state.index, done, length)
         if shortest is None:
-            _alone.add(index)
+            state.alone = True
         else:
             cap = min(length, _steps + length - shortest)
-    _caps[loader] = cap
+    state.cap = cap
     return cap
 
 
@@ -136,12 +150,11 @@ class _Pass:
     has given its last batch (``cap``, or the loader's length): a loop that stops at
     ``len(loader)`` (Lightning's) never asks for more; else at ``StopIteration``."""
 
-    def __init__(self, it: Any, cap: int | None, length: int | None,
-                 index: int | None) -> None:
+    def __init__(self, it: Any, cap: int | None, length: int | None, state: _Loader) -> None:
         self._it = it
         self._cap = cap
         self._last = min((n for n in (cap, length) if n is not None), default=None)
-        self._index = index
+        self._state = state
         self._given = 0
         self._ended = False
 
@@ -168,8 +181,7 @@ class _Pass:
         if not self._ended:
             self._ended = True
             max_steps.epoch_ends += 1
-            if self._index is not None:
-                _ends[self._index] = _ends.get(self._index, 0) + 1
+            self._state.ended += 1
 
     def __len__(self) -> int:
         length = len(self._it)

@@ -7,8 +7,8 @@ after ``=`` or as the next argument), ``-p`` (a password as often as a port: mas
 ``KEY=value`` forms with such a name, and values under such keys inside JSON or YAML given as
 an argument (``--config '{"password": "***"}'``) — and by shape: the password of a URL with
 credentials (``postgres://user:***@host/db``) and a token given as a URL's user
-(``https://***@github.com/...``), the value after ``Bearer`` / ``Basic`` (an
-``Authorization`` header), the well-known token shapes (``ghp_``, ``github_pat_``, ``sk-``,
+(``https://***@github.com/...``), the credentials of an ``Authorization:`` header and a
+``Bearer`` token, the well-known token shapes (``ghp_``, ``github_pat_``, ``sk-``,
 ``xox?-``, ``AKIA``, ``hf_``) wherever they are, and a long token with the spread of a random
 one (an API key given as a plain value). Standard library only.
 """
@@ -27,13 +27,15 @@ _URL_TOKEN = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://)[A-Za-z0-9_\-]{16,}(?=@)
 _KEYED_VALUE = re.compile(
     r"(?P<head>[\"']?[\w.-]*(?:key|token|pass|secret|credential|auth|pwd)[\w.-]*[\"']?\s*[:=]"
     r"\s*)(?P<quote>[\"']?)(?P<value>[^\"',}\s\]]+)(?P=quote)", re.I)
-# An Authorization header's scheme followed by its credentials.
-_AUTH_VALUE = re.compile(r"(?P<head>\b(?:Bearer|Basic|Token)\s+)\S+", re.I)
+# An Authorization header's credentials ("Authorization: Basic xxx"), or a bearer token; not
+# every "basic" or "token" word of an argument.
+_AUTH_VALUE = re.compile(r"(?P<head>\b(?:Authorization:\s*(?:(?:Bearer|Basic|Token)\s+)?"
+                         r"|Bearer\s+))\S+", re.I)
 # Token shapes that providers give their keys, anywhere in an argument.
 _KNOWN_TOKEN = re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"
                           r"|sk-[A-Za-z0-9_\-]{20,}|xox[abposr]-[A-Za-z0-9\-]{10,}"
                           r"|AKIA[0-9A-Z]{16}|hf_[A-Za-z0-9]{20,})")
-_AUTH_WORDS = ("bearer", "basic", "token", "authorization:")
+_AUTH_WORDS = ("bearer", "authorization:")
 # A long value of letters, digits and the few signs keys use (an API key pasted as a value).
 _KEY_LIKE = re.compile(r"^[A-Za-z0-9_\-+/=]{24,}$")
 MASK = "***"
@@ -45,10 +47,11 @@ def mask_args(args: list[str]) -> list[str]:
     mask_next = False
     for raw in args:
         arg = _masked_inside(raw)
-        if mask_next:
+        if mask_next and not arg.startswith("-"):
             out.append(MASK)
             mask_next = False
             continue
+        mask_next = False
         if arg == "-p" or arg.lower() in _AUTH_WORDS:
             out.append(arg)
             mask_next = True
