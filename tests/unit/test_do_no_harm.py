@@ -91,21 +91,29 @@ def test_a_pending_collective_keeps_no_tracked_object_alive(tmp_path: Path) -> N
     pg = RecordingProcessGroup(Backend(), None, 0, 1, "0", recorder)
     tensors, opts = [torch.ones(2)], dist.AllreduceOptions()
     pg.allreduce(tensors, opts)  # the first call fills the writer's caches
-    # A collection untracks a tuple whose items are untracked; a tuple of tuples may need a
-    # second one (whether the inner tuples were looked at first depends on the list order).
-    gc.collect()
-    gc.collect()
-    before = len(gc.get_objects())
-    for _ in range(1000):
-        pg.allreduce(tensors, opts)
     assert recorder.writer is not None
-    # The writer thread keeps the fields of collectives still running once it has looked at
-    # them: look now, so that what it makes then is counted too.
-    recorder.writer.flush()
-    gc.collect()
-    gc.collect()
-    kept = (len(gc.get_objects()) - before) / 1000
-    assert recorder.writer is not None and len(recorder.writer.pending()) == 1001
+    writer = recorder.writer
+
+    def kept_per_call() -> float:
+        # A collection untracks a tuple whose items are untracked; a tuple of tuples may need a
+        # second one (whether the inner tuples were looked at first depends on the list order).
+        gc.collect()
+        gc.collect()
+        before = len(gc.get_objects())
+        for _ in range(1000):
+            pg.allreduce(tensors, opts)
+        # The writer thread keeps the fields of collectives still running once it has looked at
+        # them: look now, so that what it makes then is counted too.
+        writer.flush()
+        gc.collect()
+        gc.collect()
+        return (len(gc.get_objects()) - before) / 1000
+
+    # The recorder's own threads (the progress and stack samplers) hold a few objects of their
+    # own at any moment, and a first round fills caches of the interpreter's and torch's: the
+    # least of three rounds is what each collective keeps.
+    kept = min(kept_per_call() for _ in range(3))
+    assert len(writer.pending()) == 3001
     recorder.close()
     assert kept <= 0.05, f"{kept:.2f} tracked objects kept alive per pending collective"
 
