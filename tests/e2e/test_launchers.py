@@ -152,3 +152,30 @@ def test_a_launch_command_that_is_not_there_is_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "command not found: no-such-launcher" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(importlib.util.find_spec("pytorch_lightning") is None,
+                    reason="pytorch-lightning is in the test extras")
+@pytest.mark.parametrize("when", ["epoch", "step"])
+def test_a_lightning_metric_logged_on_rank_0_alone_names_the_self_log_line(
+        tmp_path: Path, when: str) -> None:
+    # self.log("val_loss", ..., sync_dist=True) under `if self.trainer.is_global_zero:` in
+    # validation_step: Lightning all-reduces it at the epoch's end (on_step: at once), deep in
+    # its loops below trainer.fit(); the line to change is the self.log call.
+    on_step = ["--on-step"] if when == "step" else []
+    healthy = _command(tmp_path / "healthy", sys.executable, str(LIGHTNING), "--log", *on_step)
+    assert healthy.report is not None and healthy.returncode == 0, healthy.stderr[-3000:]
+    assert healthy.report["verdict"] == "clean"
+    job = _command(tmp_path / "broken", sys.executable, str(LIGHTNING), "--rank0-log", *on_step)
+    assert job.report is not None, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["cause"] == "rank_conditional_collective", root
+    detail = root["ranks"]["0"]
+    assert detail["label"] == f"lightning.{when}_sync"
+    assert (Path(detail["site"]["file"]).name, detail["site"]["line"]) == (
+        "lightning_job.py", marker_line(LIGHTNING, "log"))
+    assert "metric 'val_loss'" in root["summary"]
+    assert any("rank_zero_only=True" in e for e in root["evidence"]), root["evidence"]
+    # The rank that never logged ran as many forwards (its validation ones issue nothing).
+    assert "rank 1 finished its script after iteration 8" in root["summary"]

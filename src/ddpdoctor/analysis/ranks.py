@@ -176,6 +176,11 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         state.iterations = index_of(colls).last_iteration(64)
         state.end_t = max(max(c.t, c.t_end or 0.0) for c in colls[-8:])
     exit_status = (trace.exit or {}).get("status")
+    ended_at = (trace.exit or {}).get("iteration")
+    if isinstance(ended_at, int) and ended_at >= 0:
+        # Forwards after the last collective (evaluation through a model without buffers)
+        # count: a rank that ran them did not run fewer iterations.
+        state.iterations = max(state.iterations, ended_at)
     if exit_status == schema.EXIT_MAX_STEPS:
         steps = (trace.exit or {}).get("steps")
         state.max_steps = steps if isinstance(steps, int) else state.iterations

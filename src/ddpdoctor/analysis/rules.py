@@ -24,8 +24,9 @@ from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
-from ddpdoctor.analysis.terms import group_text, rank_list, site_text
+from ddpdoctor.analysis.terms import group_text, on_behalf_advice, rank_list, site_text
 from ddpdoctor.trace import ops
+from ddpdoctor.trace.ddp_sites import is_user_call
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Run, Site
 
@@ -263,7 +264,7 @@ def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind not in POSITION_KINDS:
         return None
     issued = _issued(f)
-    user = [r for r, d in issued.items() if d.label == "user"]
+    user = [r for r, d in issued.items() if is_user_call(d.label)]
     joined = [r for r, d in issued.items() if d.label and d.label.startswith("join.")]
     if not user or not joined:
         return None
@@ -336,7 +337,7 @@ def _bucket_meets_user(f: Finding) -> tuple[int, RankDetail, int, RankDetail] | 
         return None
     issued = _issued(f)
     bucket = next(((r, d) for r, d in issued.items() if d.label == "ddp.bucket"), None)
-    user = next(((r, d) for r, d in issued.items() if d.label == "user"), None)
+    user = next(((r, d) for r, d in issued.items() if is_user_call(d.label)), None)
     if bucket is None or user is None:
         return None
     return bucket[0], bucket[1], user[0], user[1]
@@ -390,7 +391,7 @@ def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
         short = [o for o in others if ctx.states[o].trace is not None]
         for o in short:
             d = f.ranks[o]
-            if d.op is not None and d.label == "user" and not _after_loop(d, o, ctx):
+            if d.op is not None and is_user_call(d.label) and not _after_loop(d, o, ctx):
                 return None  # a collective inside the loop body: rank-conditional, not uneven
         if short and all(ctx.states[o].iterations < longest for o in short):
             return [f"DDP iterations per rank: {_counts(set(ddp) | set(short), ctx)}"]
@@ -425,7 +426,7 @@ def _collective_under_rank_test(f: Finding, ctx: RuleContext) -> list[str] | Non
             not meets_ddp:
         return None
     for r, d in issued.items():
-        if d.label == "user":
+        if is_user_call(d.label):
             test = _rank_test(d)
             if test:
                 return [f"rank {r} called {d.op} at {site_text(d.site)}, under {test}"]
@@ -441,7 +442,7 @@ def _skipped_user_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE,
                       fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH) or f.group is None:
         return None
-    user = {r: d for r, d in _issued(f).items() if d.label == "user"}
+    user = {r: d for r, d in _issued(f).items() if is_user_call(d.label)}
     if not user or any(_rank_test(d) for d in user.values()):
         return None
     for r, d in sorted(user.items()):
@@ -459,7 +460,7 @@ def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | No
     if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE):
         return None
     issued = _issued(f)
-    user = {r: d for r, d in issued.items() if d.label == "user"}
+    user = {r: d for r, d in issued.items() if is_user_call(d.label)}
     if not user:
         return None
     without = [r for r in f.ranks if r not in user]
@@ -480,7 +481,7 @@ def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | No
 def _user_only(f: Finding) -> bool:
     """Every rank that issued ``f``'s collective issued it from the script's own call."""
     labels = _labels(f)
-    return bool(labels) and labels <= {"user"}
+    return bool(labels) and all(is_user_call(label) for label in labels)
 
 
 def _rank_dependent_shape(f: Finding, ctx: RuleContext) -> list[str] | None:
@@ -574,5 +575,6 @@ def recognise(f: Finding, ctx: RuleContext) -> tuple[str | None, list[str]]:
     for cause_id, rule in RULES:
         evidence = rule(f, ctx)
         if evidence is not None:
-            return cause_id, evidence
+            advice = {on_behalf_advice(d.label) for d in _issued(f).values()} - {None}
+            return cause_id, evidence + sorted(a for a in advice if a)
     return None, []

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from ddpdoctor.trace import ops
+from ddpdoctor.trace.ddp_sites import ON_BEHALF
 from ddpdoctor.trace.model import Collective, Site
 from ddpdoctor.trace.rank_text import rank_list, rank_numbers  # noqa: F401  (the analysis' words)
 
@@ -32,9 +33,26 @@ _LABELS: dict[str, str] = {
                           "has joined",
     "join.final_model": "the join final-model broadcast",
     "join.find_common_rank": "the join authoritative-rank all-reduce",
+    # On the user's behalf (runtime/on_behalf.py); "{api}" is the metric's name.
+    "lightning.epoch_sync": "Lightning: epoch-end sync of metric '{api}' (self.log, "
+                            "sync_dist=True)",
+    "lightning.step_sync": "Lightning: step sync of metric '{api}' (self.log, on_step=True, "
+                           "sync_dist=True)",
 }
 
+# What to change where a framework issued the collective for a call of the user's.
+_ON_BEHALF_ADVICE = {
+    label: "Lightning issues this collective for `self.log(..., sync_dist=True)` on every rank "
+           "that logged the metric: log it on every rank (no rank test around self.log), or "
+           "log it on one rank with rank_zero_only=True and without sync_dist"
+    for label in ON_BEHALF}
+
 REDUCING_OPS = ops.REDUCING
+
+
+def on_behalf_advice(label: str | None) -> str | None:
+    """What to change in the user's framework call behind a collective labelled ``label``."""
+    return _ON_BEHALF_ADVICE.get(label or "")
 
 
 def iteration_text(iteration: int | None) -> str:
@@ -65,7 +83,7 @@ def describe(c: Collective) -> str:
         return f"user {name}(){inner}"
     # Without a recorded iteration or bucket (a flight-recorder dump) the phrase says less.
     return template.format(it="" if c.iteration is None else f" of {iteration_text(c.iteration)}",
-                           b="" if c.bucket is None else f" {c.bucket}")
+                           b="" if c.bucket is None else f" {c.bucket}", api=c.api)
 
 
 def tensor_text(shapes: list[list[int]], dtypes: list[str]) -> str:

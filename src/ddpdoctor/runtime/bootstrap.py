@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import faulthandler
+import functools
 import importlib.abc
 import importlib.util
 import os
@@ -19,7 +20,7 @@ import threading
 import warnings
 from typing import Any
 
-from ddpdoctor.runtime import env, torch_internals
+from ddpdoctor.runtime import env, on_behalf, torch_internals
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
@@ -75,6 +76,16 @@ def _on_torch_imported() -> None:
     except Exception as exc:
         sys.stderr.write(f"ddpdoctor: could not instrument torch ({type(exc).__name__}: {exc}); "
                          f"the job runs without recording\n")
+
+
+def _on_framework_imported(module_name: str) -> None:
+    """A framework module that issues collectives for the user's calls has been imported:
+    label them with those calls (:mod:`ddpdoctor.runtime.on_behalf`)."""
+    try:
+        on_behalf.patch_lightning(module_name, lambda frame: _recorder.labeler.describe(frame)[2])
+    except Exception as exc:
+        sys.stderr.write(f"ddpdoctor: could not label {module_name}'s collectives "
+                         f"({type(exc).__name__}: {exc})\n")
 
 
 def _on_dynamo_imported() -> None:
@@ -275,6 +286,8 @@ def boot() -> None:
     # does not mind): with a dozen processes that is a dozen copies of one line.
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     watched = {"torch": _on_torch_imported, torch_internals.DYNAMO_MODULE: _on_dynamo_imported}
+    for name in on_behalf.WATCHED:
+        watched[name] = functools.partial(_on_framework_imported, name)
     if os.environ.get(env.LAUNCHER) == "command":
         # The module a torchrun agent runs its workers with (torchrun, accelerate launch, ...).
         watched[torch_internals.AGENT_MODULE] = _on_agent_imported

@@ -14,7 +14,7 @@ import time
 import traceback
 from typing import Any
 
-from ddpdoctor.runtime import env, stderr_tail, user_code
+from ddpdoctor.runtime import env, on_behalf, stderr_tail, user_code
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import MAX_SITES, Site, TraceWriter
@@ -145,7 +145,7 @@ class Recorder:
         if self.writer is None:
             return
         self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": schema.EXIT_FINISHED,
-                            "code": 0, "round_end": True}])
+                            "code": 0, "round_end": True, "iteration": self.iteration}])
         self.writer = None
         self.iteration = 0
         self.bucket_index = 0
@@ -179,18 +179,19 @@ class Recorder:
         writer = self.writer
         if writer is None:
             return None
+        behalf = on_behalf.current()
         if frame is None:  # the site follows the main thread (describe): not cached
             site, bucketed = self._site(writer, group, op, tensors, reduce_op, root, peer, None,
-                                        meta)
+                                        meta, behalf)
         else:
             key = (group, op, reduce_op, root, peer, tensors, self.labeler.places(frame)[0],
-                   meta)
+                   meta, behalf)
             known = self._sites.get(key)
             if known is None:
                 if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
                     self._sites.clear()
                 known = self._sites[key] = self._site(writer, group, op, tensors, reduce_op,
-                                                      root, peer, frame, meta)
+                                                      root, peer, frame, meta, behalf)
             site, bucketed = known
         bucket = None
         if bucketed:
@@ -201,10 +202,12 @@ class Recorder:
 
     def _site(self, writer: TraceWriter, group: str, op: str, tensors: tuple, reduce_op: Any,
               root: int | None, peer: int | None, frame: Any,
-              meta: tuple = ()) -> tuple[Site, bool]:
+              meta: tuple = (), behalf: tuple | None = None) -> tuple[Site, bool]:
         """The site of a collective called from ``frame``, labelled, and whether each of its
-        calls counts as the next gradient bucket of the iteration."""
-        label, api, stack = self.labeler.describe(frame)
+        calls counts as the next gradient bucket of the iteration. ``behalf``: (label, name,
+        stack) of the user's call a framework issues it for (:mod:`on_behalf`), which gives
+        the label, the API and the site."""
+        label, api, stack = behalf if behalf is not None else self.labeler.describe(frame)
         bucketed = False
         if label == BUCKET or label == "join.shadow_bucket":
             if tensors and not tensors[0][1].is_floating_point:
@@ -272,7 +275,8 @@ class Recorder:
                 schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
         if self.writer is not None:
             self.writer.close([{"kind": schema.EXIT, "t": _now(), "status": status,
-                                "code": self.exit_code or 0, **(extra or {})}])
+                                "code": self.exit_code or 0, "iteration": self.iteration,
+                                **(extra or {})}])
 
     def flush(self) -> None:
         if self.writer is not None:

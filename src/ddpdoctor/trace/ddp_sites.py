@@ -12,6 +12,17 @@ from __future__ import annotations
 USER = "user"
 BUCKET = "ddp.bucket"
 UNUSED_PARAMS = "ddp.unused_params"
+# Collectives a framework issued on the user's behalf, at a call of the user's that the record
+# names as its site (runtime/on_behalf.py): the analysis takes them as the user's own calls.
+LIGHTNING_EPOCH_SYNC = "lightning.epoch_sync"
+LIGHTNING_STEP_SYNC = "lightning.step_sync"
+ON_BEHALF = frozenset({LIGHTNING_EPOCH_SYNC, LIGHTNING_STEP_SYNC})
+
+
+def is_user_call(label: str | None) -> bool:
+    """Whether a collective with ``label`` came from a call in the user's code: their own
+    ``torch.distributed`` call, or a framework's on behalf of one (Lightning's ``self.log``)."""
+    return label == USER or label in ON_BEHALF
 
 # (path suffix, function, text the executing line must contain or None, label, priority).
 # When several rules match frames of one stack, the highest priority wins: the join protocol
