@@ -16,8 +16,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from ddpdoctor.analysis import premises, source
 from ddpdoctor.analysis import ranks as rs
-from ddpdoctor.analysis import source
 from ddpdoctor.analysis.align import Alignment
 from ddpdoctor.analysis.details import blocked_text, ended_children_texts, thread_error_texts
 from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
@@ -28,6 +28,7 @@ from ddpdoctor.analysis.terms import group_text, on_behalf_advice, rank_list, si
 from ddpdoctor.trace import ops
 from ddpdoctor.trace.ddp_sites import is_user_call
 from ddpdoctor.trace.index import index_of
+from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run, Site
 
 
@@ -572,9 +573,18 @@ def recognise(f: Finding, ctx: RuleContext) -> tuple[str | None, list[str]]:
         return None, [f"rank {r} was inside {ctx.states[r].unrecorded_call} at the hang, a call "
                       f"ddpdoctor's record does not hold: what it waited for there is not "
                       f"known, so no cause is given" for r in holes]
+    refuted: list[str] = []
     for cause_id, rule in RULES:
         evidence = rule(f, ctx)
-        if evidence is not None:
-            advice = {on_behalf_advice(d.label) for d in _issued(f).values()} - {None}
-            return cause_id, evidence + sorted(a for a in advice if a)
-    return None, []
+        if evidence is None:
+            continue
+        cause = catalog.get(cause_id)
+        against = premises.denied(cause.premises if cause else (), f, ctx)
+        if against:
+            # The pattern is there, but the story behind it is not: the next rule may fit.
+            refuted.append(f"not {cause_id}: it needs that {against[0]}, and the record "
+                           f"shows otherwise")
+            continue
+        advice = {on_behalf_advice(d.label) for d in _issued(f).values()} - {None}
+        return cause_id, evidence + sorted(a for a in advice if a)
+    return None, refuted

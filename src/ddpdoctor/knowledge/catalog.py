@@ -11,13 +11,15 @@ import yaml
 
 @dataclass(frozen=True)
 class Cause:
-    """A known cause: stable id, one-line title, why it breaks, how to fix it."""
+    """A known cause: stable id, one-line title, why it breaks, how to fix it, and the names
+    of its premises (:mod:`ddpdoctor.analysis.premises`)."""
 
     id: str
     title: str
     explanation: str
     fix: str
     example: str | None = None
+    premises: tuple[str, ...] = ()
 
 
 @functools.lru_cache(maxsize=1)
@@ -30,7 +32,8 @@ def causes() -> dict[str, Cause]:
     for entry in entries:
         cause = Cause(id=str(entry["id"]), title=str(entry["title"]),
                       explanation=str(entry["explanation"]).strip(),
-                      fix=str(entry["fix"]).strip(), example=entry.get("example"))
+                      fix=str(entry["fix"]).strip(), example=entry.get("example"),
+                      premises=tuple(str(p) for p in entry.get("premises") or ()))
         if cause.id in out:
             raise ValueError(f"causes.yaml: duplicate cause id {cause.id!r}")
         out[cause.id] = cause

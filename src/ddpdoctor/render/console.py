@@ -214,6 +214,10 @@ def _root(f: Finding, console: Console, brief: ReportView | None = None) -> None
                       "bold"))
         if brief is None:
             items.append(("Why:", Text(cause.explanation), "bold"))
+    elif f.is_error:
+        # No known cause's premises hold (or none matched): what is known is the table above.
+        items.append(("Cause:", Text("none of the known causes fits the record: each rank's "
+                                     "op and line above are what is known"), "bold"))
     for item in f.evidence if brief is None else []:
         items.append(("", Text(f"• {item}"), ""))
     if f.advice:

@@ -1,0 +1,168 @@
+"""What each known cause takes for granted, and whether the facts of a finding deny it.
+
+Every cause in ``knowledge/causes.yaml`` lists its premises by name (``premises:``); this
+module holds each premise once: its words and the check of a finding against it. A rule in
+:mod:`ddpdoctor.analysis.rules` recognises the pattern of its cause; before the cause is given,
+:func:`denied` checks that no premise of it is contradicted by the record (two groups where
+the cause needs one, equal shapes where it needs them to differ, a rank that ran as many
+iterations as the one said to have run more). A premise the record cannot judge (no
+iterations in a flight-recorder dump) is not denied. Pure functions of the finding and the
+rule context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
+from ddpdoctor.trace import ops
+from ddpdoctor.trace.ddp_sites import is_user_call
+
+if TYPE_CHECKING:
+    from ddpdoctor.analysis.rules import RuleContext
+
+
+@dataclass(frozen=True)
+class Premise:
+    """A fact a cause needs: its words, and whether a finding's record leaves it standing
+    (False only when the record contradicts it)."""
+
+    words: str
+    holds: Callable[[Finding, RuleContext], bool]
+
+
+def _issued(f: Finding) -> dict[int, RankDetail]:
+    return {r: d for r, d in f.ranks.items() if d.op is not None}
+
+
+def _groups(f: Finding) -> set[str]:
+    return {d.group for d in _issued(f).values() if d.group is not None} | (
+        {f.group} if f.group is not None else set())
+
+
+def _ops(f: Finding) -> set[str]:
+    return {d.op for d in _issued(f).values() if d.op is not None}
+
+
+def _user_calls(f: Finding) -> dict[int, RankDetail]:
+    return {r: d for r, d in _issued(f).items() if is_user_call(d.label)}
+
+
+def _line_issued_before(f: Finding, ctx: RuleContext) -> bool | None:
+    """Whether every rank that did not make the user's call here had made it from the same
+    line before, in this group (None: no user call or no group to judge by)."""
+    user = _user_calls(f)
+    if not user or f.group is None:
+        return None
+    keys = {site_key(d.site) for d in user.values()} - {None}
+    if len(keys) != 1:
+        return None
+    key = next(iter(keys))
+    others = [r for r, d in f.ranks.items() if r not in user and site_key(d.site) != key]
+    if not others:
+        return None
+    return all(key in ctx.group_sites(f.group, r) for r in others)
+
+
+def _fewer_iterations(f: Finding, ctx: RuleContext) -> bool:
+    """The ranks without a DDP step collective here ran fewer DDP iterations than those with
+    one; not judged without recorded iterations (a flight-recorder dump, a loop without DDP)."""
+    ddp = [d.iteration for d in _issued(f).values()
+           if d.label in DDP_STEP_LABELS and d.iteration]
+    if not ddp:
+        return True
+    short = [r for r, d in f.ranks.items() if d.label not in DDP_STEP_LABELS
+             and r in ctx.states and ctx.states[r].trace is not None]
+    return not short or any(ctx.states[r].iterations < max(ddp) for r in short)
+
+
+def _shapes(f: Finding) -> set[str]:
+    return {str(d.shapes) for d in _issued(f).values()}
+
+
+def _dtypes(f: Finding) -> set[str]:
+    return {str(d.dtypes) for d in _issued(f).values()}
+
+
+PREMISES: dict[str, Premise] = {
+    "one_group": Premise(
+        "the ranks involved wait in one process group",
+        lambda f, ctx: len(_groups(f)) <= 1),
+    "several_groups": Premise(
+        "the ranks involved wait in two process groups or more",
+        lambda f, ctx: len(_groups(f)) >= 2),
+    "point_to_point": Premise(
+        "every rank involved waits in a send or a recv",
+        lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.P2P),
+    "collective_ops": Premise(
+        "the ops involved are collectives, not point-to-point sends and receives",
+        lambda f, ctx: not (_ops(f) & ops.P2P)),
+    "user_call": Premise(
+        "a rank issued it from a call in the script (its own, or a framework's for one of its "
+        "calls)",
+        lambda f, ctx: bool(_user_calls(f))),
+    "only_user_calls": Premise(
+        "every rank issued it from a call in the script, none from DDP or join",
+        lambda f, ctx: bool(_issued(f)) and len(_user_calls(f)) == len(_issued(f))),
+    "ddp_model": Premise(
+        "the script built a DistributedDataParallel model",
+        lambda f, ctx: any(t.ddp for t in ctx.run.ranks.values())),
+    "ddp_collective": Premise(
+        "a DDP training-step collective (forward or backward) is involved",
+        lambda f, ctx: any(d.label in DDP_STEP_LABELS for d in _issued(f).values())),
+    "join_protocol": Premise(
+        "a rank ran the join protocol",
+        lambda f, ctx: any((d.label or "").startswith("join.") for d in _issued(f).values())),
+    "shapes_differ": Premise(
+        "the ranks' tensors differ in shape",
+        lambda f, ctx: len(_shapes(f)) > 1),
+    "same_shapes_other_dtypes": Premise(
+        "the ranks' tensors have one shape and differ in dtype",
+        lambda f, ctx: len(_shapes(f)) == 1 and len(_dtypes(f)) > 1),
+    "rooted_op": Premise(
+        "the op has a root rank (broadcast, reduce, gather, scatter)",
+        lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.ROOTED),
+    "reducing_op": Premise(
+        "the op reduces (all_reduce, reduce, reduce_scatter)",
+        lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.REDUCING),
+    "uneven_op": Premise(
+        "the op moves per-rank amounts (all_to_all, gather, scatter)",
+        lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.UNEVEN),
+    "fewer_iterations": Premise(
+        "the ranks that did not issue it ran fewer DDP iterations",
+        _fewer_iterations),
+    "not_a_data_condition": Premise(
+        "the ranks that did not issue it had not issued it from that line before (a rank "
+        "test, not a condition on their data)",
+        lambda f, ctx: _line_issued_before(f, ctx) is not True),
+    "line_issued_before": Premise(
+        "the ranks that skipped it had issued it from that line before",
+        lambda f, ctx: _line_issued_before(f, ctx) is not False),
+    "a_rank_failed": Premise(
+        "a rank involved raised, failed or was killed",
+        lambda f, ctx: any(ctx.states[r].crashed for r in f.ranks if r in ctx.states)),
+    "aborted_after_finishing": Premise(
+        "a rank involved finished its script and died in teardown",
+        lambda f, ctx: any(ctx.states[r].teardown_abort for r in f.ranks if r in ctx.states)),
+    "outside_collectives": Premise(
+        "a rank involved waited outside any collective",
+        lambda f, ctx: any(not ctx.states[r].pending for r in f.ranks if r in ctx.states)),
+    "cpu_mode": Premise(
+        "the job ran with --cpu",
+        lambda f, ctx: any(t.cpu_mode for t in ctx.run.ranks.values())),
+    "not_cpu_mode": Premise(
+        "the job ran as written, without --cpu",
+        lambda f, ctx: not any(t.cpu_mode for t in ctx.run.ranks.values())),
+    "a_rank_not_initialised": Premise(
+        "a rank involved never finished init_process_group",
+        lambda f, ctx: any(ctx.states[r].trace is None or ctx.states[r].trace.init != "completed"
+                           for r in f.ranks if r in ctx.states)),
+}
+
+
+def denied(premises: tuple[str, ...], f: Finding, ctx: RuleContext) -> list[str]:
+    """The words of each of ``premises`` that the finding's record contradicts."""
+    return [PREMISES[name].words for name in premises if not PREMISES[name].holds(f, ctx)]
