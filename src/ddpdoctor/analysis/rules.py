@@ -25,10 +25,10 @@ from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.analysis.terms import group_text, on_behalf_advice, rank_list, site_text
+from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace import ops
 from ddpdoctor.trace.ddp_sites import is_user_call
 from ddpdoctor.trace.index import index_of
-from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run, Site
 
 
