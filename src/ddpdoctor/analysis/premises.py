@@ -79,6 +79,12 @@ def _fewer_iterations(f: Finding, ctx: RuleContext) -> bool:
     return not short or any(ctx.states[r].iterations < max(ddp) for r in short)
 
 
+def _init_of(ctx: RuleContext, rank: int) -> str | None:
+    """How far ``rank`` got in init_process_group (None: no trace, or not begun)."""
+    trace = ctx.states[rank].trace
+    return trace.init if trace is not None else None
+
+
 def _shapes(f: Finding) -> set[str]:
     return {str(d.shapes) for d in _issued(f).values()}
 
@@ -158,8 +164,7 @@ PREMISES: dict[str, Premise] = {
         lambda f, ctx: not any(t.cpu_mode for t in ctx.run.ranks.values())),
     "a_rank_not_initialised": Premise(
         "a rank involved never finished init_process_group",
-        lambda f, ctx: any(ctx.states[r].trace is None or ctx.states[r].trace.init != "completed"
-                           for r in f.ranks if r in ctx.states)),
+        lambda f, ctx: any(_init_of(ctx, r) != "completed" for r in f.ranks if r in ctx.states)),
 }
 
 
