@@ -108,8 +108,16 @@ Facts = tuple[Finding, RuleContext]
 
 
 def _no_ddp(facts: Facts) -> None:
+    """No DDP construction recorded, and the finding's collectives the script's own."""
     for trace in facts[1].run.ranks.values():
         trace.ddp = []
+    _no_ddp_collective(facts)
+
+
+def _no_ddp_collective(facts: Facts) -> None:
+    for d in facts[0].ranks.values():
+        if d.label and d.label.startswith("ddp."):
+            d.label = "user"
 
 
 def _as_many_iterations(facts: Facts) -> None:
@@ -192,7 +200,8 @@ def _run(build: Callable[[], Run], kind: str | None = None) -> Callable[[], Fact
 NO_GPU = "No CUDA GPUs are available"
 # cause -> (the facts it explains, the change that denies a premise of it, that premise)
 CASES: dict[str, tuple[Callable[[], Facts], Callable[[Facts], None], str]] = {
-    "rank_conditional_ddp_forward": (_run(scenarios.seed000_nograd), _no_ddp, "ddp_model"),
+    "rank_conditional_ddp_forward": (_run(scenarios.seed000_nograd), _no_ddp_collective,
+                                     "ddp_collective"),
     "uneven_inputs": (_run(scenarios.seed001_case2), _as_many_iterations, "fewer_iterations"),
     "collective_inside_join": (_run(scenarios.seed001_case4), _no_join, "join_protocol"),
     "rank_conditional_collective": (_run(scenarios.logging_reduce_on_rank0),
@@ -219,10 +228,10 @@ CASES: dict[str, tuple[Callable[[], Facts], Callable[[Facts], None], str]] = {
                           "cpu_mode"),
     "shared_gpu": (_run(lambda: _raised("Duplicate GPU detected : rank 0 and rank 1 both on "
                                         "CUDA device 60")), _nobody_failed, "a_rank_failed"),
-    "rank_dependent_no_sync": (_run(_no_sync), _no_ddp, "ddp_model"),
+    "rank_dependent_no_sync": (_run(_no_sync), _no_ddp_collective, "ddp_collective"),
     "rank_blocked_outside_collectives": (_run(lambda: _teardown_run(scenarios.TIMEOUT)),
                                          _waiting_in_collectives, "outside_collectives"),
-    "rank_dependent_split_sizes": (_run(_split), _set(op="all_reduce"), "uneven_op"),
+    "rank_dependent_split_sizes": (_run(_split), _set(op="all_reduce"), "split_op"),
     "p2p_tag_mismatch": (_run(_tag), _set(op="all_reduce"), "point_to_point"),
     "p2p_peer_mismatch": (_ring, lambda facts: setattr(facts[0].ranks[1], "group", "1"),
                           "one_group"),
@@ -282,3 +291,24 @@ def test_the_lightning_story_without_the_self_log_label_is_no_uneven_inputs() ->
     bs[1].trace.exit = {**(bs[1].trace.exit or {}), "iteration": 8}
     report = diagnose(make_run(*bs, stopped_for_hang=True))
     assert report.root.cause != "uneven_inputs", report.root.evidence
+
+
+def _construction_check_failed(in_ddp: bool) -> Run:
+    """DDP's construction check raised on both ranks (param_mismatch.py): no DDP construction
+    was recorded, the exception's frames are in DDP's constructor (``in_ddp``)."""
+    bs = [TraceBuilder(r, 2) for r in range(2)]
+    ddp = "/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py"
+    for b in bs:
+        b.raise_("RuntimeError", "DDP expects same model across all ranks, but Rank 1 has 2 "
+                 "params, while rank 0 has inconsistent 1 params.", line=15)
+        if in_ddp:
+            b.trace.exception["frames"].append({"file": ddp, "line": 835,
+                                                "function": "__init__"})
+    return make_run(*bs)
+
+
+def test_a_failed_construction_check_is_a_model_mismatch_only_inside_ddp() -> None:
+    assert diagnose(_construction_check_failed(True)).root.cause == "ddp_model_mismatch"
+    f, ctx = _facts(_construction_check_failed(False))
+    assert premises.PREMISES["ddp_model"].words in premises.denied(("ddp_model",), f, ctx)
+    assert recognise(f, ctx)[0] != "ddp_model_mismatch"

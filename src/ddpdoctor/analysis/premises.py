@@ -79,6 +79,24 @@ def _fewer_iterations(f: Finding, ctx: RuleContext) -> bool:
     return not short or any(ctx.states[r].iterations < max(ddp) for r in short)
 
 
+_DDP_FILE = "nn/parallel/distributed.py"
+
+
+def _built_ddp(f: Finding, ctx: RuleContext) -> bool:
+    """A DDP construction was recorded, a collective here is DDP's, or a rank raised inside
+    DDP's constructor (its construction check failed before the construction was recorded)."""
+    if any(t.ddp for t in ctx.run.ranks.values()) or \
+            any((d.label or "").startswith("ddp.") for d in f.ranks.values()):
+        return True
+    for state in ctx.states.values():
+        exception = (state.trace.exception if state.trace is not None else None) or {}
+        for frame in exception.get("frames") or []:
+            if isinstance(frame, dict) and \
+                    str(frame.get("file", "")).replace("\\", "/").endswith(_DDP_FILE):
+                return True
+    return False
+
+
 def _init_of(ctx: RuleContext, rank: int) -> str | None:
     """How far ``rank`` got in init_process_group (None: no trace, or not begun)."""
     trace = ctx.states[rank].trace
@@ -114,8 +132,8 @@ PREMISES: dict[str, Premise] = {
         "every rank issued it from a call in the script, none from DDP or join",
         lambda f, ctx: bool(_issued(f)) and len(_user_calls(f)) == len(_issued(f))),
     "ddp_model": Premise(
-        "the script built a DistributedDataParallel model",
-        lambda f, ctx: any(t.ddp for t in ctx.run.ranks.values())),
+        "the script built, or began to build, a DistributedDataParallel model",
+        _built_ddp),
     "ddp_collective": Premise(
         "a DDP training-step collective (forward or backward) is involved",
         lambda f, ctx: any(d.label in DDP_STEP_LABELS for d in _issued(f).values())),
@@ -134,9 +152,9 @@ PREMISES: dict[str, Premise] = {
     "reducing_op": Premise(
         "the op reduces (all_reduce, reduce, reduce_scatter)",
         lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.REDUCING),
-    "uneven_op": Premise(
-        "the op moves per-rank amounts (all_to_all, gather, scatter)",
-        lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.UNEVEN),
+    "split_op": Premise(
+        "the op moves amounts each rank sets (all_to_all, gather, scatter)",
+        lambda f, ctx: bool(_ops(f)) and _ops(f) <= ops.SPLITS),
     "fewer_iterations": Premise(
         "the ranks that did not issue it ran fewer DDP iterations",
         _fewer_iterations),
