@@ -73,6 +73,7 @@ def test_accelerate_launch_is_diagnosed_at_the_users_line(tmp_path: Path, diverg
     site = root["ranks"]["0"]["site"]
     assert (Path(site["file"]).name, site["line"]) == ("accelerate_job.py",
                                                        marker_line(ACCELERATE, "gather"))
+    assert "Accelerate: gather() (its all_gather)" in root["summary"], root["summary"]
 
 
 @pytest.mark.timeout(150)
@@ -96,6 +97,7 @@ def test_a_lightning_trainer_is_diagnosed_at_the_users_line(tmp_path: Path,
     site = root["ranks"]["0"]["site"]
     assert (Path(site["file"]).name, site["line"]) == ("lightning_job.py",
                                                        marker_line(LIGHTNING, "callback"))
+    assert "Lightning: reduce()" in root["summary"], root["summary"]
     assert Path(root["context"]["ranks"]["1"]["site"]["file"]).name == "lightning_job.py"
 
 

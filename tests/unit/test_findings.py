@@ -506,3 +506,26 @@ def test_a_round_the_script_ran_with_one_rank_does_not_decide_a_compared_job() -
     bad[0].ddp_init().train(2).finish()
     bad[1].ddp_init().train(3).finish()
     assert diagnose_rounds([make_run(*bad), one]).verdict != "clean"
+
+
+def test_the_findings_a_stuck_rank_explains_are_its_follow_ons_with_its_cause() -> None:
+    """Issue 54: rank 1 stays in its own code (stuck); rank 0 waits in iteration 4's bucket.
+    The missing collective rank 1 never issued is the stuck rank's consequence: a follow-on,
+    with the root's cause, never a second story (uneven_inputs) of its own."""
+    from ddpdoctor.trace.schema import Stop
+
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init().train(3)
+    bs[0].step().pend_last()
+    bs[1].trace.init = "completed"
+    bs[1].trace.hang = {"kind": "hang", "t": 2000.0, "pending": [], "threads": [
+        {"thread": "MainThread", "main": True,
+         "frames": [{"file": "/job/train.py", "line": 17, "function": "main"}]}]}
+    run = make_run(*bs, stopped_for_hang=True)
+    run.stop = Stop.STUCK
+    report = diagnose(run)
+    assert [f.kind for f in report.findings][:2] == ["rank_stuck", "missing_collective"]
+    root, second = report.findings[:2]
+    assert (second.follow_on, second.explained_by, second.cause) == (
+        True, "rank_stuck", root.cause), (second.cause, root.cause)

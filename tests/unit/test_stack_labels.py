@@ -71,3 +71,23 @@ def test_one_user_line_reached_through_different_torch_functions_keeps_each_labe
     assert apis == ["all_reduce", "broadcast", "all_reduce"]
     stacks = [stack for _, _, stack in scope["seen"]]
     assert stacks[0][0][0] == "/job/train.py" and stacks[0] == stacks[1] == stacks[2]
+
+
+def test_a_collective_a_library_issued_for_the_users_call_is_named_in_its_words() -> None:
+    """Accelerate's gather, thirty frames below the user's line in Lightning's loops or six in
+    Accelerate's: what the user called is named, not the c10d function it reached."""
+    from ddpdoctor.analysis.terms import describe
+    from ddpdoctor.trace.model import Collective, Site
+
+    lib = "/venv/lib/python3.11/site-packages"
+    accelerate = Collective(rank=0, id=1, group="0", seq=1, op="all_gather", api="all_gather",
+                            stack=[Site(f"{lib}/accelerate/utils/operations.py", 351,
+                                        "_gpu_gather_one"),
+                                   Site(f"{lib}/accelerate/accelerator.py", 2610,
+                                        "gather_for_metrics"),
+                                   Site("/job/train.py", 88, "evaluate")])
+    assert describe(accelerate) == "Accelerate: gather_for_metrics() (its all_gather)"
+    own = Collective(rank=0, id=2, group="0", seq=2, op="all_reduce", api="all_reduce",
+                     stack=[Site("/job/train.py", 40, "training_step"),
+                            Site(f"{lib}/pytorch_lightning/loops/loop.py", 9, "run")])
+    assert describe(own) == "user all_reduce()"

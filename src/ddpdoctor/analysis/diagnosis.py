@@ -15,7 +15,7 @@ from ddpdoctor.analysis.endings import (
     stuck_findings,
     teardown_findings,
 )
-from ddpdoctor.analysis.finding import MISMATCH_KINDS, POSITION_KINDS, Finding
+from ddpdoctor.analysis.finding import MISMATCH_KINDS, Finding
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
@@ -105,9 +105,7 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
     for f in findings[1:]:
         if root is None or root.cause is None or f.kind == fk.TEARDOWN_ABORT:
             continue
-        later_in_group = (f.kind in POSITION_KINDS and f.group == root.group
-                          and root.seq is not None and f.seq is not None and f.seq > root.seq)
-        if (f.follow_on or later_in_group) and f.cause != root.cause:
+        if f.follow_on and f.cause != root.cause:  # order.py marks what the root explains
             f.cause, f.evidence = root.cause, []
     for f in findings:
         cause = catalog.get(f.cause)

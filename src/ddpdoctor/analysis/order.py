@@ -13,15 +13,19 @@ Rules, in order:
    listed after the errors, like every warning (a teardown abort is never a root cause
    while an error exists).
 3. Point-to-point divergences rank after collective ones.
-4. Once the root is known, a crash inside a collective of the root's group at or after the
-   root's position is a follow-on too (gloo failing a size check after a broadcast met an
-   all-reduce is not a second bug).
+4. Once the root is known, every later error it explains is a follow-on too, whatever its
+   kind: a finding at a later position of the root's group, a crash inside a collective of
+   the root's group at or after the root's position (gloo failing a size check after a
+   broadcast met an all-reduce is not a second bug), and one whose responsible ranks (those
+   that did not issue a missing collective; every rank of another finding) are all ranks of
+   the root (the ranks the others waited for, stuck or finished, once the root names them).
+   A follow-on takes the root's cause (``diagnosis.explain``).
 """
 
 from __future__ import annotations
 
 from ddpdoctor.analysis import ranks as rs
-from ddpdoctor.analysis.finding import ERROR, MISMATCH_KINDS, Finding
+from ddpdoctor.analysis.finding import ERROR, MISMATCH_KINDS, POSITION_KINDS, Finding
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
 
@@ -87,21 +91,36 @@ def order(findings: list[Finding], states: dict[int, RankState]) -> list[Finding
                 f.group or "", f.seq or 0)
 
     ordered = sorted(findings, key=key)
-    if _crashes_inside_root(ordered):
+    if _explained_by_root(ordered):
         ordered = sorted(ordered, key=key)
     return ordered
 
 
-def _crashes_inside_root(ordered: list[Finding]) -> bool:
-    """Crashes inside the collectives that diverged at or after the root divergence are
-    its consequences (e.g. gloo's size check failing once a broadcast met an all-reduce)."""
+def _responsible(f: Finding) -> set[int]:
+    """The ranks a finding blames: those that did not issue a missing collective; every rank
+    of another finding."""
+    if f.kind == fk.MISSING_COLLECTIVE:
+        return {r for r, d in f.ranks.items() if d.op is None}
+    return set(f.ranks)
+
+
+def _explained_by_root(ordered: list[Finding]) -> bool:
+    """Mark the later errors the root explains as its follow-ons (rule 4); whether any was."""
     root = ordered[0] if ordered else None
-    if root is None or root.kind == fk.RANK_CRASHED or root.seq is None:
+    if root is None or not root.is_error:
         return False
     changed = False
     for f in ordered[1:]:
-        if (f.kind == fk.RANK_CRASHED and not f.follow_on and f.group == root.group
-                and f.seq is not None and f.seq >= root.seq):
+        if f.follow_on or not f.is_error:
+            continue
+        later_position = crash_inside = False
+        if root.seq is not None and f.seq is not None and f.group == root.group:
+            later_position = f.kind in POSITION_KINDS and f.seq > root.seq
+            crash_inside = (root.kind != fk.RANK_CRASHED and f.kind == fk.RANK_CRASHED
+                            and f.seq >= root.seq)
+        blamed = _responsible(f)
+        same_ranks = bool(blamed) and blamed <= set(root.ranks) and f.t >= root.t
+        if later_position or crash_inside or same_ranks:
             f.follow_on, f.explained_by = True, root.kind
             changed = True
     return changed

@@ -8,9 +8,11 @@
 
 from __future__ import annotations
 
+import re
+
 from ddpdoctor.trace import ops
-from ddpdoctor.trace.ddp_sites import ON_BEHALF
-from ddpdoctor.trace.model import Collective, Site
+from ddpdoctor.trace.ddp_sites import ON_BEHALF, USER
+from ddpdoctor.trace.model import Collective, Site, is_internal_file
 from ddpdoctor.trace.rank_text import rank_list, rank_numbers  # noqa: F401  (the analysis' words)
 
 # What each recorder label means; "{it}" is " of <the iteration phrase>", "{b}" " <bucket>".
@@ -74,11 +76,38 @@ def is_rooted(op: str) -> bool:
     return op in ops.ROOTED
 
 
+# Installed packages that issue collectives for the user's calls, by the name the user knows.
+_FRAMEWORKS = {"accelerate": "Accelerate", "pytorch_lightning": "Lightning",
+               "lightning": "Lightning", "lightning_fabric": "Lightning Fabric",
+               "transformers": "Transformers", "deepspeed": "DeepSpeed", "composer": "Composer",
+               "ignite": "Ignite", "torchmetrics": "TorchMetrics"}
+_PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z0-9_]+)")
+
+
+def framework_call(c: Collective) -> str | None:
+    """'Accelerate: gather()' when the user's line called into an installed package that
+    issued the collective (the library frame just inside the user's frame); else None."""
+    for i, site in enumerate(c.stack):
+        if not is_internal_file(site.file):
+            if i == 0:
+                return None
+            found = _PACKAGE.search(c.stack[i - 1].file)
+            if found is None:
+                return None
+            package = found.group(1)
+            return f"{_FRAMEWORKS.get(package, package)}: {c.stack[i - 1].function}()"
+    return None
+
+
 def describe(c: Collective) -> str:
-    """What the collective is for, e.g. 'DDP gradient bucket 2 of iteration 7'."""
+    """What the collective is for, e.g. 'DDP gradient bucket 2 of iteration 7', or
+    'Accelerate: gather() (its all_gather)' for a library call of the user's."""
     template = _LABELS.get(c.label)
     if template is None:
         name = c.api or c.op
+        framework = framework_call(c) if c.label == USER else None
+        if framework is not None:
+            return f"{framework} (its {c.op})"
         inner = f" (its {c.op})" if c.api and c.api != c.op else ""
         return f"user {name}(){inner}"
     # Without a recorded iteration or bucket (a flight-recorder dump) the phrase says less.
