@@ -109,3 +109,7 @@ class Finding:
     @property
     def is_error(self) -> bool:
         return self.severity == ERROR
+
+    def issued(self) -> dict[int, RankDetail]:
+        """The ranks that issued the finding's collective (their detail has an op)."""
+        return {r: d for r, d in self.ranks.items() if d.op is not None}

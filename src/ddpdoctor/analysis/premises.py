@@ -34,21 +34,18 @@ class Premise:
     holds: Callable[[Finding, RuleContext], bool]
 
 
-def _issued(f: Finding) -> dict[int, RankDetail]:
-    return {r: d for r, d in f.ranks.items() if d.op is not None}
-
 
 def _groups(f: Finding) -> set[str]:
-    return {d.group for d in _issued(f).values() if d.group is not None} | (
+    return {d.group for d in f.issued().values() if d.group is not None} | (
         {f.group} if f.group is not None else set())
 
 
 def _ops(f: Finding) -> set[str]:
-    return {d.op for d in _issued(f).values() if d.op is not None}
+    return {d.op for d in f.issued().values() if d.op is not None}
 
 
 def _user_calls(f: Finding) -> dict[int, RankDetail]:
-    return {r: d for r, d in _issued(f).items() if is_user_call(d.label)}
+    return {r: d for r, d in f.issued().items() if is_user_call(d.label)}
 
 
 def _line_issued_before(f: Finding, ctx: RuleContext) -> bool | None:
@@ -70,7 +67,7 @@ def _line_issued_before(f: Finding, ctx: RuleContext) -> bool | None:
 def _fewer_iterations(f: Finding, ctx: RuleContext) -> bool:
     """The ranks without a DDP step collective here ran fewer DDP iterations than those with
     one; not judged without recorded iterations (a flight-recorder dump, a loop without DDP)."""
-    ddp = [d.iteration for d in _issued(f).values()
+    ddp = [d.iteration for d in f.issued().values()
            if d.label in DDP_STEP_LABELS and d.iteration]
     if not ddp:
         return True
@@ -104,11 +101,11 @@ def _init_of(ctx: RuleContext, rank: int) -> str | None:
 
 
 def _shapes(f: Finding) -> set[str]:
-    return {str(d.shapes) for d in _issued(f).values()}
+    return {str(d.shapes) for d in f.issued().values()}
 
 
 def _dtypes(f: Finding) -> set[str]:
-    return {str(d.dtypes) for d in _issued(f).values()}
+    return {str(d.dtypes) for d in f.issued().values()}
 
 
 PREMISES: dict[str, Premise] = {
@@ -130,16 +127,16 @@ PREMISES: dict[str, Premise] = {
         lambda f, ctx: bool(_user_calls(f))),
     "only_user_calls": Premise(
         "every rank issued it from a call in the script, none from DDP or join",
-        lambda f, ctx: bool(_issued(f)) and len(_user_calls(f)) == len(_issued(f))),
+        lambda f, ctx: bool(f.issued()) and len(_user_calls(f)) == len(f.issued())),
     "ddp_model": Premise(
         "the script built, or began to build, a DistributedDataParallel model",
         _built_ddp),
     "ddp_collective": Premise(
         "a DDP training-step collective (forward or backward) is involved",
-        lambda f, ctx: any(d.label in DDP_STEP_LABELS for d in _issued(f).values())),
+        lambda f, ctx: any(d.label in DDP_STEP_LABELS for d in f.issued().values())),
     "join_protocol": Premise(
         "a rank ran the join protocol",
-        lambda f, ctx: any((d.label or "").startswith("join.") for d in _issued(f).values())),
+        lambda f, ctx: any((d.label or "").startswith("join.") for d in f.issued().values())),
     "shapes_differ": Premise(
         "the ranks' tensors differ in shape",
         lambda f, ctx: len(_shapes(f)) > 1),

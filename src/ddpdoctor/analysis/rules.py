@@ -26,7 +26,6 @@ from ddpdoctor.analysis.ranks import RankState
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.analysis.terms import group_text, on_behalf_advice, rank_list, site_text
 from ddpdoctor.knowledge import catalog
-from ddpdoctor.trace import ops
 from ddpdoctor.trace.ddp_sites import is_user_call
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Run, Site
@@ -86,16 +85,13 @@ class RuleContext:
         return {}
 
 
-def _issued(f: Finding) -> dict[int, RankDetail]:
-    return {r: d for r, d in f.ranks.items() if d.op is not None}
-
 
 def _absent(f: Finding) -> list[int]:
     return [r for r, d in f.ranks.items() if d.op is None]
 
 
 def _labels(f: Finding) -> set[str]:
-    return {d.label for d in _issued(f).values() if d.label}
+    return {d.label for d in f.issued().values() if d.label}
 
 
 def _rank_test(d: RankDetail) -> str | None:
@@ -243,18 +239,17 @@ def _cycle_groups(f: Finding) -> list[str] | None:
 
 
 def _group_order_inversion(f: Finding, ctx: RuleContext) -> list[str] | None:
-    """Premise: the ranks are blocked in two groups or more."""
+    """A wait cycle (its premise, two groups or more, is checked with the others')."""
     groups = _cycle_groups(f)
-    if groups is None or len(groups) < 2:
+    if groups is None:
         return None
     return [f"the ranks are blocked in groups {', '.join(groups)}"]
 
 
 def _p2p_peer_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
-    """Premise: one group, and every rank of the cycle blocked in a send or a recv."""
+    """A wait cycle (premises: one group, every rank in a send or a recv)."""
     groups = _cycle_groups(f)
-    if groups is None or len(groups) != 1 or \
-            not all(d.op in ops.P2P for d in f.ranks.values()):
+    if not groups:
         return None
     waits = "; ".join(f"rank {r} in {d.op}" + (f" at {site_text(d.site)}" if d.site else "")
                       for r, d in sorted(f.ranks.items()))
@@ -264,7 +259,7 @@ def _p2p_peer_mismatch(f: Finding, ctx: RuleContext) -> list[str] | None:
 def _collective_inside_join(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind not in POSITION_KINDS:
         return None
-    issued = _issued(f)
+    issued = f.issued()
     user = [r for r, d in issued.items() if is_user_call(d.label)]
     joined = [r for r, d in issued.items() if d.label and d.label.startswith("join.")]
     if not user or not joined:
@@ -281,7 +276,7 @@ def _ddp_position(f: Finding) -> tuple[dict[int, RankDetail], list[int]] | None:
     labels = _labels(f)
     if any(label.startswith("join.") for label in labels):
         return None
-    ddp = {r: d for r, d in _issued(f).items() if d.label in DDP_STEP_LABELS}
+    ddp = {r: d for r, d in f.issued().items() if d.label in DDP_STEP_LABELS}
     if not ddp:
         return None
     return ddp, [r for r in f.ranks if r not in ddp]
@@ -336,7 +331,7 @@ def _bucket_meets_user(f: Finding) -> tuple[int, RankDetail, int, RankDetail] | 
     """(rank, detail) of a gradient bucket and of a user collective meeting at a mismatch."""
     if f.kind not in (fk.SHAPE_MISMATCH, fk.OP_MISMATCH, fk.DTYPE_MISMATCH):
         return None
-    issued = _issued(f)
+    issued = f.issued()
     bucket = next(((r, d) for r, d in issued.items() if d.label == "ddp.bucket"), None)
     user = next(((r, d) for r, d in issued.items() if is_user_call(d.label)), None)
     if bucket is None or user is None:
@@ -410,7 +405,7 @@ def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
     absent = _absent(f)
     if not absent or not all(ctx.states[r].status == rs.FINISHED for r in absent):
         return None
-    for d in _issued(f).values():
+    for d in f.issued().values():
         key = site_key(d.site)
         if key is None or any(key not in ctx.group_sites(f.group, r) for r in absent):
             return None
@@ -420,7 +415,7 @@ def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
 def _collective_under_rank_test(f: Finding, ctx: RuleContext) -> list[str] | None:
     """A user collective on some ranks that the source shows inside ``if rank == 0:`` (met
     by another collective, or by a DDP collective of the same op with other shapes)."""
-    issued = _issued(f)
+    issued = f.issued()
     meets_ddp = f.kind in (fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH) and \
         len({d.label for d in issued.values()}) > 1
     if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE) and \
@@ -443,7 +438,7 @@ def _skipped_user_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE,
                       fk.SHAPE_MISMATCH, fk.DTYPE_MISMATCH) or f.group is None:
         return None
-    user = {r: d for r, d in _issued(f).items() if is_user_call(d.label)}
+    user = {r: d for r, d in f.issued().items() if is_user_call(d.label)}
     if not user or any(_rank_test(d) for d in user.values()):
         return None
     for r, d in sorted(user.items()):
@@ -460,7 +455,7 @@ def _skipped_user_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
 def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind not in (fk.OP_MISMATCH, fk.MISSING_COLLECTIVE, fk.CALLSITE_DIVERGENCE):
         return None
-    issued = _issued(f)
+    issued = f.issued()
     user = {r: d for r, d in issued.items() if is_user_call(d.label)}
     if not user:
         return None
@@ -479,22 +474,15 @@ def _rank_conditional_collective(f: Finding, ctx: RuleContext) -> list[str] | No
     return None
 
 
-def _user_only(f: Finding) -> bool:
-    """Every rank that issued ``f``'s collective issued it from the script's own call."""
-    labels = _labels(f)
-    return bool(labels) and all(is_user_call(label) for label in labels)
-
-
 def _rank_dependent_shape(f: Finding, ctx: RuleContext) -> list[str] | None:
-    """Premises: the user's collective, and the shapes differ (not only the dtypes)."""
-    return [] if f.kind == fk.SHAPE_MISMATCH and _user_only(f) else None
+    """A shape mismatch (premises: the script's own calls, shapes that differ)."""
+    return [] if f.kind == fk.SHAPE_MISMATCH else None
 
 
 def _rank_dependent_dtype(f: Finding, ctx: RuleContext) -> list[str] | None:
-    """Premises: the user's collective, the same shapes on every rank, other dtypes."""
-    issued = _issued(f)
-    if f.kind != fk.DTYPE_MISMATCH or not _user_only(f) or \
-            len({str(d.shapes) for d in issued.values()}) != 1:
+    """A dtype mismatch (premises: the script's own calls, one shape, other dtypes)."""
+    issued = f.issued()
+    if f.kind != fk.DTYPE_MISMATCH:
         return None
     by_dtype: dict[str, list[int]] = {}
     for r, d in sorted(issued.items()):
@@ -585,6 +573,6 @@ def recognise(f: Finding, ctx: RuleContext) -> tuple[str | None, list[str]]:
             refuted.append(f"not {cause_id}: it needs that {against[0]}, and the record "
                            f"shows otherwise")
             continue
-        advice = {on_behalf_advice(d.label) for d in _issued(f).values()} - {None}
+        advice = {on_behalf_advice(d.label) for d in f.issued().values()} - {None}
         return cause_id, evidence + sorted(a for a in advice if a)
     return None, refuted
