@@ -114,22 +114,23 @@ def _no_ddp(facts: Facts) -> None:
     _no_ddp_collective(facts)
 
 
-def _no_ddp_collective(facts: Facts) -> None:
-    for d in facts[0].ranks.values():
-        if d.label and d.label.startswith("ddp."):
-            d.label = "user"
+def _relabel(prefix: str, to: str) -> Callable[[Facts], None]:
+    """The finding's collectives labelled ``prefix``... relabelled ``to``."""
+    def change(facts: Facts) -> None:
+        for d in facts[0].ranks.values():
+            if d.label and d.label.startswith(prefix):
+                d.label = to
+    return change
+
+
+_no_ddp_collective = _relabel("ddp.", "user")
+_no_join = _relabel("join.", "ddp.bucket")
 
 
 def _as_many_iterations(facts: Facts) -> None:
     f, ctx = facts
     for state in ctx.states.values():
         state.iterations = 10 ** 6
-
-
-def _no_join(facts: Facts) -> None:
-    for d in facts[0].ranks.values():
-        if d.label and d.label.startswith("join."):
-            d.label = "ddp.bucket"
 
 
 def _issued_the_line_before(facts: Facts) -> None:
