@@ -11,6 +11,9 @@ exited.
 * ``mismatch``: rank 0 alone enters a barrier while rank 1 runs its next training step (a DDP
   gradient-bucket all-reduce). A barrier cannot match an all-reduce: ddpdoctor diagnoses it at
   once, whatever the hang timeout (30 s here). Target: at most 2 s.
+* ``stuck``: rank 1 sleeps outside collectives after its fifth step while rank 0 waits in
+  the sixth step's gradient all-reduce: the stuck rule (rank 1 blocked, everyone else
+  waiting for it). Target: at most hang-timeout + 1 s.
 """
 
 from __future__ import annotations
@@ -32,7 +35,12 @@ dist.init_process_group("gloo")
 model = nn.parallel.DistributedDataParallel(nn.Linear(64, 64))
 for _ in range(5):
     model(torch.randn(8, 64)).sum().backward()
-if dist.get_rank() == 0:
+if KIND == "stuck":
+    if dist.get_rank() == 1:
+        print("HANG_BEGINS", time.time(), flush=True)
+        time.sleep(3600)
+    model(torch.randn(8, 64)).sum().backward()
+elif dist.get_rank() == 0:
     print("HANG_BEGINS", time.time(), flush=True)
     dist.barrier()
 elif KIND == "mismatch":
@@ -42,7 +50,7 @@ else:
 time.sleep(3600)
 '''
 
-TIMEOUT = {"timeout": None, "mismatch": 30.0}
+TIMEOUT = {"timeout": None, "mismatch": 30.0, "stuck": None}
 
 
 def one(hang_timeout: float, kind: str = "timeout") -> float:
@@ -79,7 +87,8 @@ def main() -> None:
     timeout = args.hang_timeout or TIMEOUT[args.kind] or 5.0
     values = measure(timeout, args.rounds, args.kind)
     median = statistics.median(values)
-    target = "≤ 2 s" if args.kind == "mismatch" else "≤ timeout + 5 s"
+    target = {"mismatch": "≤ 2 s", "stuck": "≤ timeout + 1 s"}.get(args.kind,
+                                                                  "≤ timeout + 5 s")
     print(f"{args.kind}: hang-to-diagnosis median {median:.2f} s over {len(values)} runs "
           f"(min {min(values):.2f}, max {max(values):.2f}); hang timeout {timeout:g} s "
           f"(target {target})")

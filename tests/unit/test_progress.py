@@ -10,6 +10,7 @@ from pathlib import Path
 from ddpdoctor.analysis.hang_rules import SETTLE
 from ddpdoctor.launch.job import WAITED, _someone_waits
 from ddpdoctor.launch.monitor import JobProgress
+from ddpdoctor.runtime.progress import ProgressBlock
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.schema import Stop
 
@@ -19,38 +20,71 @@ T0 = 1000.0
 
 
 class Rank:
-    """Appends one rank's records to its trace file, as the writer would."""
+    """Appends one rank's records to its trace file and keeps its progress block, as the
+    writer would (the block through the rank's own ProgressBlock)."""
 
     def __init__(self, folder: Path, rank: int, world: int = 2) -> None:
         self.path = folder / f"rank-{rank}.jsonl"
         self.rank, self.id = rank, 0
         self.seq: dict[str, int] = {}
         self.sites: dict[tuple, int] = {}
+        self.block = ProgressBlock(str(self.path), schema.header(rank, "r", 0))
+        self.running: dict[int, dict] = {}  # what the block lists as still running
+        self.completed = 0
         self._write({**schema.header(rank, "r", 0)},
                     {"kind": "process_start", "rank": rank, "world_size": world, "pid": 1},
-                    {"kind": "stack", "id": 0, "frames": [{"file": "t.py", "line": 5 + rank,
-                                                           "function": "f"}]})
+                    {"kind": "stack", "id": 0, "frames": [self.frame]})
+
+    @property
+    def frame(self) -> dict:
+        return {"file": "t.py", "line": 5 + self.rank, "function": "f"}
 
     def _write(self, *records: dict) -> None:
         with open(self.path, "a") as fh:
             for rec in records:
                 fh.write(json.dumps(rec) + "\n")
+        for rec in records:
+            if rec.get("kind") == "collective":
+                inline = {k: v for k, v in rec.items() if k not in ("stack", "t", "rank")}
+                self._issued({**inline, "frames": [self.frame]})
+            else:
+                self.block.note(rec)
+
+    def _issued(self, rec: dict) -> None:
+        self.running[rec["id"]] = rec
+        if rec.get("seq") is not None:
+            self.seq[rec["group"]] = rec["seq"]
+        self._tell()
+
+    def _tell(self) -> None:
+        last = self.running[max(self.running)] if self.running else {}
+        self.block.progressed(self.id, self.completed, 1,
+                              f"{last.get('op', '')} ({last.get('label', '')})",
+                              dict(self.seq), [json.dumps(r) for r in self.running.values()],
+                              len(self.running))
 
     def coll(self, op: str = "all_reduce", shape: int = 4, group: str = "0") -> int:
         self.id += 1
-        seq = self.seq[group] = self.seq.get(group, 0) + 1
+        seq = self.seq.get(group, 0) + 1
+        static = {"group": group, "op": op, "label": "user", "shapes": [[shape]],
+                  "dtypes": ["float32"], "numel": shape}
         site = self.sites.get((group, op, shape))
+        lines = []
         if site is None:  # its static part, once (format 9)
             site = self.sites[(group, op, shape)] = len(self.sites)
-            self._write({"kind": "site", "id": site, "group": group, "op": op, "label": "user",
-                         "shapes": [[shape]], "dtypes": ["float32"], "numel": shape,
-                         "stack": 0})
-        self._write({"id": self.id, "kind": "collective", "seq": seq, "iteration": 1,
-                     "site": site})
+            lines.append({"kind": "site", "id": site, **static, "stack": 0})
+        line = {"id": self.id, "kind": "collective", "seq": seq, "iteration": 1, "site": site}
+        with open(self.path, "a") as fh:
+            fh.write("".join(json.dumps(rec) + "\n" for rec in (*lines, line)))
+        self._issued({**line, **static, "frames": [self.frame]})
         return self.id
 
     def done(self, *pending: int) -> None:
         self._write({"kind": "done", "t": T0, "upto": self.id, "pending": list(pending)})
+        for cid in [c for c in self.running if c not in pending]:
+            del self.running[cid]
+            self.completed += 1
+        self._tell()
 
     def activity(self, t: float, cpu_rate: float, function: str = "save",
                  io_rate: int | None = 0, **extra: object) -> None:
@@ -295,3 +329,34 @@ def test_the_exit_barrier_release_reads_the_agents_latest_workers(tmp_path: Path
     # A file written before "latest" existed is judged on every code, as before.
     exits.write_text(json.dumps({"exit_codes": written["exit_codes"]}))
     assert not released(T0 + 20)
+
+
+def test_a_rank_still_since_its_first_activity_record_is_stuck_a_timeout_after_it(
+        tmp_path: Path) -> None:
+    """The first activity record after a collective has no I/O figure (it needs two readings);
+    when the next finds the rank idle at the same place, it has been still since the first:
+    the stuck verdict comes a timeout after that one, not after the second (issue 56: the
+    report at the hang timeout + 1 s)."""
+    job, r0, r1 = _job(tmp_path)
+    r0.coll(), r1.coll()
+    r0.done(), r1.done()
+    r1.coll()  # rank 1 waits in the next step's all-reduce; rank 0 sleeps in its own code
+    job.poll(T0)
+    r0.activity(T0 + 0.4, 0.0, "sleep", io_rate=None)
+    job.poll(T0 + 0.5)
+    r0.activity(T0 + 1.4, 0.0, "sleep")
+    job.poll(T0 + 1.5)
+    assert job.ranks[0].still_since == T0 + 0.4
+    assert job.verdict(5, None, T0 + 5.3) is None
+    assert job.verdict(5, None, T0 + 5.45) == STUCK
+    # Busy in between (the first record's CPU): still only from the second.
+    (tmp_path / "busy").mkdir()
+    job2, a0, a1 = _job(tmp_path / "busy")
+    a0.coll(), a1.coll()
+    a0.done(), a1.done()
+    a1.coll()
+    job2.poll(T0)
+    a0.activity(T0 + 0.4, 0.9, "sleep", io_rate=None)
+    a0.activity(T0 + 1.4, 0.0, "sleep")
+    job2.poll(T0 + 1.5)
+    assert job2.ranks[0].still_since == T0 + 1.4

@@ -18,7 +18,6 @@ import pytest
 from tests.unit.writer_jobs import writer_job
 
 from ddpdoctor.analysis import diagnose
-from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.render.json_report import to_dict
 from ddpdoctor.runtime import env, trace_file
 from ddpdoctor.runtime.trace_file import TraceFile
@@ -207,22 +206,3 @@ def test_zeros_past_the_padding_bound_are_damage_not_padding(tmp_path: Path) -> 
     path.write_bytes(b"line\n" + b"\0" * 100)
     with open(path, "rb") as fh:
         assert padding.data_end(fh.fileno(), path.stat().st_size) == 5
-
-
-def test_the_monitor_follows_a_padded_trace_as_it_grows(tmp_path: Path) -> None:
-    path = tmp_path / "rank-0.jsonl"
-    head = json.dumps(schema.header(0, "r", 0)) + "\n"
-    start = json.dumps({"kind": "process_start", "t": 1.0, "rank": 0, "world_size": 1}) + "\n"
-    coll = '{"id": 1, "kind": "collective", "seq": 1, "iteration": 0, "state": "pending", ' \
-           '"group": "0", "op": "all_reduce", "label": "user", "shapes": [[1]], ' \
-           '"dtypes": ["float32"], "numel": 1, "stack": 0}\n'
-    first = (head + start).encode()
-    path.write_bytes(first + b"\0" * 100000)  # a live writer's reserved bytes
-    progress = JobProgress(str(tmp_path))
-    progress.poll(2.0)
-    assert 0 in progress.ranks and progress.ranks[0].issued == {}
-    with open(path, "r+b") as fh:  # the writer stores its next line into the reserved bytes
-        fh.seek(len(first))
-        fh.write(coll.encode())
-    progress.poll(3.0)
-    assert progress.ranks[0].issued == {"0": 1}

@@ -1,9 +1,9 @@
 """Runs the user's job, watches it, and stops it on a hang; never leaves a process behind.
 
-While the job runs the launcher tails the traces (:mod:`ddpdoctor.launch.monitor`); when a
-hang rule fires it asks every rank for its stacks (the ``hang-request.json`` handshake of
-:mod:`ddpdoctor.trace.schema`), waits briefly for the answers, then ends every process of the
-job. In a job of several nodes node 0's launcher decides for all, through the job's store
+While the job runs the launcher reads the ranks' progress blocks
+(:mod:`ddpdoctor.launch.monitor`); when a hang rule fires it asks every rank for its stacks
+(the ``hang-request.json`` handshake of :mod:`ddpdoctor.trace.schema`), waits briefly for
+the answers, then ends every process of the job. In a job of several nodes node 0's launcher decides for all, through the job's store
 (:mod:`ddpdoctor.launch.coordination`). At the end it writes ``job.json``: why it stopped
 the job, for ``diff`` to read later.
 """
@@ -275,6 +275,7 @@ def run_job(opts: RunOptions, logdir: Path,
             result.killed += proctree.terminate(leftovers, 1.0)
         proctree.reap()
     progress.poll()
+    progress.close(remove=True)
     if result.nnodes > 1 and (coord is None or coord.node is None):
         result.unwatched = (
             "hangs across nodes were not watched: this node could not reach the job's "

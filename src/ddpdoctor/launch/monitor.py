@@ -1,10 +1,14 @@
-"""Live progress of a running job, read from the ranks' traces as they grow.
+"""Live progress of a running job, read from the ranks' progress blocks.
 
-The launcher tails each ``rank-*.jsonl`` (complete lines only) and keeps, per rank, the
-collectives it issued and has not completed, how far it got in each group, what it does while
-it issues no collective (the watchdog's ``activity`` records) and when it last made progress:
-a :class:`~ddpdoctor.analysis.hang_rules.RankProgress`. Whether that is a hang is
-:func:`~ddpdoctor.analysis.hang_rules.decide`'s to say (:meth:`JobProgress.verdict`).
+Each rank keeps a small block next to its trace that says how far it got
+(:mod:`ddpdoctor.trace.progress_block`); the launcher reads every block with one read a poll
+and parses only those that changed, so its cost follows the number of ranks, not of
+collectives. From them it keeps, per rank, the collectives it issued and has not completed,
+how far it got in each group, what it does while it issues no collective (the watchdog's
+``activity`` records) and when it last made progress: a
+:class:`~ddpdoctor.analysis.hang_rules.RankProgress`. Whether that is a hang is
+:func:`~ddpdoctor.analysis.hang_rules.decide`'s to say (:meth:`JobProgress.verdict`). The
+traces are read only to diagnose.
 
 In a job of several nodes this is one node's part: the nodes compare notes through the job's
 store (:mod:`ddpdoctor.launch.coordination`).
@@ -16,6 +20,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from ddpdoctor.analysis.hang_rules import (
     RUNNING,
@@ -27,45 +32,52 @@ from ddpdoctor.analysis.hang_rules import (
     decide,
     frame_text,
 )
-from ddpdoctor.trace import schema
-from ddpdoctor.trace.model import Collective, Site, site_from
-from ddpdoctor.trace.records import collective_from, site_fields, with_site
+from ddpdoctor.trace import progress_block, schema
+from ddpdoctor.trace.model import Collective, site_from
+from ddpdoctor.trace.progress_block import field
+from ddpdoctor.trace.records import collective_from
 from ddpdoctor.trace.schema import Stop
 
-_READ_BLOCK = 64 * 1024
+BLOCK_GLOB = schema.TRACE_GLOB + progress_block.SUFFIX
+MORE = -2  # the key of the collectives a block counts beyond those it lists
 
 
-class _Tail:
+class _Block:
+    """One rank's progress block, followed from poll to poll."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.offset = 0
-        self.rest = b""
+        self.trace = Path(progress_block.trace_of(str(path)))
+        self.generation: int | None = None
+        self.key: tuple[int, int] = (-1, -1)  # (round, attempt)
         self.rank: int | None = None
-        self.round = 0
-        self.stacks: dict[int, list[Site]] = {}
-        self.sites: dict[int, dict] = {}  # format 9: static parts by site id
+        self.issued_id = 0
+        self.activity_n = 0
+        self._fd: int | None = None
 
-    def lines(self) -> list[bytes]:
-        # A running rank's trace ends in the NUL bytes its writer has reserved (see
-        # trace/padding.py): its data so far ends at the first of them.
-        blocks: list[bytes] = []
+    def read(self) -> dict[str, Any] | None:
+        """What the block says, when it changed since the last read."""
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return None
+        got = progress_block.read(self._fd, self.generation)
+        if got is None:
+            return None
         try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self.offset)
-                while True:
-                    block = fh.read(_READ_BLOCK)
-                    pad = block.find(b"\0")
-                    blocks.append(block if pad < 0 else block[:pad])
-                    if pad >= 0 or len(block) < _READ_BLOCK:
-                        break
-        except OSError:
-            return []
-        data = b"".join(blocks)
-        self.offset += len(data)
-        data = self.rest + data
-        parts = data.split(b"\n")
-        self.rest = parts.pop()
-        return parts
+            state = json.loads(got[1])
+        except ValueError:
+            return None
+        if not isinstance(state, dict) or not isinstance(state.get("rank"), int):
+            return None
+        self.generation = got[0]
+        return state
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _site_text(c: Collective) -> str:
@@ -73,14 +85,27 @@ def _site_text(c: Collective) -> str:
     return f" at {Path(site.file).name}:{site.line}" if site else ""
 
 
+def _listed(rank: int, entry: Any) -> Collective | None:
+    """A pending collective as a block lists it (None when the entry is damaged)."""
+    if not isinstance(entry, dict):
+        return None
+    frames = entry.get("frames")
+    try:
+        stack = [site_from(f) for f in frames] if isinstance(frames, list) else []
+        return collective_from(rank, {**entry, "stack": 0}, {0: stack})
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 class JobProgress:
-    """Follows every rank trace in ``logdir``."""
+    """Follows every rank's progress block in ``logdir``."""
 
     def __init__(self, logdir: str) -> None:
         self.logdir = Path(logdir)
         self.ranks: dict[int, RankProgress] = {}
         self.members: dict[str, list[int]] = {}  # group -> its ranks
-        self._tails: dict[str, _Tail] = {}
+        self._blocks: dict[str, _Block] = {}
+        self._current: dict[int, _Block] = {}  # rank -> the block of its latest round
         self.started = time.time()
         self._deadlock_since: float | None = None
         self.reason = ""  # why the last verdict fired, in words
@@ -88,93 +113,91 @@ class JobProgress:
     # -- reading -----------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> None:
         now = now or time.time()
-        for path in self.logdir.glob(schema.TRACE_GLOB):
-            tail = self._tails.get(path.name)
-            if tail is None:
-                tail = self._tails[path.name] = _Tail(path)
-            if tail.rank is not None and not self.ranks[tail.rank].cut and \
-                    os.path.exists(schema.cut_marker(str(path))):
-                self.ranks[tail.rank].cut = True
-            for raw in tail.lines():
-                try:
-                    rec = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(rec, dict):
-                    continue
-                if rec.get("kind") == schema.HEADER:
-                    try:
-                        tail.rank = int(rec.get("rank", -1))
-                        tail.round = int(rec.get("round", 0))
-                    except (TypeError, ValueError):
-                        continue
-                    prog = self.ranks.get(tail.rank)
-                    if prog is None or tail.round > prog.round:
-                        # A rank's next round (its process group made again) starts afresh.
-                        prog = self.ranks[tail.rank] = RankProgress(
-                            tail.rank, last_progress=now, round=tail.round)
-                elif tail.rank is not None and tail.round == self.ranks[tail.rank].round:
-                    try:
-                        self._apply(self.ranks[tail.rank], tail, rec, now)
-                    except (KeyError, TypeError, ValueError, AttributeError):
-                        continue  # a malformed record: the diagnosis reports it
+        for path in self.logdir.glob(BLOCK_GLOB):
+            block = self._blocks.get(path.name)
+            if block is None:
+                block = self._blocks[path.name] = _Block(path)
+            if block.rank is not None and self._current.get(block.rank) is block:
+                prog = self.ranks[block.rank]
+                if not prog.cut and os.path.exists(schema.cut_marker(str(block.trace))):
+                    prog.cut = True
+            state = block.read()
+            if state is not None:
+                self._apply(block, state, now)
 
-    def _apply(self, prog: RankProgress, tail: _Tail, rec: dict, now: float) -> None:
-        kind = rec.get("kind")
-        if kind == schema.COLLECTIVE:
-            c = collective_from(prog.rank, with_site(rec, tail.sites), tail.stacks)
-            prog.last_op = f"{c.op} ({c.label})"
-            prog.iteration = c.iteration or prog.iteration
+    def _apply(self, block: _Block, state: dict[str, Any], now: float) -> None:
+        rank = state["rank"]
+        key = (field(state, "round", int, 0), field(state, "attempt", int, 0))
+        current = self._current.get(rank)
+        if current is not block:
+            if current is not None and current.key >= key:
+                return  # an earlier round's or attempt's block
+            # A rank's next round (its process group made again) starts afresh.
+            block.rank, block.key = rank, key
+            self._current[rank] = block
+            self.ranks[rank] = RankProgress(rank, last_progress=now, round=key[0])
+        prog = self.ranks[rank]
+        issued_id = field(state, "issued_id", int, 0)
+        if issued_id > block.issued_id:
             # Issuing is progress: a rank back from a long checkpoint that joins the barrier
             # its peers wait in must not read as a hang until its completion is seen.
+            block.issued_id = issued_id
+            prog.last_op = field(state, "last_op", str, prog.last_op)
+            prog.iteration = field(state, "iteration", int, 0) or prog.iteration
             prog.last_issue = prog.last_progress = now
             prog.still_since = None
             prog.pending.pop(-1, None)
-            if c.seq is not None:
-                prog.issued[c.group] = max(prog.issued.get(c.group, 0), c.seq)
-            if c.state == schema.PENDING:
-                prog.pending[c.id] = Pending(now, prog.last_op + _site_text(c), c)
-            else:
-                self._complete(prog, now)
-        elif kind == schema.DONE:
-            upto, listed = int(rec["upto"]), set(rec.get("pending") or [])
-            start = rec.get("pending_from")
-            for cid in [i for i in prog.pending if 0 < i <= upto and i not in listed
-                        and (start is None or i < start)]:
-                del prog.pending[cid]
-                self._complete(prog, now)
-        elif kind == schema.STATE:
-            if prog.pending.pop(rec.get("id", -1), None) is not None:
-                self._complete(prog, now)
-        elif kind == schema.STACK:
-            tail.stacks[int(rec["id"])] = [site_from(f) for f in rec.get("frames", [])]
-        elif kind == schema.SITE:
-            static = site_fields(rec)
-            if static is not None:
-                tail.sites[rec["id"]] = static
-        elif kind == schema.GROUP:
-            self.members[str(rec["group"])] = [int(r) for r in rec.get("ranks", [])]
-        elif kind == schema.PROCESS_START:
-            if isinstance(rec.get("world_size"), int):
-                prog.world_size = rec["world_size"]
-        elif kind == schema.ACTIVITY:
-            self._activity(prog, rec)
-        elif kind == schema.INIT:
-            # Waiting in init_process_group counts as waiting in a collective (key 0).
-            if rec.get("state") == schema.PENDING:
-                prog.pending[0] = Pending(now, "init_process_group")
-            elif prog.pending.pop(0, None) is not None:
-                prog.last_progress = now
-        elif kind == schema.EXCEPTION:
-            prog.status = "exception"
-        elif kind == schema.EXIT:
-            prog.status = str(rec.get("status", "finished"))
+        completed = field(state, "completed", int, 0)
+        if completed > prog.completed:
+            prog.completed, prog.last_progress = completed, now
+        self._pending(prog, state, now)
+        issued = field(state, "issued", dict, {})
+        prog.issued = {str(g): s for g, s in issued.items() if isinstance(s, int)}
+        for group, ranks in field(state, "groups", dict, {}).items():
+            if isinstance(ranks, list) and all(isinstance(r, int) for r in ranks):
+                self.members[str(group)] = list(ranks)
+        prog.world_size = field(state, "world_size", int, prog.world_size)
+        # Waiting in init_process_group counts as waiting in a collective (key 0).
+        if state.get("init") == schema.PENDING:
+            prog.pending.setdefault(0, Pending(now, "init_process_group"))
+        elif prog.pending.pop(0, None) is not None:
+            prog.last_progress = now
+        activity_n = field(state, "activity_n", int, 0)
+        if activity_n != block.activity_n and isinstance(state.get("activity"), dict):
+            # Two since the last poll (a slow poll): the earlier one tells since when the rank
+            # has been still.
+            if activity_n - block.activity_n >= 2 and \
+                    isinstance(state.get("activity_before"), dict):
+                self._activity(prog, state["activity_before"])
+            block.activity_n = activity_n
+            self._activity(prog, state["activity"])
+        prog.cut = prog.cut or state.get("cut") is True
+        status = field(state, "status", str, RUNNING)
+        if status != RUNNING:
+            prog.status = status
+        if state.get("exited") is True:
             prog.pending.clear()
 
     @staticmethod
-    def _complete(prog: RankProgress, now: float) -> None:
-        prog.completed += 1
-        prog.last_progress = now
+    def _pending(prog: RankProgress, state: dict[str, Any], now: float) -> None:
+        """The block's running collectives into ``prog.pending``: those it no longer lists
+        completed, those new to it seen now."""
+        entries = field(state, "pending", list, [])
+        listed = {e.get("id"): e for e in entries if isinstance(e, dict)}
+        for cid in [i for i in prog.pending if i > 0 and i not in listed]:
+            del prog.pending[cid]
+        for cid, entry in listed.items():
+            if not isinstance(cid, int) or cid <= 0 or cid in prog.pending:
+                continue
+            c = _listed(prog.rank, entry)
+            what = f"{c.op} ({c.label}){_site_text(c)}" if c is not None else "a collective"
+            prog.pending[cid] = Pending(now, what, c)
+        more = field(state, "pending_count", int, 0) - len(listed)
+        if more > 0:
+            # Not listed, so never known to be unmatched: no deadlock is proved on them.
+            prog.pending.setdefault(MORE, Pending(now, f"{more} more collectives"))
+        else:
+            prog.pending.pop(MORE, None)
 
     @staticmethod
     def _activity(prog: RankProgress, rec: dict) -> None:
@@ -210,13 +233,27 @@ class JobProgress:
         if not (same_place and idle and isinstance(cpu, (int, float))):
             prog.still_since = t if idle else None
         elif prog.still_since is None:
-            prog.still_since = t
+            # Still at the place the previous record found it: since then, when its main
+            # thread was idle up to it too (that record, the first after a collective, had
+            # no I/O figure to judge it by alone).
+            before = previous.get("cpu_rate") if previous is not None else None
+            prog.still_since = float(previous.get("t", t)) if isinstance(
+                before, (int, float)) and before < STILL_CPU else t
 
     def paths(self) -> dict[int, Path]:
         """Each rank's trace file (its latest round)."""
-        return {t.rank: t.path for t in self._tails.values()
-                if t.rank is not None and t.rank in self.ranks
-                and t.round == self.ranks[t.rank].round}
+        return {rank: block.trace for rank, block in self._current.items()}
+
+    def close(self, remove: bool = False) -> None:
+        """Let go of the blocks' files (``remove``: and delete them: the job has ended)."""
+        for block in self._blocks.values():
+            block.close()
+        if remove:
+            for path in self.logdir.glob(BLOCK_GLOB):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
 
     # -- verdicts ----------------------------------------------------------------------------
     def last_progress(self) -> float:

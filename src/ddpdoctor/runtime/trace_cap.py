@@ -17,7 +17,7 @@ ranks can differ: whatever differs between ranks breaks at least one rank's patt
 rank writes the collective in full. What is written in full after the cap: a collective whose
 static part is new or out of pattern (positions are remembered from the cap on, so the first
 round of each pattern after it is new), point-to-point ops, one collective per second (a keyframe
-for the launcher's progress monitor and for the times), and every other record kind. Run
+for the times), and every other record kind. Run
 members complete like any collective (``done`` records). Runs are closed once a second, as
 soon as the rank issues nothing for the writer's interval (a rank blocked in a collective), and
 whenever the trace is flushed (hang evidence, exit): a rank killed outright within that

@@ -32,9 +32,10 @@ from typing import Any
 
 from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.hot_lock import HotLock
+from ddpdoctor.runtime.progress import ProgressBlock
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.runtime.trace_file import TraceFile
-from ddpdoctor.trace import schema
+from ddpdoctor.trace import progress_block, schema
 from ddpdoctor.trace.basics import numel
 
 _get_ident = threading.get_ident
@@ -45,7 +46,7 @@ class Site:
     label, tensors, call stack, ...) and their encoding in the trace line, made once."""
 
     __slots__ = ("group", "op", "label", "api", "tensors", "reduce_op", "root", "peer", "stack",
-                 "meta", "text")
+                 "meta", "text", "block")
 
     def __init__(self, group: str, op: str, label: str, api: str | None,
                  tensors: Sequence[tuple[Any, Any]], reduce_op: Any, root: int | None,
@@ -55,6 +56,7 @@ class Site:
         self.stack = stack
         self.meta = meta  # ((field, value), ...): sends, recvs, row, tag (schema version 7)
         self.text = ""  # how its lines name its site record (the writer fills it in)
+        self.block = ""  # its static part in a progress block (the writer thread fills it in)
 
 
 class CollectiveRecord:
@@ -204,6 +206,10 @@ class TraceWriter:
         self._lock = HotLock()
         self._stop = threading.Event()
         self._closed = False
+        # What the launcher watches (trace/progress_block.py), and per group the highest
+        # sequence number issued, which the writer thread keeps up to date for it.
+        self._block = ProgressBlock(path, header)
+        self._issued_seq: dict[str, int] = {}
         self._file = TraceFile(path)
         self._first_pos = self._file.pos
         self._write(json.dumps(header) + "\n")
@@ -289,6 +295,7 @@ class TraceWriter:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
         with self._lock:
             self._write(json.dumps(record) + "\n")
+            self._block.note(record)
 
     def pending(self) -> list[CollectiveRecord]:
         """Collectives issued and not yet known to be complete, in issue order."""
@@ -322,7 +329,10 @@ class TraceWriter:
             self._settle(final=True)
             if final:
                 self._write("".join(json.dumps(rec) + "\n" for rec in final))
+                for rec in final:
+                    self._block.note(rec)
             self._closed = True
+            self._block.close()
             if not self.failed:
                 self._file.close()
 
@@ -368,8 +378,12 @@ class TraceWriter:
             settled += 1
             if state != schema.COMPLETED:
                 failed.append((cid, state))
+        issued = self._issued_seq
         for i in range(0, len(log), _ISSUED_FIELDS):
             cid = log[i]
+            seq = log[i + 2]
+            if seq is not None:  # sequence numbers grow: the last is the highest
+                issued[log[i + _SITE].group] = seq
             work = pop(cid, ISSUING)
             try:  # the common case, as _work_state asks it
                 if quiet and work.is_completed() and work.is_success():
@@ -413,6 +427,35 @@ class TraceWriter:
         self._settled_id = self._next_id
         if lines:
             self._write("\n".join(lines) + "\n")
+        if settled or log:
+            self._tell_block(log)
+
+    def _tell_block(self, log: list[Any]) -> None:
+        """The progress block's news after a look: the last collective written (when ``log``,
+        those written since the last look, has any), the completions, the oldest running."""
+        state = self._block.state
+        iteration, last_op = state["iteration"], state["last_op"]
+        if log:
+            last = len(log) - _ISSUED_FIELDS
+            site = log[last + _SITE]
+            iteration, last_op = log[last + 4], f"{site.op} ({site.label})"
+        listed = [self._block_record(cid, fields, self._open_sites[cid]) for cid, fields in
+                  itertools.islice(self._open.items(), progress_block.MAX_LISTED)]
+        self._block.progressed(self._next_id, self.completed, iteration, last_op,
+                               dict(self._issued_seq), listed, len(self._open))
+
+    def _block_record(self, cid: int, fields: Sequence[Any], site: Site) -> str:
+        """A collective still running as its progress block lists it: a ``collective`` record
+        with its static part inline and its call stack as ``frames``."""
+        _t, seq, p2p_seq, iteration, bucket = fields
+        if not site.block:
+            frames = [{"file": f, "line": n, "function": fn} for f, n, fn in site.stack]
+            site.block = json.dumps(self._static_dict(site, None) | {"frames": frames})[1:-1]
+        extra = "" if p2p_seq is None else f', "p2p_seq": {p2p_seq}'
+        if bucket is not None:
+            extra += f', "bucket": {bucket}'
+        return (f'{{"id": {cid}, "kind": "collective", "seq": {json.dumps(seq)}, '
+                f'"iteration": {iteration}{extra}, {site.block}}}')
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
     def _encode_static(self, site: Site, lines: list[str]) -> str:
@@ -432,10 +475,18 @@ class TraceWriter:
             stack_id = self._stacks[site.stack] = len(self._stacks)
             frames = [source_capture.frame(f, n, fn) for f, n, fn in site.stack]
             lines.append(json.dumps({"kind": schema.STACK, "id": stack_id, "frames": frames}))
+        return json.dumps(self._static_dict(site, stack_id))[1:-1]
+
+    @staticmethod
+    def _static_dict(site: Site, stack_id: int | None) -> dict[str, Any]:
+        """The static part of ``site``: its fields in the order trace/schema.py declares
+        (``stack``, the id of its call stack's record, left out when None)."""
         shapes = [list(shape) for shape, _ in site.tensors]
         dtypes = [str(dtype).replace("torch.", "") for _, dtype in site.tensors]
-        out = {"group": site.group, "op": site.op, "label": site.label, "shapes": shapes,
-               "dtypes": dtypes, "numel": numel(shapes), "stack": stack_id}
+        out: dict[str, Any] = {"group": site.group, "op": site.op, "label": site.label,
+                               "shapes": shapes, "dtypes": dtypes, "numel": numel(shapes)}
+        if stack_id is not None:
+            out["stack"] = stack_id
         if site.reduce_op is not None:
             out["reduce_op"] = getattr(site.reduce_op, "name", str(site.reduce_op))
         for name in ("api", "root", "peer"):
@@ -443,7 +494,7 @@ class TraceWriter:
             if value is not None:
                 out[name] = value
         out.update(site.meta)
-        return json.dumps(out)[1:-1]
+        return out
 
     def _write(self, text: str) -> None:
         """Append ``text``: whole lines, each ending in a newline."""
@@ -466,6 +517,7 @@ class TraceWriter:
         """A write failed (full disk, file size limit): stop writing and leave a marker file
         next to the trace, so that readers know the trace is cut, not the job short."""
         self.failed = True
+        self._block.cut()
         try:
             self._file.close()
         except OSError:

@@ -1,0 +1,162 @@
+"""The progress block between the rank's real trace writer and the launcher's monitor: what
+the writer thread tells it, how the monitor reads it (one read a poll, parsed only when it
+changed), a block rewritten while it is read, later rounds, more running than listed."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ddpdoctor.launch.monitor import MORE, JobProgress, _Block
+from ddpdoctor.runtime.writer import TraceWriter
+from ddpdoctor.trace import progress_block, schema
+
+from .writer_jobs import _Work
+
+STACK = (("/job/train.py", 33, "step"), ("/job/train.py", 50, "main"))
+
+
+def _writer(folder: Path, rank: int = 0, round_: int = 0) -> TraceWriter:
+    w = TraceWriter(str(folder / schema.trace_filename(rank, 0, round_)),
+                    schema.header(rank, "r", 0, round_), rank, interval=3600)
+    w.put({"kind": schema.PROCESS_START, "t": 1.0, "rank": rank, "world_size": 2})
+    w.put({"kind": schema.GROUP, "t": 1.0, "group": "1", "ranks": [0, 1]})
+    return w
+
+
+def _issue(w: TraceWriter, group: str, seq: int, done: bool, op: str = "all_reduce") -> int:
+    site = w.site(group, op, "ddp.bucket", None, (((4,), "torch.float32"),), "SUM", None, None,
+                  STACK)
+    cid = w.write_at(site, seq, None, 7, 3, 100.0 + seq)
+    w.works[cid] = _Work(done)
+    return cid
+
+
+def test_the_writer_thread_tells_the_block_what_the_monitor_needs(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    _issue(w, "0", 1, True), _issue(w, "1", 1, True)
+    running = _issue(w, "0", 2, False)
+    w.flush()
+    job = JobProgress(str(tmp_path))
+    job.poll(10.0)
+    p = job.ranks[0]
+    assert (p.completed, p.issued, p.iteration, p.last_op, p.world_size) == (
+        2, {"0": 2, "1": 1}, 3, "all_reduce (ddp.bucket)", 2)
+    assert job.members == {"1": [0, 1]}
+    pend = p.pending[running]
+    assert pend.what == "all_reduce (ddp.bucket) at train.py:33" and pend.seen == 10.0
+    assert pend.coll is not None and (pend.coll.seq, pend.coll.bucket, pend.coll.shapes,
+                                      pend.coll.reduce_op) == (2, 7, [[4]], "SUM")
+    assert job.paths() == {0: tmp_path / "rank-0.jsonl"}
+    w.works[running].done = True
+    w.flush()
+    job.poll(11.0)
+    assert not p.pending and p.completed == 3 and p.last_progress == 11.0
+    w.close([{"kind": schema.EXIT, "t": 2.0, "status": schema.EXIT_FINISHED}])
+    job.poll(12.0)
+    assert p.status == schema.EXIT_FINISHED
+    job.close()
+
+
+def test_a_block_is_parsed_only_when_it_changed(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    _issue(w, "0", 1, True)
+    w.flush()
+    block = _Block(Path(progress_block.path_of(w.path)))
+    assert block.read() is not None
+    assert block.read() is None  # one read of its head, nothing parsed
+    _issue(w, "0", 2, True)
+    assert block.read() is None  # the training thread never writes the block
+    w.flush()
+    state = block.read()
+    assert state is not None and state["issued_id"] == 2
+    block.close()
+    w.close()
+
+
+def test_a_block_read_while_it_is_rewritten_is_read_again_next_poll(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    _issue(w, "0", 1, False)
+    w.flush()
+    path = progress_block.path_of(w.path)
+    whole = Path(path).read_bytes()
+    torn = bytearray(whole)
+    torn[-5:] = b"xxxxx"  # the payload's end from another generation: its CRC disagrees
+    job = JobProgress(str(tmp_path))
+    Path(path).write_bytes(bytes(torn))
+    job.poll(10.0)
+    assert job.ranks == {}
+    Path(path).write_bytes(whole[:30])  # cut short
+    job.poll(10.5)
+    assert job.ranks == {}
+    Path(path).write_bytes(whole)
+    job.poll(11.0)
+    assert list(job.ranks[0].pending) == [1]
+    job.close()
+    w.close()
+
+
+def test_a_later_round_replaces_the_earlier_and_never_the_reverse(tmp_path: Path) -> None:
+    first = _writer(tmp_path)
+    _issue(first, "0", 1, False)
+    first.flush()
+    job = JobProgress(str(tmp_path))
+    job.poll(10.0)
+    assert job.ranks[0].round == 0 and 1 in job.ranks[0].pending
+    second = _writer(tmp_path, round_=1)
+    second.flush()
+    job.poll(11.0)
+    assert job.ranks[0].round == 1 and not job.ranks[0].pending
+    _issue(first, "0", 2, False)  # a late write of the first round changes nothing
+    first.flush()
+    job.poll(12.0)
+    assert job.ranks[0].round == 1 and not job.ranks[0].pending
+    assert job.paths() == {0: tmp_path / "rank-0.round-1.jsonl"}
+    job.close()
+    first.close(), second.close()
+
+
+def test_more_running_than_listed_is_never_proved_a_deadlock(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    ids = [_issue(w, "0", seq, False) for seq in range(1, progress_block.MAX_LISTED + 4)]
+    w.flush()
+    job = JobProgress(str(tmp_path))
+    job.poll(10.0)
+    p = job.ranks[0]
+    assert sorted(i for i in p.pending if i > 0) == ids[:progress_block.MAX_LISTED]
+    assert p.pending[MORE].coll is None and p.pending[MORE].what == "3 more collectives"
+    for cid in ids:
+        w.works[cid].done = True
+    w.flush()
+    job.poll(11.0)
+    assert not p.pending
+    job.close()
+    w.close()
+
+
+def test_a_cut_trace_is_said_in_its_block(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    w._cut(OSError(28, "No space left on device"))
+    job = JobProgress(str(tmp_path))
+    job.poll(10.0)
+    assert job.ranks[0].cut
+    job.close()
+    os.unlink(schema.cut_marker(w.path))
+
+
+def test_the_block_format_is_the_documented_one(tmp_path: Path) -> None:
+    w = _writer(tmp_path)
+    _issue(w, "0", 1, False)
+    w.flush()
+    data = Path(progress_block.path_of(w.path)).read_bytes()
+    assert data[:4] == progress_block.MAGIC
+    generation, length, _crc = progress_block.decode_head(data)  # type: ignore[misc]
+    state = json.loads(data[20:20 + length])
+    assert generation >= 1 and state["pending"][0]["frames"][0] == {
+        "file": "/job/train.py", "line": 33, "function": "step"}
+    documented = Path(__file__).parents[2] / "docs" / "trace-format.md"
+    text = documented.read_text()
+    for name in state:
+        assert f"`{name}`" in text, name
+    w.close()
