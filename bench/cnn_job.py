@@ -136,7 +136,11 @@ def bucket_cap(text: str) -> float | None:
     return None if text == "default" else float(text)
 
 
-def main() -> None:
+def main(make_net: Callable[[argparse.Namespace], nn.Module] | None = None,
+         make_batch: Callable[[argparse.Namespace], tuple[torch.Tensor, torch.Tensor]]
+         | None = None) -> None:
+    """The job; ``make_net`` and ``make_batch`` another model and its batch (``lm_job.py``),
+    trained with the same loop, options and measures."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
@@ -159,8 +163,8 @@ def main() -> None:
     torch.manual_seed(0)
 
     def make_model(group: object = None) -> nn.Module:
-        return DDP(cnn(args.head_channels), bucket_cap_mb=args.bucket_cap_mb,
-                   process_group=group)
+        net = make_net(args) if make_net is not None else cnn(args.head_channels)
+        return DDP(net, bucket_cap_mb=args.bucket_cap_mb, process_group=group)
 
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
@@ -169,8 +173,11 @@ def main() -> None:
     plain = (ab.plain_model, torch.optim.SGD(ab.plain_model.parameters(), lr=0.01,
                                              momentum=0.9)) if ab is not None else (model, opt)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(args.batch, 3, args.size, args.size)
-    y = torch.randint(0, 10, (args.batch,))
+    if make_batch is not None:
+        x, y = make_batch(args)
+    else:
+        x = torch.randn(args.batch, 3, args.size, args.size)
+        y = torch.randint(0, 10, (args.batch,))
 
     def step() -> float:
         t0 = time.perf_counter()

@@ -22,13 +22,16 @@ other tenants' CPU during each job (the machine's busy CPU less the job's own) i
 and a unit where any job shared the machine with more than NOISY_CORES of others' work is
 flagged.
 
-The job (``--job``, both ``cnn_job.py``'s CNN with BatchNorm on 2 gloo ranks):
+The job (``--job``, on 2 gloo ranks):
 
 * ``issue`` (the default): the job issue 36 was measured on, a 4.4 M-parameter CNN, DDP's
   default buckets (no ``bucket_cap_mb`` given: a 1 MB first bucket, then 25 MB ones; two
   buckets and two buffer-broadcast chunks a step), ~100 ms steps (batch 20), 200 steps a job;
 * ``small``: sessions 19-29's headline job, 3.0 M parameters, ``bucket_cap_mb=25`` (one
-  bucket), ~47 ms steps (batch 8), 300 steps a job.
+  bucket), ~47 ms steps (batch 8), 300 steps a job;
+* ``lm``: the second headline job (issue 56), ``lm_job.py``'s small GPT-style language
+  model, 0.87 M parameters, three collectives a step (its causal-mask buffer broadcast and
+  two gradient buckets), ~50 ms steps (batch 8), 300 steps a job.
 
 ``--aa`` runs plain torchrun in both arms (an A/A run): the same units, tables and statistics,
 so that the spread the bench itself gives two identical kinds of job can be read beside
@@ -59,6 +62,7 @@ class Job:
     args: tuple[str, ...]
     steps: int
     what: str
+    script: Path = HERE / "cnn_job.py"
 
 
 JOBS = {
@@ -68,6 +72,10 @@ JOBS = {
     "small": Job(("--bucket-cap-mb", "25"), 300,
                  "3.0 M parameters, bucket_cap_mb=25 (one bucket and two buffer-broadcast "
                  "chunks a step), batch 8"),
+    "lm": Job(("--batch", "8", "--bucket-cap-mb", "default"), 300,
+              "lm_job.py's small GPT-style language model, 0.87 M parameters, DDP's default "
+              "buckets (two) and its causal-mask buffer broadcast: three collectives a step, "
+              "batch 8 of 64 tokens", HERE / "lm_job.py"),
 }
 
 
@@ -150,7 +158,7 @@ def run_units(units: int, steps: int | None, say: Callable[[str], None],
         done: dict[str, list[overhead.JobResult]] = {"a": [], "b": []}
         for arm in order(arm_jobs, plain_first):
             kind = overhead.PLAIN if arm == "a" else second
-            done[arm].append(overhead.job(kind, overhead.CNN, args, timeout=600))
+            done[arm].append(overhead.job(kind, job.script, args, timeout=600))
         u = Unit(tuple(done["a"]), tuple(done["b"]), plain_first)
         out.append(u)
         say(f"unit {i + 1}/{units}: step ×{u.ratio(_step):.3f}, rank CPU ×{u.ratio(_cpu):.3f}, "
@@ -260,7 +268,8 @@ def main() -> None:
     parser.add_argument("--job", choices=sorted(JOBS), default="issue",
                         help="issue: the job issue 36 measured (4.4 M parameters, DDP's "
                              "default buckets, ~100 ms steps); small: sessions 19-29's "
-                             "(3.0 M, bucket_cap_mb=25, ~47 ms steps)")
+                             "(3.0 M, bucket_cap_mb=25, ~47 ms steps); lm: a small GPT "
+                             "(0.87 M, three collectives a step, ~50 ms steps)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps a job (default: the job's own, 200 or 300)")
     parser.add_argument("--aa", action="store_true",
