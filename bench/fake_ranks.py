@@ -5,9 +5,9 @@
 :class:`~ddpdoctor.runtime.writer.TraceWriter` (its writer thread, its progress block where
 the version has one) in the folder ddpdoctor gives it, and issues collectives that complete
 at once, in the pattern of a DDP step (two buffer-broadcast chunks, then gradient buckets,
-from their own call sites), ``rate`` a second, paced every 10 ms, as many on every rank. Once every rank issues
-collectives it creates the file ``--steady`` names (the benchmark's measuring window starts
-there); each ends cleanly after ``seconds``.
+from their own call sites), ``rate`` a second, paced every 10 ms, as many on every rank.
+Once every rank issues collectives it creates the file ``--steady`` names (the benchmark's
+measuring window starts there); each ends cleanly after ``seconds``.
 """
 
 from __future__ import annotations

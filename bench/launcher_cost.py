@@ -5,13 +5,13 @@
 ``fake_ranks.py``: N processes without torch that write real traces through the rank's own
 trace writer at a set rate of collectives each (DDP's pattern: two buffer-broadcast chunks and
 two gradient buckets a step, completed at once). Once every rank issues collectives the
-launcher's CPU time (all its threads, ``/proc/<pid>/task/*/schedstat``) is read, and again ``--window``
-seconds later: its CPU per minute of the job while it watches, the figure issue 56 holds to
-0.5 CPU-s at 8 ranks x 1,000 collectives a second, flat in the rate. Each row also runs at
-rate 0 (the ranks idle) in the same invocation, the baseline of the ratio; with ``--before``
-the same runs of that commit's code (its launcher and its ranks, from ``git archive``) are
-measured beside them. The achieved rate is read back from the traces (the last ``done``
-record's ``upto``).
+launcher's CPU time (all its threads, ``/proc/<pid>/task/*/schedstat``) is read, and again
+``--window`` seconds later: its CPU per minute of the job while it watches, the figure
+issue 56 holds to 0.5 CPU-s at 8 ranks x 1,000 collectives a second, flat in the rate. Each
+row also runs at rate 0 (the ranks idle) in the same invocation, the baseline of the ratio;
+with ``--before`` the same runs of that commit's code (its launcher and its ranks, from
+``git archive``) are measured beside them. The achieved rate is read back from the traces
+(the last ``done`` record's ``upto``).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main() -> None:
                 ratio = got["per_minute"] / base[name] if base[name] > 0 else float("nan")
                 cells.append(f" {got['per_minute']:.2f} | ×{ratio:.2f} |")
             print(f"| {ranks} | {rate:g} ({achieved:.0f}) |" + "".join(cells), flush=True)
-    for name, src in versions[1:]:
+    for _name, src in versions[1:]:
         shutil.rmtree(src.parent, ignore_errors=True)
 
 

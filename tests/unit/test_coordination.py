@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from ddpdoctor.analysis import digest
 from ddpdoctor.analysis.diagnosis import diagnose
+from ddpdoctor.analysis.hang_rules import SETTLE, Decision
 from ddpdoctor.launch.coordination import Coordinator
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.trace import detail, schema
@@ -62,17 +63,17 @@ def test_a_hang_across_two_nodes_is_called_from_their_digests(tmp_path: Path) ->
     job0.poll(T0 + 1), job1.poll(T0 + 1)
     world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
     assert (world["ranks"], world["live"], world["waiting"]) == (4, 4, 3)
-    assert digest.decide_world(world, 30, None, T0 + 40).stop is None
+    assert digest.world_decision(world, 30, None, T0 + 40).stop is None
     n1[3].activity(T0 + 2, 0.0)
     job1.poll(T0 + 2)
     world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
-    decision = digest.decide_world(world, 30, None, T0 + 40)
+    decision = digest.world_decision(world, 30, None, T0 + 40)
     assert decision.stop == Stop.HANG and decision.named == (0,)
     # One node unknown (its digest went stale): nothing is decided.
-    assert digest.decide_world({**world, "unknown": 1}, 30, None, T0 + 40).stop is None
+    assert digest.world_decision({**world, "unknown": 1}, 30, None, T0 + 40).stop is None
     # A rank of the world never seen: nothing is decided either.
     alone = digest.node_digest(job0.ranks, T0 + 40)
-    assert digest.decide_world(alone, 30, None, T0 + 40).stop is None
+    assert digest.world_decision(alone, 30, None, T0 + 40).stop is None
 
 
 def test_collectives_that_cannot_match_on_two_nodes_are_a_deadlock_naming_both_sides(
@@ -89,9 +90,9 @@ def test_collectives_that_cannot_match_on_two_nodes_are_a_deadlock_naming_both_s
     d1 = digest.node_digest(job1.ranks, T0 + 2)
     assert len({e[2] for e in d1["pending"]}) == 1
     world = _world(digest.node_digest(job0.ranks, T0 + 2), d1)
-    first = digest.decide_world(world, 30, None, T0 + 2)
+    first = digest.world_decision(world, 30, None, T0 + 2)
     assert first.stop is None and first.deadlock_since == T0 + 2  # held before it is called
-    decision = digest.decide_world(world, 30, None, T0 + 2 + digest.SETTLE_WORLD,
+    decision = digest.world_decision(world, 30, None, T0 + 2 + SETTLE,
                                    first.deadlock_since)
     assert decision.stop == Stop.DEADLOCK and set(decision.named) == {0, 1}
 
@@ -105,7 +106,7 @@ def test_a_rank_idle_outside_collectives_on_another_node_is_named_stuck(tmp_path
     n1[1].activity(T0 + 2, 0.0, "load")
     job0.poll(T0 + 2), job1.poll(T0 + 2)
     world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
-    decision = digest.decide_world(world, 30, None, T0 + 40)
+    decision = digest.world_decision(world, 30, None, T0 + 40)
     assert decision.stop == Stop.STUCK and "rank 1" in decision.reason
     assert decision.named[0] == 1
 
@@ -168,7 +169,7 @@ def test_digests_climb_the_tree_and_the_verdict_comes_down(tmp_path: Path,
     root = by_node[0]
     decision = root.watch({}, 30, None, time.time())  # node 0 has no ranks of its own here
     assert decision.stop is None  # its own digest is empty: the world is short of ranks
-    root.publish_verdict(digest.WorldDecision(Stop.HANG, "every rank waited", (5,)))
+    root.publish_verdict(Decision(Stop.HANG, "every rank waited", named=(5,)))
     root.step()
     for c in nodes[1:]:
         c.step()

@@ -10,7 +10,8 @@ import pytest
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.launch.command import build_command, build_env
-from ddpdoctor.launch.options import RunOptions, UsageError, check_options
+from ddpdoctor.launch.errors import UsageError
+from ddpdoctor.launch.options import RunOptions, check_options
 from ddpdoctor.runtime import cpu_mode, env, max_steps
 from ddpdoctor.trace import schema
 

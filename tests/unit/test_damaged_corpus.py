@@ -142,7 +142,7 @@ def test_markdown_and_junit_names_mask_secrets(tmp_path: Path) -> None:
 
 def test_log_folder_files_are_private(tmp_path: Path) -> None:
     from ddpdoctor.launch.command import make_logdir
-    from ddpdoctor.launch.options import UsageError
+    from ddpdoctor.launch.errors import UsageError
 
     path = make_logdir(str(tmp_path / "logs"))
     assert stat.S_IMODE(path.stat().st_mode) == 0o700

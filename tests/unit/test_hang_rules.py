@@ -90,7 +90,7 @@ def test_split_over_two_nodes_the_world_digest_decides_as_one_node_would(
             theirs = {r: p for r, p in ranks.items() if not mask >> r & 1}
             world = digest.merge(digest.node_digest(mine, NOW),
                                  [digest.node_digest(theirs, NOW)])
-            got = digest.decide_world(world, TIMEOUT, stuck_timeout, NOW).stop
+            got = digest.world_decision(world, TIMEOUT, stuck_timeout, NOW).stop
             if got != want:
                 wrong.append((states, mask, got, want))
     assert not wrong, wrong[:10]

@@ -15,7 +15,7 @@ import pytest
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.launch.command import make_logdir
-from ddpdoctor.launch.options import UsageError
+from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.trace import redact, schema
 
 from .factories import make_run, ranks

@@ -114,17 +114,45 @@ TORCH_MODULES = ("torch.distributed.elastic", "torch.multiprocessing.spawn", "to
                  "torch.distributed.run", "torch._C")
 
 
-def _torch_private_uses(path: Path) -> list[str]:
+# Private names of the standard library the package may use (they are not torch's).
+STDLIB_PRIVATE = frozenset({"_current_frames", "_getframe", "_actions", "_exit"})
+
+
+def _own_names() -> set[str]:
+    """Every name the package itself defines (functions, classes, attributes it assigns,
+    variables, parameters): an underscored attribute that is none of these is another
+    library's private name."""
+    names: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif isinstance(node, ast.arg):
+                names.add(node.arg)
+    return names
+
+
+def _torch_private_uses(path: Path, own: frozenset[str] = frozenset(),
+                        root: Path = PACKAGE) -> list[str]:
+    """Private torch names ``path`` reaches: those listed above, and (given ``own``, the
+    package's own names) any underscored attribute the package does not define."""
     tree = ast.parse(path.read_text(), str(path))
     found = []
+    where = path.relative_to(root)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in TORCH_PRIVATE:
-            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} .{node.attr}")
+        if isinstance(node, ast.Attribute) and (node.attr in TORCH_PRIVATE or own and (
+                node.attr.startswith("_") and not node.attr.startswith("__")
+                and node.attr not in own and node.attr not in STDLIB_PRIVATE)):
+            found.append(f"{where}:{node.lineno} .{node.attr}")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and \
                 (node.value in TORCH_PRIVATE or node.value.startswith(TORCH_MODULES)):
-            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.value!r}")
+            found.append(f"{where}:{node.lineno} {node.value!r}")
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(TORCH_MODULES):
-            found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} from {node.module}")
+            found.append(f"{where}:{node.lineno} from {node.module}")
     return found
 
 
@@ -135,6 +163,50 @@ def test_torch_internals_are_reached_from_one_module() -> None:
     # readers use too (test_torch_contract checks each name against the installed torch).
     labels = PACKAGE / "trace" / "ddp_sites.py"
     assert _torch_private_uses(labels)
+    own = frozenset(_own_names())
     wrong = [use for path in sorted(PACKAGE.rglob("*.py")) if path not in (home, labels)
-             for use in _torch_private_uses(path)]
+             for use in _torch_private_uses(path, own)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_private_name_check_sees_a_name_outside_its_list(tmp_path: Path) -> None:
+    """A private torch attribute that no list names (DDP's ``_get_ddp_logging_data``) is
+    still found where the package does not define it."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(ddp):\n    return ddp._get_ddp_logging_data()\n")
+    assert _torch_private_uses(probe, frozenset(_own_names()), tmp_path) == [
+        "probe.py:2 ._get_ddp_logging_data"]
+
+
+def _all_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports anywhere: at the top, inside functions, under
+    ``if TYPE_CHECKING:``, relative or absolute."""
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    here = ".".join(rel.parts[:-1] if path.name == "__init__.py" else rel.parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = here.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                name = f"{base}.{alias.name}"
+                found.add(name if name in modules else base)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found & modules
+
+
+def test_no_two_modules_import_each_other() -> None:
+    """Not even through a function-level or a TYPE_CHECKING import (issue 57)."""
+    paths = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    modules = set(paths)
+    imports = {name: _all_imports(path, modules) for name, path in paths.items()}
+    assert imports["ddpdoctor.analysis.digest"] >= {"ddpdoctor.analysis.hang_rules"}
+    both = sorted(f"{a} <-> {b}" for a in imports for b in imports[a]
+                  if a < b and a in imports[b])
+    assert not both, "\n".join(both)

@@ -19,7 +19,8 @@ from ddpdoctor.analysis.diagnosis import collect_findings, diagnose
 from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.order import order
-from ddpdoctor.analysis.rules import RULES, RuleContext, recognise
+from ddpdoctor.analysis.rule_context import RuleContext
+from ddpdoctor.analysis.rules import RULES, recognise
 from ddpdoctor.analysis.signature import site_key
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run

@@ -17,7 +17,8 @@ from ddpdoctor.launch.command import (
     gpu_count_word,
     lone_rank,
 )
-from ddpdoctor.launch.options import RunOptions, UsageError, check_options
+from ddpdoctor.launch.errors import UsageError
+from ddpdoctor.launch.options import RunOptions, check_options
 from ddpdoctor.runtime import env as rank_env
 
 LINES = [

@@ -28,7 +28,6 @@ from ddpdoctor.analysis.finding import FindingKind
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.signature import (
     DTYPE,
-    FREE_SHAPE_OPS,
     JOIN_EXIT_LABELS,
     KEY_LABEL,
     KEY_SITE,
@@ -39,13 +38,13 @@ from ddpdoctor.analysis.signature import (
     SHAPE,
     Interner,
     hard_difference,
+    match_key,
     path_key,
     reduce_op_of,
     site_key,
     soft_difference,
 )
 from ddpdoctor.analysis.splits import first_split_mismatch
-from ddpdoctor.analysis.terms import REDUCING_OPS
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Collective, Run
 from ddpdoctor.trace.records import is_p2p
@@ -204,12 +203,9 @@ def _collect(run: Run, interner: Interner) -> tuple[dict, dict, dict, dict]:
 
 def full_key(c: Collective, site: tuple | None) -> tuple:
     """The interned full key of ``c`` (see :class:`~ddpdoctor.analysis.signature.Interner`)."""
-    reduce_op = c.reduce_op
-    if reduce_op is None and c.op in REDUCING_OPS:
-        reduce_op = "SUM"
     shapes, dtypes = c.shapes, c.dtypes
     return (c.op, tuple(shapes[0]) if len(shapes) == 1 else tuple(map(tuple, shapes)),
-            dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op,
+            dtypes[0] if len(dtypes) == 1 else tuple(dtypes), c.numel, reduce_op_of(c),
             c.root, c.label, site, path_key(c))
 
 
@@ -277,11 +273,6 @@ def _scan(ref: list[int], other: list[int], ref_seq: Sequence[Collective | None]
     return err, warn
 
 
-def _hard_key(c: Collective) -> tuple:
-    shapes = None if c.op in FREE_SHAPE_OPS else (tuple(map(tuple, c.shapes)), c.numel)
-    return (c.op, shapes, tuple(c.dtypes), reduce_op_of(c), c.root)
-
-
 def _position(g: GroupAlignment, index: int, traced: list[int]) -> dict[int, Collective | None]:
     """Every traced member's collective at ``index``; members with a gap there are left out."""
     at: dict[int, Collective | None] = {}
@@ -304,7 +295,7 @@ def _classify(g: GroupAlignment, index: int, traced: list[int], join_sites: dict
         return None
     parts: dict[tuple, list[int]] = {}
     for r, c in present.items():
-        parts.setdefault(_hard_key(c), []).append(r)
+        parts.setdefault(match_key(c), []).append(r)
     ordered = sorted(parts.values(), key=lambda rs: (-len(rs), rs[0]))
     ref = present[ordered[0][0]]
     kind: FindingKind | None = None

@@ -21,7 +21,8 @@ from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group
 from ddpdoctor.analysis.order import order
 from ddpdoctor.analysis.ranks import RankState, rank_states
 from ddpdoctor.analysis.report import CLEAN, INCOMPLETE, UNTESTED, RankSummary, Report, verdict_of
-from ddpdoctor.analysis.rules import RuleContext, recognise
+from ddpdoctor.analysis.rule_context import RuleContext
+from ddpdoctor.analysis.rules import recognise
 from ddpdoctor.analysis.terms import describe, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog

@@ -5,8 +5,10 @@ publishing its state to the job's store (traffic growing as nodes x ranks), each
 publishes one compact *digest* of its ranks, merged with the digests of the nodes below it in
 a tree of fan-out :data:`FANOUT` (node ``k``'s children are ``16k+1 .. 16k+16``), so that a
 node reads at most 16 digests and node 0 holds the whole world's. Node 0 decides with
-:func:`decide_world` and publishes the verdict; every node reads it (``launch/coordination.py``
-moves the digests; docs/architecture.md has the arithmetic).
+:func:`world_decision` — the hang rules of :mod:`ddpdoctor.analysis.hang_rules`, the same
+engine a single node uses, over the merged digest's :class:`WorldView` — and publishes the
+verdict; every node reads it (``launch/coordination.py`` moves the digests;
+docs/architecture.md has the arithmetic).
 
 A digest is a JSON object of counts and bounded lists, never per rank::
 
@@ -26,10 +28,17 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
-from ddpdoctor.analysis.hang_rules import RUNNING, SETTLE, RankProgress
-from ddpdoctor.analysis.signature import FREE_SHAPE_OPS, reduce_op_of
+from ddpdoctor.analysis.hang_rules import (
+    RUNNING,
+    Decision,
+    Idle,
+    RankProgress,
+    WorldView,
+    decide_view,
+    view_of,
+)
+from ddpdoctor.analysis.signature import match_key
 from ddpdoctor.trace.model import Collective
 from ddpdoctor.trace.records import is_p2p
 from ddpdoctor.trace.schema import Stop
@@ -40,9 +49,6 @@ MAX_ENDED = 4  # ended ranks a digest names
 MAX_GROUPS = 16  # groups whose lowest issued position a digest lists
 MAX_NAMED = 8  # ranks a verdict names (their details are fetched by every node)
 WHAT_CHARS = 100
-# Two signatures at one position can never match, whatever happens later: the world digest
-# needs to show it no longer than a single node's view does.
-SETTLE_WORLD = SETTLE
 
 
 def parent(node: int) -> int | None:
@@ -75,17 +81,15 @@ def subtree_size(node: int, nnodes: int) -> int:
 
 
 def signature(c: Collective) -> str:
-    """A short hash of what every member must agree on (two differ: they can never match)."""
-    shapes = "*" if c.op in FREE_SHAPE_OPS else f"{c.shapes}/{c.numel}"
-    text = f"{c.op}|{shapes}|{c.dtypes}|{reduce_op_of(c)}|{c.root}"
-    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    """A short hash of the match key (two differ: they can never match)."""
+    return hashlib.blake2b(repr(match_key(c)).encode(), digest_size=8).hexdigest()
 
 
 def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
     """The digest of one node's own ranks (``RankProgress`` as the launcher's monitor reads
-    them from the traces)."""
+    them from the ranks' progress blocks); its counts are the node's :class:`WorldView`."""
+    view = view_of(dict(ranks), {}, now)
     live = [p for p in ranks.values() if p.status == RUNNING]
-    waiting = [p for p in live if p.waiting]
     pending: dict[tuple[str, int, str], list] = {}
     issued: dict[str, list[int]] = {}
     for p in live:
@@ -105,27 +109,20 @@ def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
             low = issued.get(group)
             if low is None or (seq, p.rank) < (low[0], low[1]):
                 issued[group] = [seq, p.rank]
-    idle = [p for p in live if not p.pending and not p.hole and p.still_since is not None]
-    longest = min(idle, key=lambda p: (p.still_since, p.rank), default=None)
     sizes = [p.world_size for p in ranks.values() if p.world_size]
+    idle = view.idle
     return {
         "nodes": 1, "unknown": 0, "ranks": len(ranks), "world": max(sizes, default=0),
-        "live": len(live), "waiting": len(waiting), "blocked": sum(p.blocked for p in live),
-        "quiet": round(now - max((p.last_progress for p in ranks.values()), default=now), 3),
-        "wait": round(min(now - _oldest(p, now) for p in waiting), 3) if waiting else None,
-        "idle": [longest.rank, round(now - (longest.still_since or now), 3),
-                 longest.place()[:WHAT_CHARS]] if longest else None,
-        "idle_count": len(idle),
+        "live": view.live, "waiting": view.waiting, "blocked": view.blocked,
+        "quiet": round(view.quiet, 3),
+        "wait": round(view.wait, 3) if view.wait is not None else None,
+        "idle": [idle.rank, round(idle.seconds, 3), idle.place[:WHAT_CHARS]] if idle else None,
+        "idle_count": view.idle_count,
         "pending": _bounded(list(pending.values())),
         "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
         "ended": sorted([p.rank, p.status] for p in ranks.values()
                         if p.status != RUNNING)[:MAX_ENDED],
     }
-
-
-def _oldest(p: RankProgress, now: float) -> float:
-    oldest = p.oldest_pending()
-    return oldest.seen if oldest is not None else now
 
 
 def _bounded(entries: list[list]) -> list[list]:
@@ -188,17 +185,6 @@ def merge(own: dict, others: Iterable[dict], unknown: int = 0) -> dict:
     }
 
 
-@dataclass
-class WorldDecision:
-    """What :func:`decide_world` found: the stop (None: let the job run), why in words, the
-    ranks the diagnosis will need from every node, and since when a provable deadlock held."""
-
-    stop: Stop | None
-    reason: str = ""
-    named: tuple[int, ...] = ()
-    deadlock_since: float | None = None
-
-
 def _conflict(pending: list[list]) -> list[list] | None:
     """The entries of the lowest position with two signatures (they can never match)."""
     sigs: dict[tuple[str, int], list[list]] = {}
@@ -229,39 +215,25 @@ def named_ranks(world: dict, stop: Stop) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))[:MAX_NAMED]
 
 
-def decide_world(world: dict, timeout: float, stuck_timeout: float | None, now: float,
-                 deadlock_since: float | None = None) -> WorldDecision:
-    """The hang rules of :mod:`ddpdoctor.analysis.hang_rules` over the whole world's digest:
-    every live rank waiting for ``timeout`` with no progress (hang), every rank blocked with
-    two pending collectives that can never match (deadlock), one rank idle outside collectives
-    while the rest wait for it (stuck). Nothing is decided while a node is unknown or a rank
-    of the world has not been seen."""
-    live = world.get("live", 0)
-    if world.get("unknown") or not live or world.get("ranks", 0) < world.get("world", 0):
-        return WorldDecision(None)
-    waiting, wait = world.get("waiting", 0), world.get("wait")
-    stop, reason = None, ""
-    if waiting == live and world.get("blocked", 0) == live and \
-            _conflict(world.get("pending") or []):
-        deadlock_since = deadlock_since or now
-        if now - deadlock_since >= SETTLE_WORLD:
-            stop, reason = Stop.DEADLOCK, "the pending collectives of every rank can never match"
-    else:
-        deadlock_since = None
+def world_view(world: dict) -> WorldView:
+    """The hang rules' view of a merged digest: nothing is known while a node is unknown or
+    a rank of the world has not been seen; two signatures at one position can never match."""
     idle = world.get("idle")
-    if stop is None and waiting == live and wait is not None and wait >= timeout and \
-            world.get("quiet", 0) >= timeout:
-        stop, reason = Stop.HANG, f"every rank waited in a collective for {timeout:g}s"
-    elif stop is None and idle and wait is not None and idle[1] >= timeout and \
-            wait >= timeout and waiting == live - world.get("idle_count", 0):
-        stop = Stop.STUCK
-        reason = (f"rank {idle[0]} stayed in {idle[2] or 'user code'} without using CPU or "
-                  f"doing I/O for {timeout:g}s, outside any collective, while every other "
-                  f"rank waited for it")
-    elif stop is None and idle and stuck_timeout is not None and idle[1] >= stuck_timeout:
-        stop = Stop.STUCK
-        reason = (f"rank {idle[0]} stayed in {idle[2] or 'user code'} without using CPU for "
-                  f"{stuck_timeout:g}s, outside any collective")
-    if stop is None:
-        return WorldDecision(None, deadlock_since=deadlock_since)
-    return WorldDecision(stop, reason, named_ranks(world, stop), deadlock_since)
+    return WorldView(
+        live=world.get("live", 0), waiting=world.get("waiting", 0),
+        blocked=world.get("blocked", 0), quiet=world.get("quiet", 0.0),
+        wait=world.get("wait"),
+        idle=Idle(int(idle[0]), float(idle[1]), str(idle[2])) if idle else None,
+        idle_count=world.get("idle_count", 0),
+        unmatched=_conflict(world.get("pending") or []) is not None,
+        known=not world.get("unknown") and world.get("ranks", 0) >= world.get("world", 0))
+
+
+def world_decision(world: dict, timeout: float, stuck_timeout: float | None, now: float,
+                 deadlock_since: float | None = None) -> Decision:
+    """The hang rules (:func:`~ddpdoctor.analysis.hang_rules.decide_view`) over the whole
+    world's digest, with the ranks a verdict names."""
+    decision = decide_view(world_view(world), timeout, stuck_timeout, now, deadlock_since)
+    if decision.stop is not None:
+        decision.named = named_ranks(world, decision.stop)
+    return decision

@@ -1,5 +1,6 @@
 """The hang rules: when the launcher stops a running job, as one pure function of what it
-knows of each rank (:class:`RankProgress`, read from the traces by ``launch/monitor.py``).
+knows of each rank (:class:`RankProgress`, read from the ranks' progress blocks by
+``launch/monitor.py``).
 
 A rank is *waiting* when it has a collective pending and its main thread uses no CPU (a rank
 with none pending, or one computing while an asynchronous collective runs, is not). Outside
@@ -19,14 +20,16 @@ used neither at one place of its own code. :func:`decide` stops the job for
 
 A stack inside ``torch.distributed`` with nothing pending counts as waiting only where a group
 is not recorded by ddpdoctor (flight-recorder mode); elsewhere it is a hole in the record, and
-the rank is busy. In a job of several nodes the same rules run over node digests
-(:mod:`ddpdoctor.analysis.digest`).
+the rank is busy. The rules are written once, in :func:`decide_view`, over a
+:class:`WorldView`: one node's ranks give it (:func:`view_of`), and in a job of several nodes
+the merged node digests do (:mod:`ddpdoctor.analysis.digest`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from ddpdoctor.analysis.signature import hard_difference
 from ddpdoctor.trace.model import Collective
@@ -91,6 +94,13 @@ class RankProgress:
             self.cpu_rate < BUSY_CPU
 
     @property
+    def idle(self) -> bool:
+        """Running, with nothing pending, outside torch.distributed, and still at one place
+        (no CPU, no I/O) since :attr:`still_since`."""
+        return self.status == RUNNING and not self.pending and not self.hole and \
+            self.still_since is not None
+
+    @property
     def blocked(self) -> bool:
         """Waiting, and the watchdog has seen the main thread idle since the last collective."""
         return self.waiting and self.fresh_activity() is not None and self.cpu_rate is not None
@@ -113,63 +123,108 @@ def frame_text(activity: dict | None) -> str:
     return f"{f.get('function', '?')}() at {name}:{f.get('line', '?')}"
 
 
+class Idle(NamedTuple):
+    """The rank idle longest at one place outside collectives: how long, and where."""
+
+    rank: int
+    seconds: float
+    place: str
+
+
+@dataclass(frozen=True)
+class WorldView:
+    """What the hang rules look at, the same whether it was read from one node's ranks
+    (:func:`view_of`) or merged from the digests of several nodes (``digest.world_view``).
+
+    ``live``, ``waiting``, ``blocked``: ranks running, waiting in a collective, and waiting
+    with their main thread seen idle; ``quiet``: seconds since any rank progressed; ``wait``:
+    the shortest time any waiting rank has waited (None when none waits); ``idle``: the rank
+    idle longest at one place outside collectives, of ``idle_count`` such ranks;
+    ``unmatched``: no pending collective of any rank can ever complete (each lacks a peer for
+    good, or meets one it cannot match); ``known``: every rank of the world is accounted
+    for (no node's digest missing)."""
+
+    live: int
+    waiting: int
+    blocked: int
+    quiet: float
+    wait: float | None
+    idle: Idle | None
+    idle_count: int
+    unmatched: bool
+    known: bool = True
+
+
 @dataclass
 class Decision:
-    """What :func:`decide` found: the stop (None: let the job run), why in words, and since
-    when every rank has provably been deadlocked (to pass to the next call)."""
+    """What :func:`decide` found: the stop (None: let the job run), why in words, since when
+    every rank has provably been deadlocked (to pass to the next call), and, over several
+    nodes, the ranks whose details every node fetches to diagnose it."""
 
     stop: Stop | None
     reason: str = ""
     deadlock_since: float | None = None
+    named: tuple[int, ...] = ()
+
+
+def view_of(ranks: dict[int, RankProgress], members: dict[str, list[int]],
+            now: float) -> WorldView:
+    """The view of one node's ranks. ``members``: group -> its ranks (the world when a group
+    is not listed)."""
+    live = [p for p in ranks.values() if p.status == RUNNING]
+    waiting = [p for p in live if p.waiting]
+    blocked = [p for p in live if p.blocked]
+    idle = [p for p in live if p.idle]
+    longest = min(idle, key=lambda p: (p.still_since, p.rank), default=None)
+    oldest = [p.oldest_pending() for p in waiting]
+    return WorldView(
+        live=len(live), waiting=len(waiting), blocked=len(blocked),
+        quiet=now - max((p.last_progress for p in ranks.values()), default=now),
+        wait=min((now - o.seen for o in oldest if o is not None), default=None),
+        idle=Idle(longest.rank, now - (longest.still_since or now), longest.place())
+        if longest is not None else None,
+        idle_count=len(idle),
+        unmatched=bool(live) and len(blocked) == len(live) and
+        _provably_stuck(ranks, members, live))
 
 
 def decide(ranks: dict[int, RankProgress], members: dict[str, list[int]], timeout: float,
            stuck_timeout: float | None, now: float,
            deadlock_since: float | None = None) -> Decision:
-    """Whether to stop the job now, by the module's rules. ``members``: group -> its ranks
-    (the world when a group is not listed)."""
-    live = [p for p in ranks.values() if p.status == RUNNING]
-    if live and all(p.waiting for p in live):
-        if all(p.blocked for p in live) and _provably_stuck(ranks, members, live):
-            deadlock_since = deadlock_since or now
-            if now - deadlock_since >= SETTLE:
-                return Decision(Stop.DEADLOCK, "the pending collectives of every rank can "
-                                "never match", deadlock_since)
-        else:
-            deadlock_since = None
-        oldest = min(pend.seen for p in live for pend in p.pending.values())
-        last_progress = max((p.last_progress for p in ranks.values()), default=now)
-        if now - oldest >= timeout and now - last_progress >= timeout:
-            return Decision(Stop.HANG, f"every rank waited in a collective for {timeout:g}s",
-                            deadlock_since)
+    """Whether to stop a job of one node now: :func:`decide_view` of its ranks' view."""
+    return decide_view(view_of(ranks, members, now), timeout, stuck_timeout, now,
+                       deadlock_since)
+
+
+def decide_view(view: WorldView, timeout: float, stuck_timeout: float | None, now: float,
+                deadlock_since: float | None = None) -> Decision:
+    """Whether to stop the job now, by the module's rules: the one place they are written.
+    Nothing is decided while a rank of the world is not accounted for."""
+    if not view.known or not view.live:
+        return Decision(None)
+    everyone_waits = view.waiting == view.live
+    if everyone_waits and view.blocked == view.live and view.unmatched:
+        deadlock_since = deadlock_since or now
+        if now - deadlock_since >= SETTLE:
+            return Decision(Stop.DEADLOCK, "the pending collectives of every rank can "
+                            "never match", deadlock_since)
     else:
         deadlock_since = None
-    blocker = _waited_for(live, timeout, now)
-    if blocker is not None:
-        return Decision(Stop.STUCK, f"rank {blocker.rank} stayed in "
-                        f"{blocker.place() or 'user code'} without using CPU or doing I/O for "
-                        f"{timeout:g}s, outside any collective, while every other rank waited "
-                        f"for it", deadlock_since)
-    if stuck_timeout is not None:
-        for p in live:
-            if not p.pending and p.still_since is not None and \
-                    now - p.still_since >= stuck_timeout:
-                return Decision(Stop.STUCK, f"rank {p.rank} stayed in "
-                                f"{p.place() or 'user code'} without using CPU for "
-                                f"{stuck_timeout:g}s, outside any collective", deadlock_since)
+    waited = view.wait is not None and view.wait >= timeout
+    if everyone_waits and waited and view.quiet >= timeout:
+        return Decision(Stop.HANG, f"every rank waited in a collective for {timeout:g}s",
+                        deadlock_since)
+    idle = view.idle
+    if idle is not None and idle.seconds >= timeout and waited and \
+            view.waiting == view.live - view.idle_count:
+        return Decision(Stop.STUCK, f"rank {idle.rank} stayed in {idle.place or 'user code'} "
+                        f"without using CPU or doing I/O for {timeout:g}s, outside any "
+                        f"collective, while every other rank waited for it", deadlock_since)
+    if idle is not None and stuck_timeout is not None and idle.seconds >= stuck_timeout:
+        return Decision(Stop.STUCK, f"rank {idle.rank} stayed in {idle.place or 'user code'} "
+                        f"without using CPU for {stuck_timeout:g}s, outside any collective",
+                        deadlock_since)
     return Decision(None, "", deadlock_since)
-
-
-def _waited_for(live: list[RankProgress], timeout: float, now: float) -> RankProgress | None:
-    """The first rank idle at one place outside collectives for ``timeout`` seconds while
-    every other live rank has waited in a collective as long: the rank they wait for."""
-    idle = [p for p in live if not p.pending and not p.hole and p.still_since is not None
-            and now - p.still_since >= timeout]
-    waiting = [p for p in live if p not in idle]
-    if not idle or not waiting or not all(p.waiting for p in waiting):
-        return None
-    oldest = min(pend.seen for p in waiting for pend in p.pending.values())
-    return idle[0] if now - oldest >= timeout else None
 
 
 def _world(ranks: dict[int, RankProgress]) -> list[int]:

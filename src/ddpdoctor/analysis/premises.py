@@ -14,15 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.trace import ops
 from ddpdoctor.trace.ddp_sites import is_user_call
-
-if TYPE_CHECKING:
-    from ddpdoctor.analysis.rules import RuleContext
 
 
 @dataclass(frozen=True)

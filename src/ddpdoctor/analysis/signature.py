@@ -1,11 +1,12 @@
 """Per-collective signatures and the pairwise comparison of two collectives.
 
-A collective's *match key* holds what every rank must agree on (op, shapes, dtypes, element
-count, reduce op, root); its *full key* adds what only should agree (label and source line).
-Full keys are interned to small ints, so whole per-rank sequences compare at C speed and ranks
-with identical sequences are compared once. :func:`compare` names the first field that differs
-between two collectives at the same position, knowing which differences are legitimate (join
-shadows, ops whose per-rank sizes may differ).
+A collective's *match key* (:func:`match_key`) holds what every rank must agree on (op,
+shapes, dtypes, element count, reduce op, root); its *full key* adds what only should agree
+(label and source line). Full keys are interned to small ints, so whole per-rank sequences
+compare at C speed and ranks with identical sequences are compared once.
+:func:`hard_difference` names the first field of the match key that differs between two
+collectives at the same position, :func:`soft_difference` the code they came from, knowing
+which differences are legitimate (join shadows, ops whose per-rank sizes may differ).
 """
 
 from __future__ import annotations
@@ -99,18 +100,26 @@ class Interner:
         return key
 
 
+# The fields of a match key, in its order: what every member of a group must agree on.
+MATCH_FIELDS = (OP, SHAPE, DTYPE, REDUCE_OP, ROOT)
+
+
+def match_key(c: Collective) -> tuple:
+    """What every member must agree on, the one definition of it: op, shapes and element
+    count (not for ops whose sizes may differ per rank), dtypes, reduce op (the default
+    filled in) and root. Two collectives at one position whose keys differ can never match
+    (alignment, the launcher's deadlock proof and the node digests all compare these)."""
+    shapes = None if c.op in FREE_SHAPE_OPS else (tuple(map(tuple, c.shapes)), c.numel)
+    return (c.op, shapes, tuple(c.dtypes), reduce_op_of(c), c.root)
+
+
 def hard_difference(a: Collective, b: Collective) -> str | None:
-    """The first field that must match and does not: op, shape, dtype, reduce_op or root."""
+    """The first field of the match key that differs (:data:`MATCH_FIELDS`), or None."""
     if a.op != b.op:
         return OP
-    if a.op not in FREE_SHAPE_OPS and (a.shapes != b.shapes or a.numel != b.numel):
-        return SHAPE
-    if a.dtypes != b.dtypes:
-        return DTYPE
-    if reduce_op_of(a) != reduce_op_of(b):
-        return REDUCE_OP
-    if a.root != b.root:
-        return ROOT
+    for name, x, y in zip(MATCH_FIELDS, match_key(a), match_key(b)):
+        if x != y:
+            return name
     return None
 
 

@@ -12,13 +12,20 @@ where the recorded amounts disagree, and words each disagreement.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ddpdoctor.trace.index import index_of
 from ddpdoctor.trace.model import Collective, Run
 
-if TYPE_CHECKING:  # the alignment calls this module
-    from ddpdoctor.analysis.align import GroupAlignment
+
+class Group(Protocol):
+    """What this module reads of a group's alignment (``align.GroupAlignment``, which calls
+    this module): its name, its members, and a member's collective at a position."""
+
+    name: str
+    members: list[int]
+
+    def at(self, rank: int, seq: int) -> Collective | None: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ def _positions(run: Run, group: str, ranks: list[int]) -> list[int]:
     return sorted(found)
 
 
-def first_split_mismatch(run: Run, g: GroupAlignment,
+def first_split_mismatch(run: Run, g: Group,
                          before: int | None) -> tuple[int, dict[int, Collective | None]] | None:
     """(seq, every member's collective there) of the first position of group ``g`` before
     ``before`` where every member issued the same op and their amounts disagree."""

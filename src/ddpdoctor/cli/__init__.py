@@ -13,7 +13,7 @@ from ddpdoctor.cli import attach, diff, run, schedule  # noqa: F401  (each regis
 from ddpdoctor.cli.app import app, say
 from ddpdoctor.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
 from ddpdoctor.cli.run import split_run_args
-from ddpdoctor.launch.options import UsageError
+from ddpdoctor.launch.errors import UsageError
 
 __all__ = ["app", "main", "split_run_args"]
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analysis import yamlfile
+from ddpdoctor.runtime.env import Launcher
 
 FILENAME = "ddpdoctor.yaml"
 SECTIONS = ("run", "torchrun")
@@ -52,7 +53,7 @@ RUN_OPTIONS: dict[str, tuple[str, str]] = {
     "share-lines": ("share_lines", "bool"),
     "verbose": ("verbose", "bool"),
 }
-LAUNCHERS = ("torchrun", "python")
+LAUNCHERS = (Launcher.TORCHRUN.value, Launcher.PYTHON.value)
 # Lower bounds the command line enforces too (checked here to name the file in the error).
 MINIMUM: dict[str, float] = {"hang-timeout": 0.5, "stuck-timeout": 0.5,
                              "grace": 0.0, "max-steps": 1, "epoch-steps": 1,
@@ -83,7 +84,7 @@ def _convert(value: Any, kind: str, where: str) -> Any:
         raise ConfigError(f"{where} must be a number, not {value!r}")
     if kind == "launcher":
         if value in LAUNCHERS:
-            return value
+            return Launcher(value)
         raise ConfigError(f"{where} must be one of {', '.join(LAUNCHERS)}, not {value!r}")
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)

@@ -8,7 +8,6 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -33,12 +32,12 @@ from ddpdoctor.launch.command import (
     make_logdir,
     needs_cpu_mode,
 )
+from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.job import JobResult, run_job
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import (
     SHARE_FROM_RANKS,
     RunOptions,
-    UsageError,
     check_options,
     check_script,
 )
@@ -48,6 +47,7 @@ from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.render.markdown import MarkdownReporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
+from ddpdoctor.runtime.env import Launcher
 from ddpdoctor.trace import nested_launch, redact, schema
 from ddpdoctor.trace.model import Run
 from ddpdoctor.trace.reader import (
@@ -59,13 +59,6 @@ from ddpdoctor.trace.reader import (
     wait_for_tails,
 )
 from ddpdoctor.trace.shared_lines import SharingDone, share_lines
-
-
-class Launcher(str, Enum):
-    torchrun = "torchrun"
-    python = "python"
-    command = "command"
-
 
 RUN_EPILOG = ("torchrun's own options (--nproc-per-node, --nnodes, --rdzv-*, --standalone, "
               "-m, ...) pass through to torchrun. Default --nproc-per-node: the visible GPUs, "
@@ -87,7 +80,7 @@ def run_command(
     args: Optional[list[str]] = typer.Argument(None, metavar="ARGS",
                                                help="Arguments for the script."),
     launcher: Launcher = typer.Option(
-        Launcher.torchrun, "--launcher", metavar="torchrun|python",
+        Launcher.TORCHRUN, "--launcher", metavar="torchrun|python",
         help="python for scripts that start their own workers (mp.spawn, "
              "multiprocessing.Process). Another launcher: put its whole command after -- "
              "(-- accelerate launch train.py; -- srun python train.py)."),
@@ -169,7 +162,7 @@ def run_command(
     """
     opts = RunOptions(
         script=script, args=list(args or []), torchrun_args=_torchrun_args(ctx),
-        launcher=launcher.value, logdir=str(logdir) if logdir else None, backend=backend,
+        launcher=launcher, logdir=str(logdir) if logdir else None, backend=backend,
         hang_timeout=hang_timeout, stuck_timeout=stuck_timeout, grace=grace, cpu=cpu,
         max_steps=max_steps, epoch_steps=epoch_steps, max_trace_mb=max_trace_mb,
         expect_schedule=str(expect_schedule) if expect_schedule else None,
@@ -217,7 +210,7 @@ def run_command(
         usage_stop(nested, log_path)
     job = outcome.job
     if job.hang:
-        what = "rank stuck" if job.stop == schema.Stop.STUCK else "hang detected"
+        what = job.stop.headline if job.stop is not None else "hang detected"
         say(f"{what}: {job.reason}; stacks collected from {len(job.acks)} rank(s), job stopped")
     elif job.interrupted:
         say("interrupted: job stopped, logs kept")
@@ -363,7 +356,7 @@ def _no_rank_note(opts: RunOptions, job: JobResult, logdir: Path) -> str:
     initialised a process group (an import error), or it never initialised one."""
     started = any(logdir.glob(f"{schema.EXITS_PREFIX}*.json"))
     failed = job.exit_code not in (0, None) and not job.interrupted
-    if opts.launcher == "torchrun" and not started and failed:
+    if opts.launcher == Launcher.TORCHRUN and not started and failed:
         return (f"torchrun started no rank: it stopped with exit code {job.exit_code} before "
                 f"running the script (its own error is printed above)")
     if failed:
@@ -461,6 +454,7 @@ def split_run_args(argv: list[str]) -> tuple[list[str], list[str]]:
         if parts.torchrun:
             raise UsageError(f"{parts.torchrun[0]} is a torchrun option: with a launch command "
                              f"after --, give the launcher's options in that command")
-        return [*argv[:at + 1], *parts.own, "--launcher", "command", "--", *parts.command], []
+        return [*argv[:at + 1], *parts.own, "--launcher", Launcher.COMMAND.value, "--",
+                *parts.command], []
     tail = ["--", parts.script, *parts.args] if parts.script is not None else []
     return [*argv[:at + 1], *parts.own, *tail], parts.torchrun

@@ -19,9 +19,11 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
-from ddpdoctor.launch.options import RunOptions, UsageError
+from ddpdoctor.launch.errors import UsageError
+from ddpdoctor.launch.options import RunOptions
 from ddpdoctor.runtime import env as rank_env
 from ddpdoctor.runtime import torch_internals
+from ddpdoctor.runtime.env import Launcher
 from ddpdoctor.trace import schema
 
 INJECT_DIR = str(Path(__file__).resolve().parents[1] / "runtime" / "inject")
@@ -40,7 +42,7 @@ _GPU_WORDS = re.compile(r"""["']nccl["']|\.cuda\(|["']cuda|cuda\.device_count|de
 def needs_cpu_mode(opts: RunOptions) -> bool:
     """Whether the script asks for CUDA or NCCL on a machine without a GPU, run without
     ``--cpu``: it will fail, and the hint is worth saying before the ranks' tracebacks."""
-    if opts.cpu or _visible_gpus() > 0 or opts.launcher == "command":
+    if opts.cpu or _visible_gpus() > 0 or opts.launcher == Launcher.COMMAND:
         return False
     try:
         with open(opts.script, encoding="utf-8", errors="replace") as fh:
@@ -90,7 +92,7 @@ def check_flight_recorder(opts: RunOptions) -> None:
 def nproc(opts: RunOptions) -> int:
     """Processes per node: as asked (a number; ``cpu``: one per core), else 2 in CPU mode,
     else the visible GPUs (or 2)."""
-    if opts.launcher == "torchrun" and (opts.torchrun.given("nproc_per_node")
+    if opts.launcher == Launcher.TORCHRUN and (opts.torchrun.given("nproc_per_node")
                                         or os.environ.get("PET_NPROC_PER_NODE")):
         asked = opts.torchrun.nproc_per_node
         if asked:
@@ -103,7 +105,7 @@ def nproc(opts: RunOptions) -> int:
 def lone_rank(opts: RunOptions) -> bool:
     """Whether ddpdoctor itself chose the processes per node and chose one, for a one-node job:
     one visible GPU. Such a world has no two ranks to compare."""
-    if opts.launcher != "torchrun" or opts.torchrun.nnodes_max > 1:
+    if opts.launcher != Launcher.TORCHRUN or opts.torchrun.nnodes_max > 1:
         return False
     if opts.torchrun.given("nproc_per_node") or os.environ.get("PET_NPROC_PER_NODE"):
         return False
@@ -114,7 +116,7 @@ def gpu_count_word(opts: RunOptions) -> str | None:
     """``gpu``, ``auto`` or ``xpu`` given as torchrun's processes per node in CPU mode: words
     that count accelerators, of which CPU mode has none (torchrun would stop with "Cuda is
     not available", or start one rank per core). Such a run gets :data:`CPU_MODE_NPROC`."""
-    if not opts.cpu or opts.launcher != "torchrun":
+    if not opts.cpu or opts.launcher != Launcher.TORCHRUN:
         return None
     word = opts.torchrun.nproc_word
     return word if word in ("gpu", "auto", "xpu") else None
@@ -191,16 +193,16 @@ def _lock(path: Path) -> None:
 
 def run_id(opts: RunOptions) -> str:
     """The id every trace of the run carries: shared by the nodes of a multi-node job."""
-    shared = opts.torchrun.run_id() if opts.launcher == "torchrun" else None
+    shared = opts.torchrun.run_id() if opts.launcher == Launcher.TORCHRUN else None
     return shared or secrets.token_hex(8)
 
 
 def build_command(opts: RunOptions) -> list[str]:
     """The job's command line: torchrun with the user's options (and ddpdoctor's defaults for
     the processes per node and a free port), or plain python."""
-    if opts.launcher == "command":
+    if opts.launcher == Launcher.COMMAND:
         return [opts.script, *opts.args]
-    if opts.launcher == "python":
+    if opts.launcher == Launcher.PYTHON:
         target = ["-m", opts.script] if opts.module else [opts.script]
         return [sys.executable, *target, *opts.args]
     tr = opts.torchrun
@@ -245,7 +247,7 @@ def build_env(opts: RunOptions, logdir: Path, run: str) -> dict[str, str]:
         environ[rank_env.EPOCH_STEPS] = str(opts.epoch_steps)
     if opts.max_steps is not None or opts.epoch_steps is not None:
         environ[rank_env.STOP_TIMEOUT] = f"{stop_timeout(opts):g}"
-    if opts.launcher == "python":
+    if opts.launcher == Launcher.PYTHON:
         environ.setdefault("MASTER_ADDR", "127.0.0.1")
         environ.setdefault("MASTER_PORT", str(free_port()))
     return environ

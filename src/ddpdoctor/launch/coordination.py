@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analysis import digest
-from ddpdoctor.analysis.hang_rules import RankProgress
+from ddpdoctor.analysis.hang_rules import Decision, RankProgress
 from ddpdoctor.trace import detail
 from ddpdoctor.trace.schema import Stop
 
@@ -253,13 +253,13 @@ class Coordinator:
         return digest.merge(digest.aged(local, now - local_at), fresh, unknown)
 
     def watch(self, ranks: dict[int, RankProgress], timeout: float,
-              stuck_timeout: float | None, now: float) -> digest.WorldDecision:
+              stuck_timeout: float | None, now: float) -> Decision:
         """The world's verdict as this node knows it now: node 0 decides (and publishes what
         it decides), the others read node 0's."""
         world = self.update(digest.node_digest(ranks, now))
         if self.root:
-            decision = digest.decide_world(world, timeout, stuck_timeout, now,
-                                           self._deadlock_since)
+            decision = digest.world_decision(world, timeout, stuck_timeout, now,
+                                             self._deadlock_since)
             self._deadlock_since = decision.deadlock_since
             if decision.stop is not None:
                 self.publish_verdict(decision)
@@ -267,12 +267,12 @@ class Coordinator:
         verdict = self.verdict()
         stop = world_stop(verdict) if verdict else None
         if verdict is None or stop is None:
-            return digest.WorldDecision(None)
+            return Decision(None)
         named = [r for r in verdict.get("named") or [] if isinstance(r, int)]
-        return digest.WorldDecision(stop, str(verdict.get("reason", ""))[:500],
-                                    tuple(named[:digest.MAX_NAMED]))
+        return Decision(stop, str(verdict.get("reason", ""))[:500],
+                        named=tuple(named[:digest.MAX_NAMED]))
 
-    def publish_verdict(self, decision: digest.WorldDecision) -> None:
+    def publish_verdict(self, decision: Decision) -> None:
         """Node 0: make the verdict every node reads."""
         with self._lock:
             self._verdict = {"stop": str(decision.stop), "reason": decision.reason,

@@ -3,9 +3,9 @@
 While the job runs the launcher reads the ranks' progress blocks
 (:mod:`ddpdoctor.launch.monitor`); when a hang rule fires it asks every rank for its stacks
 (the ``hang-request.json`` handshake of :mod:`ddpdoctor.trace.schema`), waits briefly for
-the answers, then ends every process of the job. In a job of several nodes node 0's launcher decides for all, through the job's store
-(:mod:`ddpdoctor.launch.coordination`). At the end it writes ``job.json``: why it stopped
-the job, for ``diff`` to read later.
+the answers, then ends every process of the job. In a job of several nodes node 0's launcher
+decides for all, through the job's store (:mod:`ddpdoctor.launch.coordination`). At the end
+it writes ``job.json``: why it stopped the job, for ``diff`` to read later.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from typing import Any
 from ddpdoctor.analysis.digest import node_digest
 from ddpdoctor.launch import coordination, proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
+from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.monitor import JobProgress
-from ddpdoctor.launch.options import RunOptions, UsageError
+from ddpdoctor.launch.options import RunOptions
+from ddpdoctor.runtime.env import Launcher
 from ddpdoctor.runtime.stderr_tail import pseudo_terminal
 from ddpdoctor.trace import handshake, padding, schema
 from ddpdoctor.trace.schema import Stop
@@ -197,12 +199,12 @@ def run_job(opts: RunOptions, logdir: Path,
     cmd = build_command(opts)
     run = run_id(opts)
     environ = build_env(opts, logdir, run)
-    coord = coordination.for_job(opts.torchrun, run) if opts.launcher == "torchrun" else None
+    coord = coordination.for_job(opts.torchrun, run) if opts.launcher == Launcher.TORCHRUN else None
     proctree.become_subreaper()
     progress = JobProgress(str(logdir))
     started = time.time()
     result = JobResult(exit_code=0, logdir=str(logdir), duration=0.0,
-                       nnodes=opts.torchrun.nnodes_max if opts.launcher == "torchrun" else 1)
+                       nnodes=opts.torchrun.nnodes_max if opts.launcher == Launcher.TORCHRUN else 1)
     with _Signals() as signals:
         master: int | None = None
         out: int | None = None
@@ -312,11 +314,11 @@ def _stop(proc: subprocess.Popen, opts: RunOptions, logdir: Path) -> list[int]:
     the snapshot taken first.
     """
     workers = proctree.descendants(proc.pid)
-    if opts.launcher == "torchrun":
+    if opts.launcher == Launcher.TORCHRUN:
         proctree.signal_all([proc.pid], signal.SIGKILL)
         return proctree.terminate(workers, opts.grace, exclude=proc.pid)
     everyone = [proc.pid, *workers]
-    agents = _agents(logdir, everyone) if opts.launcher == "command" else []
+    agents = _agents(logdir, everyone) if opts.launcher == Launcher.COMMAND else []
     if agents:  # torchrun agents in a launch command of the user's (accelerate launch)
         proctree.signal_all(agents, signal.SIGKILL)
     return proctree.terminate([p for p in everyone if p not in agents], opts.grace,

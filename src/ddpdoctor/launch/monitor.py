@@ -183,7 +183,7 @@ class JobProgress:
         """The block's running collectives into ``prog.pending``: those it no longer lists
         completed, those new to it seen now."""
         entries = field(state, "pending", list, [])
-        listed = {e.get("id"): e for e in entries if isinstance(e, dict)}
+        listed: dict[Any, dict] = {e.get("id"): e for e in entries if isinstance(e, dict)}
         for cid in [i for i in prog.pending if i > 0 and i not in listed]:
             del prog.pending[cid]
         for cid, entry in listed.items():
@@ -236,8 +236,8 @@ class JobProgress:
             # Still at the place the previous record found it: since then, when its main
             # thread was idle up to it too (that record, the first after a collective, had
             # no I/O figure to judge it by alone).
-            before = previous.get("cpu_rate") if previous is not None else None
-            prog.still_since = float(previous.get("t", t)) if isinstance(
+            before = (previous or {}).get("cpu_rate")
+            prog.still_since = float((previous or {}).get("t", t)) if isinstance(
                 before, (int, float)) and before < STILL_CPU else t
 
     def paths(self) -> dict[int, Path]:

@@ -8,12 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddpdoctor.launch.errors import UsageError
+from ddpdoctor.runtime.env import Launcher
+
 if TYPE_CHECKING:
     from ddpdoctor.launch.torchrun import Torchrun
-
-
-class UsageError(Exception):
-    """Bad input from the user; the message is one line, shown without a traceback."""
 
 
 # Jobs of this many ranks or more keep identical ranks' collective lines once (--share-lines).
@@ -27,8 +26,8 @@ class RunOptions:
     script: str
     args: list[str] = field(default_factory=list)
     torchrun_args: list[str] = field(default_factory=list)  # torchrun's options, verbatim
-    launcher: str = "torchrun"  # or python (the script spawns), or command (SCRIPT ARGS is
-    # the user's own launch command: accelerate launch ..., srun ..., bash launch.sh)
+    launcher: Launcher = Launcher.TORCHRUN  # COMMAND: SCRIPT ARGS is the user's own launch
+    # command (accelerate launch ..., srun ..., bash launch.sh)
     logdir: str | None = None
     backend: str | None = None
     hang_timeout: float = 30.0
@@ -76,11 +75,11 @@ class RunOptions:
 def check_script(opts: RunOptions) -> None:
     """Refuse a missing or syntactically broken script (or a launch command that is not there)
     before starting anything."""
-    if opts.launcher == "command":
+    if opts.launcher == Launcher.COMMAND:
         if shutil.which(opts.script) is None:
             raise UsageError(f"command not found: {opts.script}")
         return
-    if opts.module or (opts.launcher == "torchrun" and opts.torchrun.no_python):
+    if opts.module or (opts.launcher == Launcher.TORCHRUN and opts.torchrun.no_python):
         return
     path = Path(opts.script)
     if not path.exists():
@@ -105,11 +104,11 @@ def check_options(opts: RunOptions) -> None:
         raise UsageError("--max-steps must be at least 1")
     if opts.epoch_steps is not None and opts.epoch_steps < 1:
         raise UsageError("--epoch-steps must be at least 1")
-    if opts.launcher == "command":
+    if opts.launcher == Launcher.COMMAND:
         if opts.torchrun_args:
             raise UsageError(f"torchrun option {opts.torchrun_args[0]} has no meaning with a "
                              f"launch command (give it in the command)")
-    elif opts.launcher == "python":
+    elif opts.launcher == Launcher.PYTHON:
         other = [t for t in opts.torchrun_args if t not in ("-m", "--module")]
         if other:
             raise UsageError(f"torchrun option {other[0]} has no meaning with --launcher "

@@ -20,7 +20,7 @@ from functools import lru_cache
 from typing import Any, NoReturn
 
 from ddpdoctor.launch import torchrun_cache
-from ddpdoctor.launch.options import UsageError
+from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.runtime import torch_internals
 
 

@@ -21,6 +21,7 @@ import warnings
 from typing import Any
 
 from ddpdoctor.runtime import env, on_behalf, torch_internals
+from ddpdoctor.runtime.parent_death import die_with_parent
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import schema
 
@@ -67,9 +68,9 @@ def _on_torch_imported() -> None:
 
         # Under a launch command the top process may be a script that spawns (or anything:
         # torchrun agents below it are found by _on_agent_imported).
-        launcher = os.environ.get(env.LAUNCHER, "torchrun")
-        exit_codes.install(os.environ[env.LOGDIR],
-                           "python" if launcher == "command" else launcher)
+        launcher = os.environ.get(env.LAUNCHER, env.Launcher.TORCHRUN)
+        exit_codes.install(os.environ[env.LOGDIR], env.Launcher.PYTHON
+                           if launcher == env.Launcher.COMMAND else launcher)
 
     try:
         torch_hooks.install(_recorder, os.environ.get(env.BACKEND) or None)
@@ -239,9 +240,6 @@ def _after_fork_in_child() -> None:
     _die_with_parent()
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with_parent() -> None:
     """The job must not outlive ddpdoctor, however ddpdoctor ends (``kill -9`` included): the
     top process dies with ddpdoctor, torchrun's workers with the agent, the workers of a script
@@ -254,22 +252,6 @@ def _die_with_parent() -> None:
     elif not (_is_torchrun_worker() or os.environ.get(env.TOP_PID) == str(os.getppid())):
         return
     die_with_parent()
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent dies. (torch's ``mp.spawn`` sets SIGINT for its
-    workers, which a worker blocked inside a collective never acts on: the wrapper of its
-    worker function calls this again.)"""
-    import signal
-
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the request took effect
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def boot() -> None:

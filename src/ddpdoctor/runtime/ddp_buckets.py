@@ -306,7 +306,7 @@ def exact(ddp: Any) -> None:
         except Exception:  # a hook left in place finds the plan disarmed: it does nothing
             pass
         try:
-            ddp.reducer._update_process_group(ddp.process_group)
+            internals.move_reducer(ddp, ddp.process_group)
         except Exception as exc:  # the buckets then go on unseen: say so in the trace
             plan.issuer.recorder.warn(f"DDP's buckets could not be recorded from here: {exc}",
                                       lost=True)
@@ -332,13 +332,13 @@ def _plan_for(ddp: Any, waited: int) -> _Plan | str | int | None:
             getattr(m, "sparse", False) for m in ddp.module.modules()
             if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag))):
         return _NEVER
-    layout = layout_from_logging(ddp._get_ddp_logging_data(), params)
+    layout = layout_from_logging(internals.ddp_logging_data(ddp), params)
     if layout is None:  # DDP's logger fills it in at a later forward
         return waited + 1 if waited < MAX_WAIT else _NEVER
-    counter = pg._inner._get_sequence_number_for_group
+    counter = internals.sequence_counter(pg._inner)
     counter()
     nodes = tuple(internals.grad_accumulator(params[first]) for _, first in layout)
     plan = _Plan(pg._issuer, tuple(tensors for tensors, _ in layout), nodes, counter)
     plan.hook_backwards()
-    ddp.reducer._update_process_group(pg._issuer.plain())
+    internals.move_reducer(ddp, pg._issuer.plain())
     return plan

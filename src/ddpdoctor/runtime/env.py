@@ -1,4 +1,7 @@
-"""Names of the environment variables the launcher uses to configure every rank."""
+"""Names of the environment variables the launcher uses to configure every rank, and the
+launchers it names."""
+
+from enum import Enum
 
 LOGDIR = "DDPDOCTOR_LOGDIR"
 RUN_ID = "DDPDOCTOR_RUN_ID"
@@ -10,7 +13,7 @@ EPOCH_STEPS = "DDPDOCTOR_EPOCH_STEPS"  # N: every DataLoader pass yields at most
 STOP_TIMEOUT = "DDPDOCTOR_STOP_TIMEOUT"  # seconds a stopping rank waits for the others
 # after this many MB a trace keeps only what breaks the pattern
 MAX_TRACE_MB = "DDPDOCTOR_MAX_TRACE_MB"
-LAUNCHER = "DDPDOCTOR_LAUNCHER"  # torchrun | python: how the job's top process starts workers
+LAUNCHER = "DDPDOCTOR_LAUNCHER"  # a Launcher: how the job's top process starts workers
 LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is the top process
 FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder, not ddpdoctor's
 RECORD_NCCL = "DDPDOCTOR_RECORD_NCCL"  # "1": wrap NCCL groups too (checked on one GPU)
@@ -19,3 +22,17 @@ TRACE_WRITE = "DDPDOCTOR_TRACE_WRITE"  # "1": write traces with pwrite, not thro
 # "1": each DDP gradient bucket recorded as it enters the recording group, not once per
 # backward (runtime/ddp_buckets.py); for comparisons
 BUCKETS_EACH = "DDPDOCTOR_BUCKETS_EACH"
+
+
+class Launcher(str, Enum):
+    """How the job's top process starts its workers (``--launcher``, :data:`LAUNCHER`)."""
+
+    TORCHRUN = "torchrun"
+    PYTHON = "python"  # the script starts its own (mp.spawn, multiprocessing)
+    COMMAND = "command"  # the user's own launch command: accelerate launch, srun, bash ...
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)

@@ -22,6 +22,7 @@ from typing import Any
 
 from ddpdoctor.runtime import patches
 from ddpdoctor.runtime import torch_internals as internals
+from ddpdoctor.runtime.env import Launcher
 from ddpdoctor.trace import schema
 
 
@@ -91,7 +92,7 @@ def _patch_spawn(logdir: str) -> None:
 def install(logdir: str, launcher: str) -> None:
     """Record worker exit codes from this process (the job's top process); never raises."""
     try:
-        if launcher == "torchrun":
+        if launcher == Launcher.TORCHRUN:
             _patch_torchrun(logdir)
         else:
             _patch_spawn(logdir)

@@ -385,7 +385,7 @@ _MONITORED = " monitored_barrier"  # the key of a monitored barrier's call (no b
 def _backend_count(backend: Any) -> int | None:
     """The backend's own sequence number (collectives it was given), None where it has none."""
     try:
-        return int(backend._get_sequence_number_for_group())
+        return int(internals.sequence_counter(backend)())
     except Exception:
         return None
 

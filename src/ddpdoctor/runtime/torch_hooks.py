@@ -471,7 +471,7 @@ def _spawn_wrap(fn: Callable, i: int, args: tuple, error_file: str) -> None:
     """``torch.multiprocessing.spawn._wrap`` that records an exception of the worker."""
 
     def recorded(*a: Any) -> Any:
-        from ddpdoctor.runtime.bootstrap import die_with_parent
+        from ddpdoctor.runtime.parent_death import die_with_parent
 
         die_with_parent()  # torch's _wrap just set SIGINT, which a blocked worker ignores
         try:

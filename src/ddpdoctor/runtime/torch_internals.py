@@ -3,13 +3,16 @@ has them (:func:`contract_problems`).
 
 A new torch release is this file and ``tests/unit/test_torch_contract.py``: c10d's private
 maps and helpers, the backend-registration methods of ``ProcessGroup``, the flight-recorder
-dump functions, DDP's forward and join hooks, ``mp.spawn``'s and the elastic agent's internals,
-Dynamo's skip list, and what the launcher's own process takes from torch (torchrun's parser, the
-store client). Modules elsewhere patch or call what this one hands them and name no private
-torch attribute themselves. Two tables of torch's names are data the trace readers use too, and
-stay with them: the ``ProcessGroup`` methods the recording group overrides (torch's own
-virtual-method names, with each op in ``trace/ops.py``) and the torch functions whose frames
-label a DDP collective (``trace/ddp_sites.py``); the contract test checks both with the rest.
+dump functions, DDP's forward and join hooks, its Reducer's group and logging data, a
+backend's own sequence number, ``mp.spawn``'s and the elastic agent's internals, Dynamo's skip
+list, and what the launcher's own process takes from torch (torchrun's parser, the store
+client). Modules elsewhere patch or call what this one hands them and name no private torch
+attribute themselves (``tests/unit/test_layers.py`` flags any underscored attribute that the
+package does not define, wherever else it appears). Two tables of torch's names are data
+the trace readers use too, and stay with them: the ``ProcessGroup`` methods the recording
+group overrides (torch's own virtual-method names, with each op in ``trace/ops.py``) and the
+torch functions whose frames label a DDP collective (``trace/ddp_sites.py``); the contract
+test checks both with the rest.
 
 torch is imported inside the functions, never at import: this module is imported in every
 Python process of the job, most of which never import torch (light standard-library modules
@@ -168,10 +171,28 @@ def broadcast_coalesced() -> tuple[Callable[..., None], Callable[..., Any]] | No
 
 
 DDP_POST_FORWARD = "_post_forward"  # runs at the end of every DDP forward, with its output
+REDUCER_GROUP = "_update_process_group"  # moves a DDP model's Reducer to another group
 # DDP's methods after which its Reducer's buckets are no longer plain all-reduces on its own
 # group: a comm hook, the join protocol's shadow buckets, another process group.
 DDP_BUCKET_CHANGERS = ("register_comm_hook", "_register_builtin_comm_hook", "join_hook",
-                       "_update_process_group")
+                       REDUCER_GROUP)
+BACKEND_SEQUENCE = "_get_sequence_number_for_group"  # a backend's count of collectives
+DDP_LOGGING_DATA = "_get_ddp_logging_data"  # DDP's logger's record (its bucket layout)
+
+
+def sequence_counter(backend: Any) -> Callable[[], int]:
+    """What counts the collectives ``backend`` was given (its own sequence number)."""
+    return getattr(backend, BACKEND_SEQUENCE)
+
+
+def ddp_logging_data(ddp: Any) -> Any:
+    """What DDP's logger recorded of model ``ddp`` (its bucket sizes, once it rebuilt them)."""
+    return getattr(ddp, DDP_LOGGING_DATA)()
+
+
+def move_reducer(ddp: Any, group: Any) -> None:
+    """Point model ``ddp``'s Reducer at ``group`` for its gradient buckets."""
+    getattr(ddp.reducer, REDUCER_GROUP)(group)
 
 
 def per_backward_buckets() -> bool:
@@ -183,8 +204,8 @@ def per_backward_buckets() -> bool:
 
     ddp, _ = ddp_classes()
     return all(hasattr(ddp, name) for name in (DDP_POST_FORWARD, *DDP_BUCKET_CHANGERS)) and \
-        hasattr(dist.Reducer, "_update_process_group") and \
-        hasattr(dist.ProcessGroupGloo, "_get_sequence_number_for_group") and \
+        hasattr(dist.Reducer, REDUCER_GROUP) and hasattr(ddp, DDP_LOGGING_DATA) and \
+        hasattr(dist.ProcessGroupGloo, BACKEND_SEQUENCE) and \
         hasattr(torch._C, "_will_engine_execute_node") and \
         hasattr(Variable._execution_engine, "queue_callback")
 

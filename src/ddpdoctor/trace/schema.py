@@ -128,6 +128,11 @@ class Stop(str, Enum):
     DEADLOCK = "deadlock"  # the pending collectives provably can never match
     STUCK = "stuck"  # a rank blocked outside collectives (the others waiting for it)
 
+    @property
+    def headline(self) -> str:
+        """What the launcher says when it stops a job for this reason."""
+        return "rank stuck" if self is Stop.STUCK else "hang detected"
+
     def __str__(self) -> str:
         return str(self.value)
 
