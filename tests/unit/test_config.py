@@ -8,21 +8,24 @@ from typer.testing import CliRunner
 
 from ddpdoctor.cli import app, config
 from ddpdoctor.cli.config import ConfigError
+from ddpdoctor.cli.run import run_command
+
+OPTIONS = config.options_of(run_command)
 
 
 def test_torchrun_section_gives_torchrun_tokens() -> None:
     got = config.parse("torchrun:\n  nproc-per-node: 4\n  standalone: true\n"
-                       "  no_python: false\n  rdzv_id: abc\n")
+                       "  no_python: false\n  rdzv_id: abc\n", OPTIONS)
     assert got == {"torchrun": ["--nproc-per-node", "4", "--standalone", "--rdzv_id", "abc"]}
 
 
 def test_run_section_gives_parameter_values_in_either_spelling() -> None:
     got = config.parse("run:\n  cpu: true\n  max-steps: 2\n  hang_timeout: 20\n"
-                       "  --json: r.json\n  launcher: python\n  junit: j.xml\n")
+                       "  --json: r.json\n  launcher: python\n  junit: j.xml\n", OPTIONS)
     assert got == {"run": {"cpu": True, "max_steps": 2, "hang_timeout": 20.0,
                            "json_out": "r.json", "launcher": "python", "junit_out": "j.xml"}}
-    assert config.parse("") == {} and config.parse("run:\n") == {}
-    assert config.parse("run:\n  backend: null\n") == {"run": {}}
+    assert config.parse("", OPTIONS) == {} and config.parse("run:\n", OPTIONS) == {}
+    assert config.parse("run:\n  backend: null\n", OPTIONS) == {"run": {}}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -45,28 +48,35 @@ def test_run_section_gives_parameter_values_in_either_spelling() -> None:
 ])
 def test_bad_config_is_one_line_naming_file_and_key(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as info:
-        config.parse(text, "ddpdoctor.yaml")
+        config.parse(text, OPTIONS, "ddpdoctor.yaml")
     assert message in str(info.value), str(info.value)
     assert str(info.value).startswith("ddpdoctor.yaml") and "\n" not in str(info.value)
 
 
 def test_load_reads_the_working_directory(tmp_path) -> None:
-    assert config.load(tmp_path) == {}
+    assert config.load(OPTIONS, tmp_path) == {}
     (tmp_path / "ddpdoctor.yaml").write_text("run:\n  cpu: true\n")
-    assert config.load(tmp_path) == {"run": {"cpu": True}}
+    assert config.load(OPTIONS, tmp_path) == {"run": {"cpu": True}}
     (tmp_path / "ddpdoctor.yaml").write_bytes(b"\xff\xfe")
     with pytest.raises(ConfigError, match="not a text file"):
-        config.load(tmp_path)
+        config.load(OPTIONS, tmp_path)
 
 
 def test_every_run_option_can_be_configured_and_nothing_else() -> None:
+    """The file's keys are the command line's own options, with their types, minimums and
+    the choices --help shows (declared once, in cli/run.py)."""
     command = typer.main.get_command(app)
     run = command.commands["run"]
     options = [p for p in run.params if p.param_type_name == "option" and p.name != "help"]
-    params = {p.name for p in options}
-    assert params == {name for name, _ in config.RUN_OPTIONS.values()}
+    assert {p.name for p in options} == {spec.name for spec in OPTIONS.values()}
     flags = {opt[2:] for p in options for opt in p.opts if opt.startswith("--")}
-    assert flags == set(config.RUN_OPTIONS)
+    assert flags == set(OPTIONS)
+    assert OPTIONS["hang-timeout"] == config.OptionSpec("hang_timeout", "float", 0.5)
+    assert OPTIONS["max-steps"] == config.OptionSpec("max_steps", "int", 1)
+    assert OPTIONS["launcher"] == config.OptionSpec("launcher", "choice", None,
+                                                    ("torchrun", "python"))
+    assert (OPTIONS["cpu"].kind, OPTIONS["share-lines"].kind, OPTIONS["json"].kind) == (
+        "bool", "bool", "str")
 
 
 def test_cli_refuses_a_bad_config_with_exit_2(tmp_path, monkeypatch) -> None:

@@ -78,7 +78,8 @@ def main_options(
     """ddpdoctor records every collective of every rank, and explains hangs and divergences."""
     if ctx.invoked_subcommand == "run":
         try:
-            defaults = config.load()
+            run = next(c.callback for c in app.registered_commands if c.name == "run")
+            defaults = config.load(config.options_of(run))  # type: ignore[arg-type]
         except config.ConfigError as exc:
             fail(str(exc))
         # Options missing from the command line take their value from ddpdoctor.yaml.

@@ -22,42 +22,56 @@ the file and the key (``ddpdoctor`` then exits with code 2). Read with ``yaml.sa
 from __future__ import annotations
 
 import difflib
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
+import typer
+
 from ddpdoctor.analysis import yamlfile
-from ddpdoctor.runtime.env import Launcher
 
 FILENAME = "ddpdoctor.yaml"
 SECTIONS = ("run", "torchrun")
 
-# Option (as spelled on the command line, without "--") -> (parameter name, value type).
-RUN_OPTIONS: dict[str, tuple[str, str]] = {
-    "launcher": ("launcher", "launcher"),
-    "logdir": ("logdir", "str"),
-    "backend": ("backend", "str"),
-    "hang-timeout": ("hang_timeout", "float"),
-    "stuck-timeout": ("stuck_timeout", "float"),
-    "grace": ("grace", "float"),
-    "json": ("json_out", "str"),
-    "cpu": ("cpu", "bool"),
-    "max-steps": ("max_steps", "int"),
-    "epoch-steps": ("epoch_steps", "int"),
-    "max-trace-mb": ("max_trace_mb", "float"),
-    "junit": ("junit_out", "str"),
-    "markdown": ("markdown_out", "str"),
-    "expect-schedule": ("expect_schedule", "str"),
-    "flight-recorder": ("flight_recorder", "bool"),
-    "record-nccl": ("record_nccl", "bool"),
-    "timeline": ("timeline_out", "str"),
-    "share-lines": ("share_lines", "bool"),
-    "verbose": ("verbose", "bool"),
-}
-LAUNCHERS = (Launcher.TORCHRUN.value, Launcher.PYTHON.value)
-# Lower bounds the command line enforces too (checked here to name the file in the error).
-MINIMUM: dict[str, float] = {"hang-timeout": 0.5, "stuck-timeout": 0.5,
-                             "grace": 0.0, "max-steps": 1, "epoch-steps": 1,
-                             "max-trace-mb": 0.0}
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """A ``run`` option as the command line declares it: the parameter it sets, the kind of
+    value (bool, int, float, choice or str), its least value, the choices a user gives."""
+
+    name: str
+    kind: str
+    minimum: float | None = None
+    choices: tuple[str, ...] = ()
+
+
+def options_of(command: Callable[..., Any]) -> dict[str, OptionSpec]:
+    """Every option of ``command`` (``ddpdoctor run``'s function, cli/run.py), keyed by its
+    spelling without the dashes: the file takes what the command line declares, declared once
+    there (its types and minimums; the choices its metavar shows, ``torchrun|python``)."""
+    hints = typing.get_type_hints(command)
+    out: dict[str, OptionSpec] = {}
+    for name, param in inspect.signature(command).parameters.items():
+        info = param.default
+        if not isinstance(info, typer.models.OptionInfo):
+            continue
+        flag = next(d[2:].split("/")[0] for d in info.param_decls or () if d.startswith("--"))
+        hint = hints.get(name, str)
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if typing.get_origin(hint) is not None and len(args) == 1:  # Optional[X]
+            hint = args[0]
+        kind = {bool: "bool", int: "int", float: "float"}.get(hint, "str")
+        choices: tuple[str, ...] = ()
+        if isinstance(hint, type) and issubclass(hint, Enum):
+            kind = "choice"
+            choices = tuple(info.metavar.split("|")) if info.metavar else \
+                tuple(str(e.value) for e in hint)
+        out[flag] = OptionSpec(name, kind, info.min, choices)
+    return out
 
 
 class ConfigError(Exception):
@@ -69,7 +83,7 @@ def _suggest(key: str, known: list[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else f" (known: {', '.join(known)})"
 
 
-def _convert(value: Any, kind: str, where: str) -> Any:
+def _convert(value: Any, kind: str, where: str, choices: tuple[str, ...] = ()) -> Any:
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -82,10 +96,10 @@ def _convert(value: Any, kind: str, where: str) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"{where} must be a number, not {value!r}")
-    if kind == "launcher":
-        if value in LAUNCHERS:
-            return Launcher(value)
-        raise ConfigError(f"{where} must be one of {', '.join(LAUNCHERS)}, not {value!r}")
+    if kind == "choice":
+        if value in choices:
+            return value
+        raise ConfigError(f"{where} must be one of {', '.join(choices)}, not {value!r}")
     if isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
     raise ConfigError(f"{where} must be a string, not {value!r}")
@@ -108,9 +122,10 @@ def _torchrun_tokens(body: dict, source: str) -> list[str]:
     return tokens
 
 
-def parse(text: str, source: str = FILENAME) -> dict[str, Any]:
-    """Validate a config document; returns ``{"run": {parameter name: value}, "torchrun":
-    [tokens]}`` (sections that are present)."""
+def parse(text: str, options: dict[str, OptionSpec],
+          source: str = FILENAME) -> dict[str, Any]:
+    """Validate a config document against ``run``'s ``options`` (:func:`options_of`); returns
+    ``{"run": {parameter name: value}, "torchrun": [tokens]}`` (sections that are present)."""
     try:
         data = yamlfile.load(text, source)
     except ValueError as exc:
@@ -133,27 +148,30 @@ def parse(text: str, source: str = FILENAME) -> dict[str, Any]:
             out[section] = _torchrun_tokens(body, source)
             continue
         values: dict[str, Any] = {}
-        known = list(RUN_OPTIONS)
+        known = list(options)
         for raw_key, value in body.items():
             key = str(raw_key).replace("_", "-")
             if key.startswith("--"):
                 key = key[2:]
-            if key not in RUN_OPTIONS:
+            if key not in options:
                 raise ConfigError(f"{source}: unknown key '{section}.{raw_key}'"
                                   f"{_suggest(key, known)}")
-            name, kind = RUN_OPTIONS[key]
+            spec = options[key]
             if value is not None:
                 where = f"{source}: {section}.{raw_key}"
-                value = _convert(value, kind, where)
-                if key in MINIMUM and value < MINIMUM[key]:
-                    raise ConfigError(f"{where} must be at least {MINIMUM[key]:g}, not {value!r}")
-                values[name] = value
+                value = _convert(value, spec.kind, where, spec.choices)
+                if spec.minimum is not None and value < spec.minimum:
+                    raise ConfigError(f"{where} must be at least {spec.minimum:g}, "
+                                      f"not {value!r}")
+                values[spec.name] = value
         out[section] = values
     return out
 
 
-def load(directory: str | Path | None = None) -> dict[str, Any]:
-    """Read ``ddpdoctor.yaml`` from ``directory`` (the working directory); {} without one."""
+def load(options: dict[str, OptionSpec],
+         directory: str | Path | None = None) -> dict[str, Any]:
+    """Read ``ddpdoctor.yaml`` from ``directory`` (the working directory) against ``run``'s
+    ``options``; {} without one."""
     path = Path(directory or Path.cwd()) / FILENAME
     if not path.is_file():
         return {}
@@ -163,4 +181,4 @@ def load(directory: str | Path | None = None) -> dict[str, Any]:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file") from None
-    return parse(text, str(path))
+    return parse(text, options, str(path))

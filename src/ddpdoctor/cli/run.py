@@ -80,7 +80,7 @@ def run_command(
     args: Optional[list[str]] = typer.Argument(None, metavar="ARGS",
                                                help="Arguments for the script."),
     launcher: Launcher = typer.Option(
-        Launcher.TORCHRUN, "--launcher", metavar="torchrun|python",
+        RunOptions.launcher, "--launcher", metavar="torchrun|python",
         help="python for scripts that start their own workers (mp.spawn, "
              "multiprocessing.Process). Another launcher: put its whole command after -- "
              "(-- accelerate launch train.py; -- srun python train.py)."),
@@ -92,18 +92,18 @@ def run_command(
         None, "--backend", metavar="NAME",
         help="Use this backend instead of the script's (e.g. gloo)."),
     hang_timeout: float = typer.Option(
-        30.0, "--hang-timeout", metavar="SECONDS", min=0.5,
+        RunOptions.hang_timeout, "--hang-timeout", metavar="SECONDS", min=0.5,
         help="Seconds the ranks may all wait in collectives, none progressing, before the "
              "job is a hang (collectives that can never match are diagnosed at once)."),
     stuck_timeout: float = typer.Option(
-        600.0, "--stuck-timeout", metavar="SECONDS", min=0.5,
+        RunOptions.stuck_timeout, "--stuck-timeout", metavar="SECONDS", min=0.5,
         help="Seconds a rank may sit idle at one line of its own code while others wait, "
              "before the job is stopped as stuck there."),
-    grace: float = typer.Option(5.0, "--grace", metavar="SECONDS", min=0.0,
+    grace: float = typer.Option(RunOptions.grace, "--grace", metavar="SECONDS", min=0.0,
                                 help="Seconds between SIGTERM and SIGKILL when stopping the job."),
     json_out: Optional[Path] = _output("--json", "the report as JSON here"),
     cpu: bool = typer.Option(
-        False, "--cpu",
+        RunOptions.cpu, "--cpu",
         help="Run a script written for CUDA/NCCL on the CPU, unmodified (gloo; CUDA mapped "
              "to the CPU; 2 ranks unless --nproc-per-node says otherwise)."),
     max_steps: Optional[int] = typer.Option(
@@ -128,11 +128,11 @@ def run_command(
         help="After this many MB per rank, record only what breaks the rank's repeating "
              "pattern (a divergence is never lost)."),
     flight_recorder: bool = typer.Option(
-        False, "--flight-recorder",
+        RunOptions.flight_recorder, "--flight-recorder",
         help="Record with PyTorch's flight recorder instead of ddpdoctor's own recorder "
              "(NCCL groups do unless --record-nccl); fewer details."),
     record_nccl: bool = typer.Option(
-        False, "--record-nccl",
+        RunOptions.record_nccl, "--record-nccl",
         help="Record NCCL groups with ddpdoctor's own recorder, as gloo groups are "
              "(experimental)."),
     share_lines: Optional[bool] = typer.Option(
