@@ -12,9 +12,9 @@ import pytest
 
 from ddpdoctor.analysis import diagnose
 from ddpdoctor.analysis import report as rp
-from ddpdoctor.cli.exits import EXIT_HANG, EXIT_OK, EXIT_UNTESTED
-from ddpdoctor.cli.run import outcome_of
+from ddpdoctor.launch.exits import EXIT_HANG, EXIT_OK, EXIT_UNTESTED
 from ddpdoctor.launch.job import JobResult
+from ddpdoctor.launch.session import outcome_of
 from ddpdoctor.render.console import ConsoleReporter
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter

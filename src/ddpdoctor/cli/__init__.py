@@ -1,6 +1,6 @@
 """Command line: ``ddpdoctor run``, ``diff``, ``timeline`` and ``schedule``, one module each.
 Thin: options -> one call -> renderer. ``run`` takes its defaults from ``ddpdoctor.yaml`` in the
-working directory (:mod:`ddpdoctor.cli.config`); exit codes: :mod:`ddpdoctor.cli.exits`.
+working directory (:mod:`ddpdoctor.cli.config`); exit codes: :mod:`ddpdoctor.launch.exits`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import warnings
 
 from ddpdoctor.cli import attach, diff, run, schedule  # noqa: F401  (each registers its commands)
 from ddpdoctor.cli.app import app, say
-from ddpdoctor.cli.exits import EXIT_INTERRUPTED, EXIT_USAGE
 from ddpdoctor.cli.run import split_run_args
 from ddpdoctor.launch.errors import UsageError
+from ddpdoctor.launch.exits import EXIT_INTERRUPTED, EXIT_USAGE
 
 __all__ = ["app", "main", "split_run_args"]
 

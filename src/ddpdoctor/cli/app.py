@@ -18,7 +18,7 @@ from typer.core import TyperArgument, TyperCommand
 from ddpdoctor import __version__
 from ddpdoctor.analysis.report import Report
 from ddpdoctor.cli import config
-from ddpdoctor.cli.exits import EXIT_USAGE
+from ddpdoctor.launch.exits import EXIT_USAGE
 from ddpdoctor.render import timeline as timeline_render
 from ddpdoctor.render.console import ConsoleReporter
 from ddpdoctor.render.interface import render

@@ -15,10 +15,10 @@ from ddpdoctor.analysis.attach import diagnose_snapshots
 from ddpdoctor.analysis.report import RUNNING
 from ddpdoctor.analysis.stacks import PTRACE_FIX
 from ddpdoctor.cli.app import HelpCommand, app, fail, say, show
-from ddpdoctor.cli.exits import EXIT_HANG, EXIT_OK
 from ddpdoctor.launch import spy
 from ddpdoctor.launch.command import DEFAULT_LOG_ROOT
 from ddpdoctor.launch.discover import FoundJob, find_jobs, unreadable
+from ddpdoctor.launch.exits import EXIT_HANG, EXIT_OK
 from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter

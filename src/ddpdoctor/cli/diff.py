@@ -14,7 +14,7 @@ from ddpdoctor.analysis.attach import diagnose_snapshots
 from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
 from ddpdoctor.analysis.report import CLEAN, RUNNING
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
-from ddpdoctor.cli.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from ddpdoctor.launch.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.trace.job_logs import find_logs

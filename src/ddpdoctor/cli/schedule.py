@@ -10,7 +10,7 @@ import typer
 from ddpdoctor.analysis import schedule
 from ddpdoctor.analysis.schedule import ScheduleError
 from ddpdoctor.cli.app import HelpCommand, app, fail
-from ddpdoctor.cli.exits import EXIT_PROBLEM
+from ddpdoctor.launch.exits import EXIT_PROBLEM
 from ddpdoctor.trace.reader import TraceError, load_run
 
 schedule_app = typer.Typer(

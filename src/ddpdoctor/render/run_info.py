@@ -14,7 +14,7 @@ class RunInfo:
     """What the CI reports say about the run besides the diagnosis."""
 
     name: str  # what ran: the script and its arguments
-    exit_code: int | None = None  # ddpdoctor's exit code (cli/exits.py)
+    exit_code: int | None = None  # ddpdoctor's exit code (launch/exits.py)
     seconds: float | None = None
     logdir: str | None = None
     problems: tuple[str, ...] = field(default_factory=tuple)  # e.g. a schedule difference
