@@ -37,8 +37,9 @@ d. ``ddpdoctor diff`` wall time and peak RSS (a fresh process each) on synthetic
    ``ddpdoctor.trace.parallel``) once at 64 x 50,000; at 1024 x 20,000 the whole ``ddpdoctor
    diff`` command (start-up included), the median of 3; and the same on copies of a real
    job's traces (``real_traces.py``). Each diagnosis must name the injected divergence;
-e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout, and, for
-   collectives that provably cannot match, with a 30 s hang timeout (target 2 s);
+e. hang-to-diagnosis seconds (``bench/hang_latency.py``) against the hang timeout, for a rank
+   stuck outside collectives (target: the timeout + 1 s), and, for collectives that provably
+   cannot match, with a 30 s hang timeout (target 2 s);
 f. trace bytes per collective on disk (CNN job); the uncapped trace of an hour at 10 steps/s
    of the headline's job (DDP's default buckets, 4.4 M parameters), of one 25 MB bucket and
    of a many-bucket one; the same with the default cap, from the rates of the CNN job paced
@@ -53,7 +54,11 @@ h. a whole job's log folders at scale (``--nodes``, default 2,048 nodes x 8 rank
    and again with the ranks in 4 behaviour classes (a group per block of nodes); the whole
    ``ddpdoctor diff`` command over every folder (median of 3), its peak RSS, and ``ddpdoctor
    timeline`` (one track per class of identical ranks). The baseline is what the same traces
-   weigh written whole.
+   weigh written whole;
+i. the launcher's own CPU per minute of the job while it watches (``launcher_cost.py``):
+   2 and 8 fake ranks writing real traces through the rank's own writer at 100, 1,000 and
+   5,000 collectives a second each, against the same code with the ranks idle (target at 8 x
+   1,000: 0.5 CPU-s, flat in the rate).
 
 The machine's load average is printed before and after: other processes on the machine make
 every timing noisier (the alternation and the medians are there for that).
@@ -672,6 +677,35 @@ def hang(rounds: int, timeout: float) -> list[Row]:
                     median, "s", "≤ 2 s", median <= 2.0,
                     f"{min(values):.2f}–{max(values):.2f} s over {len(values)} runs; rank 0 in "
                     f"a barrier, rank 1 in a DDP bucket all-reduce"))
+    values = module.measure(timeout, rounds, "stuck")
+    median = statistics.median(values)
+    rows.append(Row("e", "rank stuck outside collectives to diagnosis printed", "hang timeout",
+                    timeout, median, "s", "≤ timeout + 1 s", median <= timeout + 1,
+                    f"+{median - timeout:.2f} s; {min(values):.2f}–{max(values):.2f} s over "
+                    f"{len(values)} runs; rank 1 asleep after its fifth step, rank 0 in the "
+                    f"sixth step's all-reduce"))
+    return rows
+
+
+# -- i: the launcher's own CPU against the rate of collectives -------------------------------
+def launcher(ranks: tuple[int, ...], rates: tuple[float, ...], seconds: float,
+             window: float) -> list[Row]:
+    """Item i: ``launcher_cost.py``'s fake ranks at each rate, the launcher's CPU per
+    job-minute while it watches, against the same code's at rate 0 (ranks idle)."""
+    module = importlib.import_module("launcher_cost")
+    rows = []
+    for n in ranks:
+        say(f"i: the launcher's CPU, {n} fake ranks at {', '.join(f'{r:g}' for r in rates)} "
+            f"collectives/s each")
+        idle = module.one(HERE.parent / "src", n, 0.0, seconds, window)["per_minute"]
+        for rate in rates:
+            got = module.one(HERE.parent / "src", n, rate, seconds, window)
+            target = "≤ 0.5 CPU-s" if n >= 8 and rate >= 1000 else ""
+            rows.append(Row("i", f"launcher CPU per job-minute, {n} ranks x {rate:g} "
+                            f"collectives/s", "ranks idle", idle, got["per_minute"], "CPU-s",
+                            target, got["per_minute"] <= 0.5 if target else None,
+                            f"{got['rate']:.0f} collectives/s per rank achieved; "
+                            f"{window:g} s window of a {seconds:g} s job"))
     return rows
 
 
@@ -798,6 +832,8 @@ def main() -> None:
                                5_000 if quick else 20_000)
         if "g" not in skip:
             rows += damaged(work)
+        if "i" not in skip:
+            rows += launcher((2, 8), (100, 1000, 5000), 20.0, 12.0)
         if "h" not in skip:
             nodes = args.nodes or (64 if quick else 2048)
             for classes in (1, 4):

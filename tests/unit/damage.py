@@ -191,10 +191,16 @@ def damages(seed: int = 0) -> Iterator[tuple[str, Change]]:
                              (schema.GROUP, ("ranks", "group")),
                              (schema.STACK, ("frames", "id")),
                              (schema.REPEAT, ("n", "back", "seq", "id_last", "t_last")),
-                             (schema.EXIT, ("status", "code", "t"))):
+                             (schema.EXIT, ("status", "code", "t")),
+                             # A call site's static part (format 9): what collectives match on.
+                             (schema.SITE, ("dtypes", "shapes", "op", "numel", "reduce_op"))):
             for field in fields:
                 for v, value in enumerate(ODD_VALUES):
                     yield f"r{rank}-{kind}.{field}={v}", _field(rank, kind, field, value)
+        # Values of the right type outside the schema (issue 53: a dtype set to "x" read as
+        # a dtype mismatch on a collective that completed on both ranks).
+        for field, value in (("dtypes", ["x"]), ("op", "all_reduce_x"), ("shapes", [[-4]])):
+            yield f"r{rank}-site.{field}={value}", _field(rank, schema.SITE, field, value)
         for kinds in ((schema.EXIT,), (schema.EXCEPTION, schema.EXIT), (schema.DONE,)):
             for drop in (False, True):
                 yield f"r{rank}-without-{'+'.join(kinds)}{'-no-exits' if drop else ''}", \

@@ -4,6 +4,7 @@ once broke it silently: the bench is not run by CI), and what it measures is rec
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -115,3 +116,23 @@ def test_copies_of_real_traces_name_their_own_rank_and_keep_collective_lines() -
         (9, 16, "9", "16")
     assert all(line.startswith(real._NAMED) for line in (header, group, start))
     assert not b'{"id": 1, "kind": "collective"'.startswith(real._NAMED)
+
+
+def test_the_launcher_bench_reads_cpu_and_the_rate_its_fake_ranks_achieved(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``launcher_cost.py``: the launcher's CPU clock to the nanosecond (every thread), the
+    collectives issued read back from the traces; one fake rank writes a real trace at its
+    rate through the rank's own writer (its progress block beside it)."""
+    cost, fake = _bench_module("launcher_cost"), _bench_module("fake_ranks")
+    first = cost.cpu_seconds(os.getpid())  # type: ignore[attr-defined]
+    sum(i * i for i in range(200_000))
+    assert cost.cpu_seconds(os.getpid()) > first > 0  # type: ignore[attr-defined]
+    monkeypatch.setenv("DDPDOCTOR_LOGDIR", str(tmp_path))
+
+    class Started:
+        def release(self) -> None:
+            pass
+
+    fake.rank_main(0, 2, 200.0, 0.5, Started())  # type: ignore[attr-defined]
+    assert cost.issued(tmp_path) == 100  # type: ignore[attr-defined]
+    assert (tmp_path / "rank-0.jsonl.progress").exists()

@@ -114,8 +114,10 @@ TORCH_MODULES = ("torch.distributed.elastic", "torch.multiprocessing.spawn", "to
                  "torch.distributed.run", "torch._C")
 
 
-# Private names of the standard library the package may use (they are not torch's).
-STDLIB_PRIVATE = frozenset({"_current_frames", "_getframe", "_actions", "_exit"})
+# Underscored names of the standard library the package may use (they are not torch's):
+# sys's and argparse's, and a named tuple's public methods.
+STDLIB_PRIVATE = frozenset({"_current_frames", "_getframe", "_actions", "_exit", "_replace",
+                            "_fields", "_asdict", "_make"})
 
 
 def _own_names() -> set[str]:

@@ -59,7 +59,7 @@ class Rank:
     def _tell(self) -> None:
         last = self.running[max(self.running)] if self.running else {}
         self.block.progressed(self.id, self.completed, 1,
-                              f"{last.get('op', '')} ({last.get('label', '')})",
+                              f"{last.get('op', '')} ({last.get('label', '')})", None,
                               dict(self.seq), [json.dumps(r) for r in self.running.values()],
                               len(self.running))
 

@@ -160,3 +160,37 @@ def test_the_block_format_is_the_documented_one(tmp_path: Path) -> None:
     for name in state:
         assert f"`{name}`" in text, name
     w.close()
+
+
+def test_a_rank_waits_from_the_moment_it_issued_not_from_when_the_block_said_so(
+        tmp_path: Path) -> None:
+    """The block lists a running collective up to a writer interval after it was issued: the
+    wait the hang rules count (and the stuck verdict at the hang timeout) starts at its issue
+    time (issue 56: the stuck-rank report at the timeout + 1 s)."""
+    w = _writer(tmp_path)
+    running = _issue(w, "0", 1, False)  # issued at 101.0
+    w.flush()
+    job = JobProgress(str(tmp_path))
+    job.poll(101.6)
+    assert job.ranks[0].pending[running].seen == 101.0
+    job.close()
+    w.close()
+
+
+def test_an_activity_record_written_after_the_rank_issued_is_fresh_whenever_the_block_said_so(
+        tmp_path: Path) -> None:
+    """The launcher learns of the last collective up to an interval after the rank issued it:
+    the rank's own issue time decides whether an activity record came after it (else a rank
+    still from its first record looked still only from its second, a second late)."""
+    w = _writer(tmp_path)
+    _issue(w, "0", 1, True)  # issued at 101.0
+    w.flush()
+    job = JobProgress(str(tmp_path))
+    job.poll(101.9)
+    assert job.ranks[0].last_issue == 101.0
+    w.put({"kind": schema.ACTIVITY, "t": 101.4, "quiet_since": 101.0, "cpu_rate": 0.0,
+           "frames": [{"file": "/job/train.py", "line": 40, "function": "sleep"}]})
+    job.poll(102.0)
+    assert job.ranks[0].fresh_activity() is not None
+    job.close()
+    w.close()

@@ -48,6 +48,8 @@ def test_absent_rank_has_null_op_and_where_it_was() -> None:
     assert [f["kind"] for f in data["findings"]] == ["missing_collective", "rank_exited_early",
                                                      "rank_crashed"]
     assert [f["follow_on"] for f in data["findings"]] == [False, True, True]
+    assert data["findings"][0]["explained_by"] is None
+    assert all(f["explained_by"] for f in data["findings"][1:])
 
 
 def test_crash_report_and_clean_report() -> None:

@@ -167,6 +167,10 @@ def test_reduce_op_names_are_read_right_whether_or_not_the_hash_shortcut_applies
             assert pg_wrapper._reduce_op(opts) == name
     assert set(pg_wrapper._REDUCE_OP_NAMES.values()) <= set(names)
     assert pg_wrapper._reduce_op(None) is None  # an op called without options
+    # Every reduce op this torch has is one a trace may name (others are read as damage).
+    from ddpdoctor.trace import ops
+
+    assert set(dist.ReduceOp.RedOpType.__members__) <= ops.REDUCE_OPS
 
 
 def test_an_op_whose_hash_is_not_its_value_is_never_cached(monkeypatch: pytest.MonkeyPatch) -> None:

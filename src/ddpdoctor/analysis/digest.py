@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from ddpdoctor.analysis.hang_rules import (
     RUNNING,
@@ -85,26 +86,54 @@ def signature(c: Collective) -> str:
     return hashlib.blake2b(repr(match_key(c)).encode(), digest_size=8).hexdigest()
 
 
+class PendingEntry(NamedTuple):
+    """One distinct pending collective of a digest (a JSON list on the wire): its position,
+    its match key's hash, the lowest rank waiting in it, how many ranks do, and in words."""
+
+    group: str
+    seq: int
+    signature: str
+    rank: int
+    ranks: int
+    what: str
+
+
+def _entries(digest: dict) -> list[PendingEntry]:
+    """A digest's pending entries, typed (a malformed entry is left out)."""
+    out = []
+    for e in digest.get("pending") or []:
+        if isinstance(e, (list, tuple)) and len(e) == len(PendingEntry._fields):
+            out.append(PendingEntry(*e))
+    return out
+
+
+def _add(entries: dict[tuple[str, int, str], PendingEntry], e: PendingEntry) -> None:
+    """Count ``e`` into ``entries``: one per position and signature, named by its lowest
+    rank."""
+    key = (e.group, e.seq, e.signature)
+    have = entries.get(key)
+    if have is None:
+        entries[key] = e
+        return
+    lowest = e if e.rank < have.rank else have
+    entries[key] = have._replace(ranks=have.ranks + e.ranks, rank=lowest.rank,
+                                 what=lowest.what)
+
+
 def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
     """The digest of one node's own ranks (``RankProgress`` as the launcher's monitor reads
     them from the ranks' progress blocks); its counts are the node's :class:`WorldView`."""
     view = view_of(dict(ranks), {}, now)
     live = [p for p in ranks.values() if p.status == RUNNING]
-    pending: dict[tuple[str, int, str], list] = {}
+    pending: dict[tuple[str, int, str], PendingEntry] = {}
     issued: dict[str, list[int]] = {}
     for p in live:
         for pend in p.pending.values():
             c = pend.coll
             if c is None or c.seq is None or is_p2p(c):
                 continue
-            key = (c.group, c.seq, signature(c))
-            entry = pending.get(key)
-            if entry is None:
-                pending[key] = [c.group, c.seq, key[2], p.rank, 1, pend.what[:WHAT_CHARS]]
-            else:
-                entry[4] += 1
-                if p.rank < entry[3]:
-                    entry[3], entry[5] = p.rank, pend.what[:WHAT_CHARS]
+            _add(pending, PendingEntry(c.group, c.seq, signature(c), p.rank, 1,
+                                       pend.what[:WHAT_CHARS]))
         for group, seq in p.issued.items():
             low = issued.get(group)
             if low is None or (seq, p.rank) < (low[0], low[1]):
@@ -125,13 +154,13 @@ def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
     }
 
 
-def _bounded(entries: list[list]) -> list[list]:
+def _bounded(entries: list[PendingEntry]) -> list[PendingEntry]:
     """At most :data:`MAX_PENDING` entries: positions with two signatures first, then the
     lowest positions."""
     sigs: dict[tuple[str, int], set[str]] = {}
     for e in entries:
-        sigs.setdefault((e[0], e[1]), set()).add(e[2])
-    entries.sort(key=lambda e: (len(sigs[(e[0], e[1])]) < 2, e[1], e[0], e[3]))
+        sigs.setdefault((e.group, e.seq), set()).add(e.signature)
+    entries.sort(key=lambda e: (len(sigs[(e.group, e.seq)]) < 2, e.seq, e.group, e.rank))
     return entries[:MAX_PENDING]
 
 
@@ -141,9 +170,9 @@ def aged(digest: dict, seconds: float) -> dict:
     for name in ("quiet", "wait"):
         if isinstance(out.get(name), (int, float)):
             out[name] = round(out[name] + seconds, 3)
-    if isinstance(out.get("idle"), list) and len(out["idle"]) == 3:
-        out["idle"] = [out["idle"][0], round(float(out["idle"][1]) + seconds, 3),
-                       out["idle"][2]]
+    idle = _idle(out)
+    if idle is not None:
+        out["idle"] = [idle.rank, round(idle.seconds + seconds, 3), idle.place]
     return out
 
 
@@ -152,18 +181,12 @@ def merge(own: dict, others: Iterable[dict], unknown: int = 0) -> dict:
     fresh digest (nothing about the world can be decided while any is unknown)."""
     parts = [own, *others]
     waits = [d["wait"] for d in parts if d.get("wait") is not None]
-    idles = [d["idle"] for d in parts if d.get("idle")]
-    pending: dict[tuple[str, int, str], list] = {}
+    idles: list[Idle] = [i for i in map(_idle, parts) if i is not None]
+    longest = max(idles, key=lambda i: (i.seconds, -i.rank), default=None)
+    pending: dict[tuple[str, int, str], PendingEntry] = {}
     for d in parts:
-        for e in d.get("pending") or []:
-            key = (e[0], e[1], e[2])
-            have = pending.get(key)
-            if have is None:
-                pending[key] = list(e)
-            else:
-                have[4] += e[4]
-                if e[3] < have[3]:
-                    have[3], have[5] = e[3], e[5]
+        for e in _entries(d):
+            _add(pending, e)
     issued: dict[str, list[int]] = {}
     for d in parts:
         for group, low in (d.get("issued") or {}).items():
@@ -178,36 +201,37 @@ def merge(own: dict, others: Iterable[dict], unknown: int = 0) -> dict:
            for name in ("live", "waiting", "blocked", "idle_count")},
         "quiet": min(d.get("quiet", 0.0) for d in parts),
         "wait": min(waits) if waits else None,
-        "idle": max(idles, key=lambda i: (i[1], -i[0])) if idles else None,
+        "idle": list(longest) if longest is not None else None,
         "pending": _bounded(list(pending.values())),
         "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
         "ended": sorted(e for d in parts for e in d.get("ended") or [])[:MAX_ENDED],
     }
 
 
-def _conflict(pending: list[list]) -> list[list] | None:
+def _conflict(pending: list[PendingEntry]) -> list[PendingEntry] | None:
     """The entries of the lowest position with two signatures (they can never match)."""
-    sigs: dict[tuple[str, int], list[list]] = {}
+    sigs: dict[tuple[str, int], list[PendingEntry]] = {}
     for e in pending:
-        sigs.setdefault((e[0], e[1]), []).append(e)
-    clashes = [es for es in sigs.values() if len({e[2] for e in es}) > 1]
-    return min(clashes, key=lambda es: (es[0][1], es[0][0])) if clashes else None
+        sigs.setdefault((e.group, e.seq), []).append(e)
+    clashes = [es for es in sigs.values() if len({e.signature for e in es}) > 1]
+    return min(clashes, key=lambda es: (es[0].seq, es[0].group)) if clashes else None
 
 
 def named_ranks(world: dict, stop: Stop) -> tuple[int, ...]:
     """The ranks whose details every node fetches to diagnose ``stop``: both sides of a
     position that cannot match, the lowest pending positions, a rank that never issued them,
     the rank idle outside collectives, ranks that ended."""
-    pending = world.get("pending") or []
+    pending = _entries(world)
     out: list[int] = []
     conflict = _conflict(pending)
-    if stop == Stop.STUCK and world.get("idle"):
-        out.append(int(world["idle"][0]))
-    for e in conflict or sorted(pending, key=lambda e: (e[1], e[0]))[:2]:
-        out.append(int(e[3]))
+    idle = _idle(world)
+    if stop == Stop.STUCK and idle is not None:
+        out.append(idle.rank)
+    for e in conflict or sorted(pending, key=lambda e: (e.seq, e.group))[:2]:
+        out.append(int(e.rank))
     lowest: dict[str, int] = {}
     for e in pending:
-        lowest[e[0]] = min(lowest.get(e[0], e[1]), e[1])
+        lowest[e.group] = min(lowest.get(e.group, e.seq), e.seq)
     for group, (seq, rank) in (world.get("issued") or {}).items():
         if group in lowest and seq < lowest[group]:
             out.append(int(rank))  # never issued what the others wait in
@@ -215,17 +239,23 @@ def named_ranks(world: dict, stop: Stop) -> tuple[int, ...]:
     return tuple(dict.fromkeys(out))[:MAX_NAMED]
 
 
+def _idle(digest: dict) -> Idle | None:
+    """A digest's ``idle``, typed: [rank, seconds, place] on the wire."""
+    idle = digest.get("idle")
+    if not isinstance(idle, (list, tuple)) or len(idle) != len(Idle._fields):
+        return None
+    return Idle(int(idle[0]), float(idle[1]), str(idle[2]))
+
+
 def world_view(world: dict) -> WorldView:
     """The hang rules' view of a merged digest: nothing is known while a node is unknown or
     a rank of the world has not been seen; two signatures at one position can never match."""
-    idle = world.get("idle")
     return WorldView(
         live=world.get("live", 0), waiting=world.get("waiting", 0),
         blocked=world.get("blocked", 0), quiet=world.get("quiet", 0.0),
         wait=world.get("wait"),
-        idle=Idle(int(idle[0]), float(idle[1]), str(idle[2])) if idle else None,
-        idle_count=world.get("idle_count", 0),
-        unmatched=_conflict(world.get("pending") or []) is not None,
+        idle=_idle(world), idle_count=world.get("idle_count", 0),
+        unmatched=_conflict(_entries(world)) is not None,
         known=not world.get("unknown") and world.get("ranks", 0) >= world.get("world", 0))
 
 

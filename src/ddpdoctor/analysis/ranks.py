@@ -66,7 +66,6 @@ class RankState:
     epoch_ends: int | None = None  # DataLoader passes that had ended by the stop
     cut: bool = False  # the trace ends early: the rank could not write it (full disk)
     unended: bool = False  # cut with no ending at all: no exit record, exit code or hang
-    exc_iteration: int | None = None  # the DDP iteration an exception was raised in
     torn_down: bool = False  # SIGTERMed by the launcher after another rank failed first
     # At the hang, inside a torch.distributed call with nothing recorded as pending: a call
     # the record does not hold (its name), whatever the rank waited for there.
@@ -226,7 +225,6 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         state.crash_text = f"{exc.get('type', 'Exception')}: {short_message(exc.get('message'))}"
         state.end_t = float(exc.get("t", state.end_t) or state.end_t)
         if isinstance(exc.get("iteration"), int):
-            state.exc_iteration = exc["iteration"]
             state.iterations = max(state.iterations, exc["iteration"])
     elif exit_status == schema.EXIT_FAILED:
         state.status = FAILED

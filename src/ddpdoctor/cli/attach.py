@@ -20,8 +20,8 @@ from ddpdoctor.launch.command import DEFAULT_LOG_ROOT
 from ddpdoctor.launch.discover import FoundJob, find_jobs, unreadable
 from ddpdoctor.launch.exits import EXIT_HANG, EXIT_OK
 from ddpdoctor.render.console import closing_line
+from ddpdoctor.render.formats import reporter
 from ddpdoctor.render.interface import render
-from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.snapshot import write
@@ -113,7 +113,7 @@ def attach(
     report = diagnose_snapshots([snapshot])
     if json_out is not None:
         try:
-            json_out.write_text(render(JsonReporter(), report))
+            json_out.write_text(render(reporter("json"), report))
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
     show(report, Console(highlight=False, file=sys.stdout))

@@ -15,8 +15,8 @@ from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
 from ddpdoctor.analysis.report import CLEAN, RUNNING
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.launch.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
+from ddpdoctor.render.formats import reporter
 from ddpdoctor.render.interface import render
-from ddpdoctor.render.json_report import JsonReporter
 from ddpdoctor.trace.job_logs import find_logs
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run, unreadable
 from ddpdoctor.trace.snapshot import SnapshotError, is_snapshot_folder
@@ -53,7 +53,7 @@ def diff(
             sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
         fail(message)
     if json_out:
-        sys.stdout.write(render(JsonReporter(), report))
+        sys.stdout.write(render(reporter("json"), report))
     else:
         show(report, Console(highlight=False))
     raise typer.Exit(EXIT_OK if report.verdict in (CLEAN, RUNNING) else EXIT_PROBLEM)

@@ -33,9 +33,8 @@ from ddpdoctor.launch.options import (
 )
 from ddpdoctor.launch.session import prepare_run, run_and_diagnose
 from ddpdoctor.render import live
-from ddpdoctor.render.console import ConsoleReporter, closing_line
-from ddpdoctor.render.json_report import JsonReporter
-from ddpdoctor.render.markdown import MarkdownReporter
+from ddpdoctor.render.console import closing_line
+from ddpdoctor.render.formats import reporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.runtime.env import Launcher
@@ -204,10 +203,10 @@ def run_command(
                    read_error=outcome.read_error)
     result = ReportView(outcome.report, info)
     if json_out:
-        _write([(json_out, JsonReporter().render(result), "w")])
+        _write([(json_out, reporter("json").render(result), "w")])
     whole = log_path / schema.REPORT_FILE
     if outcome.report is not None:
-        _write([(whole, ConsoleReporter().render(result), "w")])
+        _write([(whole, reporter("text").render(result), "w")])
     elif outcome.read_error:
         say(f"no diagnosis: {outcome.read_error}")
     if timeline_out:
@@ -266,12 +265,10 @@ def _write_ci_reports(view: ReportView, junit_out: Optional[Path],
     """--junit, --markdown and $GITHUB_STEP_SUMMARY."""
     outputs: list[tuple[Path, str, str]] = []
     if junit_out:
-        from ddpdoctor.render.junit import JunitReporter  # xml.etree: only for --junit
-
-        outputs.append((junit_out, JunitReporter().render(view), "w"))
+        outputs.append((junit_out, reporter("junit").render(view), "w"))
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if markdown_out or summary:
-        text = MarkdownReporter().render(view)
+        text = reporter("markdown").render(view)
         if markdown_out:
             outputs.append((markdown_out, text, "w"))
         if summary:

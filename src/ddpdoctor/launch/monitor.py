@@ -144,7 +144,12 @@ class JobProgress:
             block.issued_id = issued_id
             prog.last_op = field(state, "last_op", str, prog.last_op)
             prog.iteration = field(state, "iteration", int, 0) or prog.iteration
-            prog.last_issue = prog.last_progress = now
+            # When the rank issued it (the block says so up to an interval later): an activity
+            # record written after that is about the rank outside this collective.
+            at = state.get("last_issue")
+            prog.last_issue = min(now, float(at)) if isinstance(at, (int, float)) and \
+                not isinstance(at, bool) and at > 0 else now
+            prog.last_progress = now
             prog.still_since = None
             prog.pending.pop(-1, None)
         completed = field(state, "completed", int, 0)
@@ -181,7 +186,7 @@ class JobProgress:
     @staticmethod
     def _pending(prog: RankProgress, state: dict[str, Any], now: float) -> None:
         """The block's running collectives into ``prog.pending``: those it no longer lists
-        completed, those new to it seen now."""
+        completed, those new to it waited in since the rank issued them."""
         entries = field(state, "pending", list, [])
         listed: dict[Any, dict] = {e.get("id"): e for e in entries if isinstance(e, dict)}
         for cid in [i for i in prog.pending if i > 0 and i not in listed]:
@@ -191,7 +196,10 @@ class JobProgress:
                 continue
             c = _listed(prog.rank, entry)
             what = f"{c.op} ({c.label}){_site_text(c)}" if c is not None else "a collective"
-            prog.pending[cid] = Pending(now, what, c)
+            # Waiting since the rank issued it (the block tells it up to an interval later).
+            t = entry.get("t")
+            seen = min(now, float(t)) if isinstance(t, (int, float)) and t > 0 else now
+            prog.pending[cid] = Pending(seen, what, c)
         more = field(state, "pending_count", int, 0) - len(listed)
         if more > 0:
             # Not listed, so never known to be unmatched: no deadlock is proved on them.

@@ -50,6 +50,7 @@ def _finding(f: Finding) -> dict[str, Any]:
         "evidence": list(f.evidence),
         "advice": f.advice,
         "follow_on": f.follow_on,
+        "explained_by": f.explained_by,
         "ranks": {str(r): _detail(d) for r, d in sorted(f.ranks.items())},
         "context": ({"seq": f.context_seq,
                      "ranks": {str(r): _detail(d) for r, d in sorted(f.context.items())}}

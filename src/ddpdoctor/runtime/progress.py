@@ -32,6 +32,7 @@ class ProgressBlock:
         self.state: dict[str, Any] = {
             "rank": header.get("rank"), "round": header.get("round", 0),
             "attempt": header.get("attempt", 0), "world_size": None, "issued_id": 0,
+            "last_issue": None,
             "completed": 0, "iteration": 0, "last_op": "", "issued": {}, "groups": {},
             "init": None, "status": "running", "exited": False, "cut": False, "activity_n": 0,
             "activity": None, "activity_before": None, "pending_count": 0}
@@ -62,13 +63,15 @@ class ProgressBlock:
         self.write()
 
     def progressed(self, issued_id: int, completed: int, iteration: int, last_op: str,
-                   issued: dict[str, int], pending: list[str], pending_count: int) -> None:
-        """The writer thread's news: the last collective written, how many completed, per
-        group the highest sequence number issued, the records of the oldest still running
-        (JSON) and how many run."""
+                   last_issue: float | None, issued: dict[str, int], pending: list[str],
+                   pending_count: int) -> None:
+        """The writer thread's news: the last collective written (its id, iteration, op and
+        issue time), how many completed, per group the highest sequence number issued, the
+        records of the oldest still running (JSON) and how many run."""
         state = self.state
         state.update(issued_id=issued_id, completed=completed, iteration=iteration,
-                     last_op=last_op, issued=issued, pending_count=pending_count)
+                     last_op=last_op, last_issue=last_issue, issued=issued,
+                     pending_count=pending_count)
         self._pending = "[" + ", ".join(pending) + "]"
         self.write()
 

@@ -152,6 +152,7 @@ class Watchdog:
         self._logdir = logdir
         self._rank = rank
         self._next_activity = 0.0
+        self._quiet_since = 0.0  # the quiet spell the readings below belong to
         # (time, main-thread CPU, (CPU, I/O bytes) of the process tree): the last second
         self._cpu: deque[tuple[float, float]] = deque(maxlen=11)  # (time, main-thread CPU)
         # (time, (CPU, I/O bytes) of the process tree), read once per activity record: it
@@ -177,9 +178,15 @@ class Watchdog:
 
     def _activity(self, now: float) -> None:
         quiet_since = max(self._recorder.last_issue, self._recorder.started)
-        if now - quiet_since < QUIET_SECONDS:
+        if quiet_since != self._quiet_since:
+            # The rank issued a collective since the last look: a new quiet spell, whose
+            # first record is due as soon as it has two readings (not a second after the
+            # previous spell's last record), and whose readings start afresh.
+            self._quiet_since = quiet_since
             self._cpu.clear()
             self._tree = None
+            self._next_activity = 0.0
+        if now - quiet_since < QUIET_SECONDS:
             return
         cpu = main_thread_cpu()
         if cpu is not None:

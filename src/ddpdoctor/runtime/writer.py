@@ -434,20 +434,21 @@ class TraceWriter:
         """The progress block's news after a look: the last collective written (when ``log``,
         those written since the last look, has any), the completions, the oldest running."""
         state = self._block.state
-        iteration, last_op = state["iteration"], state["last_op"]
+        iteration, last_op, issued_at = state["iteration"], state["last_op"], state["last_issue"]
         if log:
             last = len(log) - _ISSUED_FIELDS
             site = log[last + _SITE]
             iteration, last_op = log[last + 4], f"{site.op} ({site.label})"
+            issued_at = round(log[last + 1], 6)
         listed = [self._block_record(cid, fields, self._open_sites[cid]) for cid, fields in
                   itertools.islice(self._open.items(), progress_block.MAX_LISTED)]
-        self._block.progressed(self._next_id, self.completed, iteration, last_op,
+        self._block.progressed(self._next_id, self.completed, iteration, last_op, issued_at,
                                dict(self._issued_seq), listed, len(self._open))
 
     def _block_record(self, cid: int, fields: Sequence[Any], site: Site) -> str:
         """A collective still running as its progress block lists it: a ``collective`` record
         with its static part inline and its call stack as ``frames``."""
-        _t, seq, p2p_seq, iteration, bucket = fields
+        t, seq, p2p_seq, iteration, bucket = fields
         if not site.block:
             frames = [{"file": f, "line": n, "function": fn} for f, n, fn in site.stack]
             site.block = json.dumps(self._static_dict(site, None) | {"frames": frames})[1:-1]
@@ -455,7 +456,7 @@ class TraceWriter:
         if bucket is not None:
             extra += f', "bucket": {bucket}'
         return (f'{{"id": {cid}, "kind": "collective", "seq": {json.dumps(seq)}, '
-                f'"iteration": {iteration}{extra}, {site.block}}}')
+                f'"iteration": {iteration}{extra}, "t": {t:.6f}, {site.block}}}')
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
     def _encode_static(self, site: Site, lines: list[str]) -> str:

@@ -82,6 +82,9 @@ BY_NAME = {op.name: op for op in OPS}
 # Flight-recorder op names (after "nccl:" / "gloo:") -> ours.
 FR_NAMES = {fr: op.name for op in OPS for fr in (op.name, *op.fr_names)}
 REDUCING = frozenset(op.name for op in OPS if op.reduces)
+# c10d's reduce ops (ReduceOp.RedOpType), as a trace names them: anything else is damage.
+REDUCE_OPS = frozenset({"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR",
+                        "PREMUL_SUM", "UNUSED"})
 ROOTED = frozenset(op.name for op in OPS if op.rooted)
 P2P = frozenset(op.name for op in OPS if op.p2p)
 UNEVEN = frozenset(op.name for op in OPS if op.uneven)

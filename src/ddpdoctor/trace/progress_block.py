@@ -14,13 +14,15 @@ A reader that meets a head and payload that disagree (the rank rewrote the block
 read) reads it again at its next poll. The payload::
 
     {"rank": 0, "round": 0, "attempt": 0, "world_size": 2, "issued_id": 812,
+     "last_issue": 1764373000.5,
      "completed": 811, "iteration": 203, "last_op": "all_reduce (ddp.bucket)",
      "issued": {"0": 812}, "groups": {"1": [0, 1]}, "init": "completed",
      "status": "running", "exited": false, "cut": false, "activity_n": 0, "activity": null,
      "activity_before": null,
      "pending_count": 1, "pending": [<collective record>, ...]}
 
-``issued_id``: the id of the last collective written; ``completed``: how many have completed
+``issued_id``: the id of the last collective written, ``last_issue`` its issue time (the
+rank's clock); ``completed``: how many have completed
 or failed; ``issued``: per group, the highest sequence number issued; ``groups``: the members
 of each group made (``group`` records); ``init``: the last state of ``init_process_group``;
 ``status``: ``running`` until an ``exception`` or ``exit`` record, then that record's
@@ -28,7 +30,8 @@ of each group made (``group`` records); ``init``: the last state of ``init_proce
 ``activity``: the last ``activity`` record, ``activity_before`` the one before it and
 ``activity_n`` how many were written;
 ``pending``: the oldest :data:`MAX_LISTED` collectives still running, each a ``collective``
-record with its static part inline and its call stack's frames in ``frames``.
+record with its issue time ``t``, its static part inline and its call stack's frames in
+``frames``.
 Standard library only: the rank side runs inside every training process.
 """
 

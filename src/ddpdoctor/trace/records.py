@@ -11,6 +11,7 @@ way. :func:`line_chunks` is how both read a file (bounded memory, damage-toleran
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeGuard
@@ -317,6 +318,10 @@ MAX_RANKS = 1 << 24  # a rank number beyond this is damage
 # 256 MB; the record-by-record reader builds an object per member and stops at a 16th of it).
 MAX_RUN_MEMBERS = 1 << 25
 _MAX_TENSORS = 1 << 16  # tensors in one collective's list
+# What a tensor's dtype is called in a trace: torch's dtype names without "torch." (float32,
+# bfloat16, float8_e4m3fn, uint16, complex64, qint8, quint4x2, bits8, bool). Anything else is a
+# damaged record, never a dtype that differs from a peer's.
+_DTYPE = re.compile(r"(?:bool|(?:u?int|float|bfloat|complex|bits|qu?int)\d{1,3}[a-z0-9_]*)")
 
 
 def _optional_count(rec: dict, name: str, least: int = 0) -> None:
@@ -338,6 +343,8 @@ def check_collective(rec: dict) -> None:
     for name in ("reduce_op", "api"):
         if rec.get(name) is not None and not isinstance(rec[name], str):
             raise TypeError(name)
+    if rec.get("reduce_op") is not None and rec["reduce_op"] not in ops.REDUCE_OPS:
+        raise ValueError("reduce_op")
     for name in ("seq", "p2p_seq"):
         _optional_count(rec, name, least=1)
     for name in ("id", "iteration", "bucket", "root", "peer", "stack"):
@@ -351,7 +358,9 @@ def check_collective(rec: dict) -> None:
                 not all(is_int(d) and 0 <= d < MAX_ID for d in shape):
             raise TypeError("shape")
     total = numel(shapes)
-    if not all(isinstance(d, str) for d in dtypes) or rec.get("numel", total) != total:
+    if not all(isinstance(d, str) and _DTYPE.fullmatch(d) for d in dtypes):
+        raise ValueError("dtypes")
+    if rec.get("numel", total) != total:
         raise ValueError("numel")
 
 

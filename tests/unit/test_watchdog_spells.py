@@ -1,0 +1,56 @@
+"""The in-rank watchdog's activity records, driven by hand: a new quiet spell (the rank issued
+a collective since the last look) gets its first record as soon as it has two readings, and
+its readings start afresh (issue 56: a rank stuck in its own code is reported at the hang
+timeout + 1 s, not a second later)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from ddpdoctor.runtime.watchdog import ACTIVITY_SECONDS, POLL_SECONDS, QUIET_SECONDS, Watchdog
+
+
+class _Writer:
+    failed = False
+
+    def pending(self) -> list:
+        return []
+
+
+class _Recorder:
+    def __init__(self) -> None:
+        self.last_issue = 0.0
+        self.started = 0.0
+        self.writer = _Writer()
+        self.flight_recorder = False
+        self.records: list[dict[str, Any]] = []
+
+    def emit(self, record: dict) -> None:
+        self.records.append(record)
+
+
+def _watchdog(recorder: _Recorder) -> Watchdog:
+    """A Watchdog without its thread: its looks are made by the test."""
+    dog = Watchdog.__new__(Watchdog)
+    dog._recorder, dog._logdir, dog._rank = recorder, "", 0
+    dog._next_activity, dog._quiet_since = 0.0, 0.0
+    dog._cpu, dog._tree = deque(maxlen=11), None
+    return dog
+
+
+def test_a_new_quiet_spell_gets_its_first_record_after_two_readings() -> None:
+    rec = _Recorder()
+    dog = _watchdog(rec)
+    rec.last_issue = 100.0
+    for now in (100.35, 100.45, 101.45, 101.6):  # a quiet spell: records at 100.45, 101.45
+        dog._activity(now)
+    assert [r["t"] for r in rec.records] == [100.45, 101.45]
+    # The rank issues a collective at 101.65 and goes quiet again: its first record comes
+    # after two readings of the new spell, not a second after the last one (102.45).
+    rec.last_issue = 101.65
+    for now in (101.7, 101.97, 102.05):
+        dog._activity(now)
+    assert [r["t"] for r in rec.records] == [100.45, 101.45, 102.05]
+    assert rec.records[-1]["quiet_since"] == 101.65
+    assert 102.05 - 101.65 <= QUIET_SECONDS + POLL_SECONDS + 1e-9 < ACTIVITY_SECONDS
