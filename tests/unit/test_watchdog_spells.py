@@ -19,6 +19,8 @@ class _Writer:
 
 
 class _Recorder:
+    closed = False
+
     def __init__(self) -> None:
         self.last_issue = 0.0
         self.started = 0.0
@@ -54,3 +56,32 @@ def test_a_new_quiet_spell_gets_its_first_record_after_two_readings() -> None:
     assert [r["t"] for r in rec.records] == [100.45, 101.45, 102.05]
     assert rec.records[-1]["quiet_since"] == 101.65
     assert 102.05 - 101.65 <= QUIET_SECONDS + POLL_SECONDS + 1e-9 < ACTIVITY_SECONDS
+
+
+def test_every_threads_frame_is_read_with_the_collector_paused_and_left_as_it_was() -> None:
+    """gh-106883: a collection inside ``sys._current_frames()`` can deadlock CPython 3.11
+    before 3.11.9 (seen in this suite: every thread in take_gil)."""
+    import gc
+    import sys
+    import threading
+
+    from ddpdoctor.runtime import thread_frames
+
+    seen: list[bool] = []
+    real = sys._current_frames
+
+    def spy() -> dict:
+        seen.append(gc.isenabled())
+        return real()
+
+    sys._current_frames = spy  # type: ignore[assignment]
+    try:
+        frames = thread_frames.current_frames()
+        gc.disable()
+        thread_frames.current_frames()
+        assert not gc.isenabled()  # a collector the process paused stays paused
+        gc.enable()
+    finally:
+        sys._current_frames = real  # type: ignore[assignment]
+    assert seen == [False, False] and gc.isenabled()
+    assert threading.get_ident() in frames

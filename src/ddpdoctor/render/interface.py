@@ -1,9 +1,11 @@
 """The one interface every report format implements: render a :class:`ReportView` as text.
 
-The command line picks a reporter per output (terminal or log, ``--json``, ``--junit``,
-``--markdown`` and ``$GITHUB_STEP_SUMMARY``) and hands each the same view; a new format is a
-new class with a ``render`` method, nothing else changes. (The timeline and the live view
-draw a run and a running job, not a report: they are not reporters.)
+Every format written to a file is named in one registry (``render/formats.py``: text,
+``--json``, ``--junit``, ``--markdown`` and ``$GITHUB_STEP_SUMMARY``); the command line asks
+it for a reporter by name and hands each the same view, and the terminal gets a
+``ConsoleReporter`` of its width. A new format is a class with a ``render`` method and its
+entry there. (The timeline and the live view draw a run and a running job, not a report:
+they are not reporters.)
 """
 
 from __future__ import annotations

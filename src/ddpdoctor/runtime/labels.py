@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import linecache
 import os
-import sys
 import threading
 from types import CodeType, FrameType
 
+from ddpdoctor.runtime.thread_frames import current_frames
 from ddpdoctor.trace.ddp_sites import API_FILE as _API_FILE
 from ddpdoctor.trace.ddp_sites import BACKWARD as _BACKWARD
 from ddpdoctor.trace.ddp_sites import BUCKET, USER
@@ -196,4 +196,4 @@ def _main_thread_frame() -> FrameType | None:
     main = threading.main_thread().ident
     if main is None or main == threading.get_ident():
         return None
-    return sys._current_frames().get(main)
+    return current_frames().get(main)

@@ -265,6 +265,11 @@ class Recorder:
             record["lost"] = True
         self.emit(record)
 
+    @property
+    def closed(self) -> bool:
+        """The exit record is written: the rank records nothing more."""
+        return self._closed
+
     def close(self, status: str | None = None, extra: dict | None = None) -> None:
         """Write the exit record (with ``extra`` fields) and stop the writer (atexit)."""
         if self._closed:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ddpdoctor.runtime import source_capture, stderr_tail, user_code
 from ddpdoctor.runtime import torch_internals as internals
+from ddpdoctor.runtime.thread_frames import current_frames
 from ddpdoctor.trace import handshake, schema
 from ddpdoctor.trace.basics import call_name
 
@@ -43,7 +44,7 @@ def thread_stacks() -> list[dict]:
     names = {t.ident: t.name for t in threading.enumerate()}
     main = threading.main_thread().ident
     out = []
-    for ident, frame in sys._current_frames().items():
+    for ident, frame in current_frames().items():
         if names.get(ident, "").startswith("ddpdoctor-"):
             continue
         frames = [{"file": f.filename, "line": f.lineno, "function": f.name,
@@ -163,6 +164,8 @@ class Watchdog:
 
     def _run(self) -> None:
         while not handshake.requested(self._logdir):
+            if self._recorder.closed:
+                return  # the exit record is written: nothing more to say or to answer
             # An active rank cannot be hung: sleep until it would have been quiet long enough.
             quiet_at = max(self._recorder.last_issue, self._recorder.started) + QUIET_SECONDS
             time.sleep(min(QUIET_SECONDS, max(POLL_SECONDS, quiet_at - time.time())))
@@ -200,7 +203,7 @@ class Watchdog:
         (t0, c0), (t1, c1) = self._cpu[0], self._cpu[-1]
         tree, before = tree_usage(), self._tree
         self._tree = (now, tree) if tree is not None else None
-        frame = sys._current_frames().get(threading.main_thread().ident or 0)
+        frame = current_frames().get(threading.main_thread().ident or 0)
         record = {"kind": schema.ACTIVITY, "t": round(now, 3),
                   "quiet_since": round(quiet_since, 3), "cpu": cpu,
                   "cpu_rate": round((c1 - c0) / (t1 - t0), 3) if t1 > t0 else None,
