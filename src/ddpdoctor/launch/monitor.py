@@ -59,7 +59,8 @@ class _Block:
         """What the block says, when it changed since the last read."""
         if self._fd is None:
             try:
-                self._fd = os.open(self.path, os.O_RDONLY)
+                # Non-blocking: a FIFO by that name must not stop the watch.
+                self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
             except OSError:
                 return None
         got = progress_block.read(self._fd, self.generation)
