@@ -140,6 +140,33 @@ def test_a_mismatch_across_nodes_is_caught_by_both_nodes(tmp_path: Path, kind: s
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind, attempt", [("static", 1), ("static", 2), ("c10d", 1),
+                                           ("c10d", 2)])
+def test_a_crash_on_one_node_is_rooted_at_its_line_by_both_nodes(tmp_path: Path, kind: str,
+                                                                  attempt: int) -> None:
+    """Issue 53: the last rank alone all-reduces a scalar; gloo fails the mismatched
+    all-reduce and the other node's ranks only lose their peers ("Connection reset by peer").
+    No verdict stops this job: it ends on its own, and the nodes tell each other at the end
+    through node 0's own store. Both reports root it at the last rank's line."""
+    nodes = _two_nodes(tmp_path, kind, "extra_reduce")
+    extra, step = marker_line(SCRIPT, "extra_reduce"), marker_line(SCRIPT, "next_step")
+    last = 2 * PER_NODE - 1
+    for proc, logdir, report in nodes:
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        root = report["findings"][0]
+        assert root["kind"] == "shape_mismatch", report["findings"]
+        assert root["cause"] == "rank_conditional_collective", root
+        lines = {int(r): d["site"]["line"] for r, d in root["ranks"].items() if d.get("site")}
+        assert lines[last] == extra and lines.keys() - {last}, lines
+        assert all(lines[r] == step for r in lines.keys() - {last}), lines
+        if not (logdir / f"rank-{last}.jsonl").exists():  # the node that only lost peers
+            assert (logdir / f"remote-{last}.jsonl").exists()
+            assert "Connection" not in root["summary"], root["summary"]
+    code, merged = _diff(nodes[0][1], nodes[1][1])
+    assert code == 1 and merged["findings"][0]["kind"] == "shape_mismatch"
+
+
+@pytest.mark.timeout(150)
 def test_a_rank_busy_on_the_other_node_keeps_the_job_alive(tmp_path: Path) -> None:
     nodes = _two_nodes(tmp_path, "static", "busy", hang_timeout=2.5,
                        extra=("--seconds", "7.5"))

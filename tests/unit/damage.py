@@ -5,7 +5,9 @@ The bases are written by the real trace writer (:mod:`tests.unit.writer_jobs`): 
 one whose rank 1 alone evaluates through DDP (diverged) and one whose rank 1 raised (crashed).
 Each damage is deterministic (seeded), so a failing variant is reproduced by its name. What a
 damaged variant may be diagnosed as is in :data:`ALLOWED`: damage may hide what happened (an
-*incomplete* verdict, or a one-line refusal) but never invent it.
+*incomplete* verdict, or a one-line refusal) but never invent it; a verdict other than the
+undamaged folder's must carry a note the undamaged folder's report does not (the damaged
+evidence named: a cut trace, a left-out file, lost lines).
 """
 
 from __future__ import annotations
@@ -160,6 +162,12 @@ def _extra_file(name: str, content: Callable[[Path], bytes]) -> Change:
     return change
 
 
+def _remove(name: str) -> Change:
+    def change(folder: Path) -> None:
+        (folder / name).unlink()
+    return change
+
+
 def _header_rank(rank: int, new: object) -> Change:
     def change(folder: Path) -> None:
         path = folder / f"rank-{rank}.jsonl"
@@ -207,6 +215,8 @@ def damages(seed: int = 0) -> Iterator[tuple[str, Change]]:
                     _drop_records(rank, kinds, drop)
         for new in (5, 131071, -1, "1", None):
             yield f"r{rank}-header-rank-{new}", _header_rank(rank, new)
+        yield f"r{rank}-file-deleted", _remove(f"rank-{rank}.jsonl")
+        yield f"r{rank}-file-empty", _extra_file(f"rank-{rank}.jsonl", lambda f: b"")
     for n in (10**12, 3 * 10**8):
         yield f"repeat-n-{n}", _append(1, {"kind": schema.REPEAT, "group": "0", "seq": 200,
                                             "n": n, "back": 5, "iteration_delta": 1,
@@ -217,6 +227,8 @@ def damages(seed: int = 0) -> Iterator[tuple[str, Change]]:
     yield "stray-dump-rank-5", _extra_file("nccl_trace_rank_5", lambda f: b'{"entries": []}')
     yield "stray-dump-huge-rank", _extra_file("nccl_trace_rank_99999999999",
                                               lambda f: b'{"entries": []}')
+    yield "stray-empty-rank-5", _extra_file("rank-5.jsonl", lambda f: b"")
+    yield "stray-foreign-rank-6", _extra_file("rank-6.jsonl", lambda f: b'{"rank": 6}\n')
     yield "job-json-garbage", _extra_file(schema.JOB_FILE, lambda f: b'{"stopped": [1], "n')
     yield "exits-garbage", _extra_file("exits-7.json", lambda f: b'{"exit_codes": {"x": "y"}}')
     yield "exits-deep", _extra_file("exits-8.json", lambda f: b"[" * 100_000 + b"]" * 100_000)

@@ -259,6 +259,48 @@ def test_named_ranks_cross_to_every_node_as_partial_traces(tmp_path: Path,
     assert not both.ranks[0].remote and len(both.ranks[0].collectives) == 31
 
 
+@pytest.mark.timeout(60)
+def test_at_a_jobs_own_end_the_told_ranks_cross_through_node_0s_own_store(
+        tmp_path: Path, store_port: int) -> None:
+    """No verdict: node 0 serves a store of its own, published in the rendezvous store; node
+    1 joins it; each tells what its diagnosis roots the job at, and fetches the others'."""
+    n0, n1 = tmp_path / "n0", tmp_path / "n1"
+    _, r0 = _node(n0, [0], 2)
+    _, r1 = _node(n1, [1], 2)
+    for _ in range(30):
+        r0[0].coll("all_reduce", 4), r1[1].coll("all_reduce", 4)
+    r0[0].coll("barrier", 0)
+    r1[1].coll("all_reduce", 740)
+    r0[0].done(31)
+    r1[1].done(31)
+    a = Coordinator(_client(store_port), "x", 2, node=0)
+    b = Coordinator(_client(store_port), "x", 2, node=1)
+    b.setup()
+    assert b.end.join(b.store) is False  # node 0's store is not up yet
+    a.setup()
+    assert a.end.store is not None and b.end.join(b.store) and b.end.store is not None
+    got: dict[int, list[int]] = {}
+    told = {0: [], 1: [1]}  # node 0's ranks only lost their peer: it tells nothing
+    threads = [threading.Thread(target=lambda c=c, mine=mine, folder=folder: got.__setitem__(
+        c.node, c.end.tell(c.node, told[c.node], mine, folder, wait=10)))
+        for c, mine, folder in ((a, {0: r0[0].path}, n0), (b, {1: r1[1].path}, n1))]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert got == {0: [1], 1: []} and time.monotonic() - start < 5
+    assert load_run([n0]).ranks[1].remote
+    assert not (n1 / schema.remote_filename(0)).exists()
+    # A node alone at the end waits for the others no longer than its bound, and learns
+    # nothing.
+    c = Coordinator(_client(store_port), "y", 2, node=0)
+    c.setup()
+    start = time.monotonic()
+    assert c.end.tell(0, [], {0: r0[0].path}, tmp_path, wait=1.0) == []
+    assert 0.9 < time.monotonic() - start < 3.5
+
+
 def test_a_detail_keeps_the_last_collectives_of_each_group_and_the_end(tmp_path: Path) -> None:
     _, ranks = _node(tmp_path, [0], 2)
     r = ranks[0]

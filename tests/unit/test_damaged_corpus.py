@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ddpdoctor.analysis import diagnose
+from ddpdoctor.analysis.report import Report
 from ddpdoctor.cli import app
 from ddpdoctor.render.console import ConsoleReporter
 from ddpdoctor.render.interface import render
@@ -87,10 +88,18 @@ def test_damaged_folders_get_their_exit_code_and_no_traceback(tmp_path: Path, na
 
 
 @pytest.mark.timeout(20)
-def test_a_fifo_named_like_a_trace_is_refused_not_waited_on(tmp_path: Path) -> None:
+def test_a_fifo_named_like_a_trace_is_left_out_not_waited_on(tmp_path: Path) -> None:
     _folder(tmp_path)
     os.remove(tmp_path / "rank-1.jsonl")
     os.mkfifo(tmp_path / "rank-1.jsonl")
+    result = CliRunner().invoke(app, ["diff", str(tmp_path)])
+    # Rank 0's trace is still diagnosed; the FIFO is named as left out, never read.
+    assert result.exit_code in (0, 1) and "2 ranks" in result.output
+    assert "rank-1.jsonl is not a regular file" in result.output and "left out" in \
+        result.output
+    assert "Traceback" not in result.output
+    # Alone in its folder, it leaves nothing to diagnose: refused with one line.
+    os.remove(tmp_path / "rank-0.jsonl")
     result = CliRunner().invoke(app, ["diff", str(tmp_path)])
     assert result.exit_code == 2 and "not a regular file" in result.output
 
@@ -168,8 +177,9 @@ def test_no_damage_invents_a_verdict_or_raises(tmp_path: Path, base: str) -> Non
 
     start_kb = _reset_peak_rss()
     folder = make_base(base, tmp_path / "base")
-    assert diagnose(load_run([folder])).verdict == {"healthy": "clean", "capped": "clean"}.get(
-        base, base)
+    truth = diagnose(load_run([folder]))
+    assert truth.verdict == {"healthy": "clean", "capped": "clean"}.get(base, base)
+    unnoted: list[tuple[str, tuple]] = []
     wrong, slow, seen = [], [], 0
     for name, variant in variants(folder, tmp_path / "variants"):
         seen += 1
@@ -182,14 +192,25 @@ def test_no_damage_invents_a_verdict_or_raises(tmp_path: Path, base: str) -> Non
             verdict = "error"
         if verdict not in ALLOWED[base]:
             wrong.append((name, verdict, report.findings[0].summary[:160]))
+        elif verdict not in ("incomplete", "error") and _story(report) != _story(truth) and \
+                not set(report.notes) - set(truth.notes):
+            unnoted.append((name, _story(report)))  # another story, and nothing said why
         if time.monotonic() - start > 10:
             slow.append(name)
     assert seen > 700
     assert not wrong, wrong[:5]
+    assert not unnoted, unnoted[:5]
     assert not slow
     # What reading the corpus added to the process at its peak (torch, imported by other
     # tests, is already in the process: 650 MB with a CUDA build).
     assert _status_kb("VmHWM") - start_kb < 500 * 1024
+
+
+def _story(report: Report) -> tuple:
+    """What a report says happened: its verdict, and its root finding's kind, ranks, cause."""
+    root = report.findings[0] if report.findings else None
+    return (report.verdict, root and root.kind, root and tuple(sorted(root.ranks)),
+            root and root.cause)
 
 
 def _status_kb(field: str) -> int:

@@ -224,7 +224,11 @@ def test_a_header_without_a_rank_is_unreadable_not_rank_minus_one(tmp_path: Path
     head = json.loads(lines[0])
     del head["rank"]
     path.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
-    with pytest.raises(TraceError, match="names no rank"):
+    run = load_run([folder])  # the other rank is still read; this file is a note
+    assert list(run.ranks) == [0] and run.damaged
+    assert any("names no rank" in n and n.endswith("left out") for n in run.notes)
+    (folder / "rank-0.jsonl").unlink()
+    with pytest.raises(TraceError, match="names no rank"):  # nothing else to read
         load_run([folder])
 
 

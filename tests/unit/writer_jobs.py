@@ -3,8 +3,9 @@
 :func:`writer_job` plays a job of several ranks through :class:`TraceWriter` (the writer each
 rank runs), with gradient buckets that are sometimes still running at a completion batch
 (their completion arrives with a later ``done`` record), a logging all-reduce every 50 steps,
-one rank that evaluates through DDP alone (seed 000) and, optionally, a second group and
-point-to-point ops.
+one rank that evaluates through DDP alone (seed 000: its two surplus collectives at the end
+never complete, since no peer enters them) and, optionally, a second group and point-to-point
+ops.
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ class WriterRank:
     def coll(self, op: str, label: str, numel: int, stack: tuple, *, dtype: str = "float32",
              reduce_op: str | None = None, root: int | None = None, bucket: int | None = None,
              done: bool = True, api: str | None = None, group: str = "0",
-             peer: int | None = None, meta: tuple = ()) -> None:
+             peer: int | None = None, meta: tuple = (), never: bool = False) -> None:
         """One collective (a send/recv when ``peer`` is given), numbered as the recording
         process group numbers it; ``meta``: split sizes or a tag, as the recording group
-        passes them."""
+        passes them; ``never``: it never completes (no peer entered it)."""
         self.id += 1
         self.t += 0.001
         if peer is None:
@@ -75,8 +76,8 @@ class WriterRank:
                                 reduce_op, root, peer, stack, meta)
         cid = self.writer.write_at(site, seq, p2p_seq, bucket, self.iteration, self.t)
         assert cid == self.id
-        work = self.writer.works[cid] = _Work(done)
-        if not done:
+        work = self.writer.works[cid] = _Work(done and not never)
+        if not done and not never:
             self.late.append(work)
 
     def forward(self, stack: tuple = FWD) -> None:
@@ -84,10 +85,12 @@ class WriterRank:
         self.coll("broadcast", "ddp.buffers", 64, stack, root=0)
         self.coll("broadcast", "ddp.buffers", 1, stack, dtype="int64", root=0)
 
-    def backward(self, pending_first: bool = False) -> None:
+    def backward(self, pending_first: bool = False, never_last: int = 0) -> None:
+        """DDP's bucket all-reduces; the last ``never_last`` of them never complete."""
         for b, n in enumerate(BUCKETS):
             self.coll("all_reduce", "ddp.bucket", n, BWD, reduce_op="SUM", bucket=b,
-                      done=not (pending_first and b == 0))
+                      done=not (pending_first and b == 0),
+                      never=b >= len(BUCKETS) - never_last)
 
     def drain(self) -> None:
         with self.writer._lock:
@@ -114,7 +117,11 @@ def writer_job(folder: Path, max_bytes: int | None, world: int = 3, iterations: 
     for it in range(1, iterations + 1):
         for r in ranks:
             r.forward()
-            r.backward(pending_first=it % 37 == 0)
+            # The rank that evaluated through DDP issued two collectives more than its peers:
+            # its last two never complete (no peer enters them), as in a real job.
+            surplus = 2 if it == iterations and eval_at <= it and r.writer.rank == eval_rank \
+                else 0
+            r.backward(pending_first=it % 37 == 0, never_last=surplus)
             if it % 50 == 0:
                 r.coll("all_reduce", "user", 1, LOG, reduce_op="AVG", api="all_reduce")
             if it == eval_at and r.writer.rank == eval_rank:

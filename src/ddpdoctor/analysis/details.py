@@ -20,6 +20,8 @@ def phase_text(s: RankState) -> str:
     DDP model, how many collectives it had issued."""
     if s.iterations or (s.trace is not None and s.trace.ddp):
         return iteration_text(s.iterations)
+    if s.short is not None:
+        return "a part of its run that its incomplete trace does not hold"
     n = s.collectives
     return f"its run, after {n} collective{'s' if n != 1 else ''}" if n else \
         "its start, before any collective"
@@ -48,6 +50,8 @@ def where_text(state: RankState) -> str:
         return f"raised {state.crash_text}{at}"
     if state.torn_down:
         return blocked_text(state)
+    if state.short is not None and state.status not in (rs.EXCEPTION, rs.FAILED, rs.KILLED):
+        return past_trace_text(state)
     if state.status == rs.KILLED:
         return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
             else state.crash_text
@@ -64,11 +68,20 @@ def where_text(state: RankState) -> str:
     return "was still running, before its first collective"
 
 
+def past_trace_text(state: RankState) -> str:
+    """Where a rank whose trace its peers prove short was: past its trace's end."""
+    last = (f" (its last line: {describe(state.last)} at {site_text(state.last.site)})"
+            if state.last is not None else "")
+    return f"was past the end of its incomplete trace{last}"
+
+
 def blocked_text(state: RankState) -> str:
     """Where a rank that the launcher tore down was: the collective it waited in, else its
     last activity record (outside any collective, where, how much CPU) unless an older one
     than its last collective, then the teardown."""
     until = "until the launcher terminated it (SIGTERM) after another rank failed"
+    if state.short is not None:
+        return f"{past_trace_text(state)}, {until}"
     w = state.waiting
     if w is not None:  # the launcher's SIGTERM came before the transport error
         return f"was waiting in {describe(w)} at {site_text(w.site)}, {until}"

@@ -4,7 +4,7 @@ causes -> report. Pure: it reads a loaded :class:`~ddpdoctor.trace.model.Run` an
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import backend_words
+from ddpdoctor.analysis import backend_words, peer_proof
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import Alignment, align
 from ddpdoctor.analysis.details import stop_text
@@ -23,7 +23,7 @@ from ddpdoctor.analysis.ranks import RankState, rank_states
 from ddpdoctor.analysis.report import CLEAN, INCOMPLETE, UNTESTED, RankSummary, Report, verdict_of
 from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.rules import recognise
-from ddpdoctor.analysis.terms import describe, rank_list
+from ddpdoctor.analysis.terms import describe, group_text, rank_list
 from ddpdoctor.analysis.waits import find_cycle, wait_edges
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run
@@ -113,7 +113,7 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
         f.advice = cause.fix if cause else GENERIC_ADVICE.get(f.kind, "")
 
 
-def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
+def _notes(run: Run, states: dict[int, RankState], alignment: Alignment) -> list[str]:
     notes = list(run.notes)
     if run.running:
         notes.append("the job is still running: a `ddpdoctor run` holds this log folder, and "
@@ -130,6 +130,10 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
                          f"log folder was not given")
         elif s.trace is not None:
             notes.extend(f"rank {r}: {w}" for w in s.trace.warnings if w != s.trace.lost)
+            if rs.completions_lost(s.trace):
+                notes.append(f"rank {r}: its trace holds no completion record although the "
+                             f"rank closed it (those lines were lost): which of its "
+                             f"collectives completed is unknown, and each reads as pending")
     if run.ranks and not any(t.collectives for t in run.ranks.values()):
         notes.append("no collective was recorded on any rank: nothing was tested")
     elif max(run.world_size, len(states)) == 1:
@@ -138,7 +142,9 @@ def _notes(run: Run, states: dict[int, RankState]) -> list[str]:
         if s.cut:
             last = s.last
             after = f" after collective #{last.seq} ({describe(last)})" if last else ""
-            why = (f"the rank stopped recording ({s.trace.lost})"
+            why = (s.short.words(group_text(s.short.group, alignment.members(s.short.group)))
+                   if s.short is not None else
+                   f"the rank stopped recording ({s.trace.lost})"
                    if s.trace is not None and s.trace.lost else
                    "the job still runs" if s.unended and run.running else
                    "it ends with no exit record, no exit code and no hang record (the file "
@@ -181,6 +187,12 @@ def diagnose(run: Run) -> Report:
     """Diagnose a loaded run: what diverged or crashed first, where on each rank, and why."""
     states = rank_states(run)
     alignment = align(run)
+    if not run.running:  # a live folder's traces are read one after the other, not at once
+        whole = {r for r, t in run.ranks.items() if not t.remote}
+        for r, short in peer_proof.shortfalls(alignment, whole).items():
+            # It went on past its trace's end: what its trace shows pending is not where
+            # it waited.
+            states[r].cut, states[r].short, states[r].pending = True, short, []
     # Findings that rest on records a cut trace, a damaged one (a lost line may have been a
     # collective, or a run of them), or another node's folder does not hold.
     cut = {r for r, s in states.items() if s.cut or s.status == rs.REMOTE
@@ -199,7 +211,7 @@ def diagnose(run: Run) -> Report:
     return Report(verdict=verdict,
                   world_size=run.world_size,
                   ranks=[RankSummary.of(s) for s in states.values()], findings=findings,
-                  notes=_notes(run, states))
+                  notes=_notes(run, states, alignment))
 
 
 def diagnose_rounds(runs: list[Run]) -> Report:

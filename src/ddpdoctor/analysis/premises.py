@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
@@ -162,6 +163,10 @@ PREMISES: dict[str, Premise] = {
     "a_rank_failed": Premise(
         "a rank involved raised, failed or was killed",
         lambda f, ctx: any(ctx.states[r].crashed for r in f.ranks if r in ctx.states)),
+    "own_failure": Premise(
+        "a rank involved failed of its own accord, not only on losing a peer that left no "
+        "trace here",
+        lambda f, ctx: _own_failure(f, ctx)),
     "aborted_after_finishing": Premise(
         "a rank involved finished its script and died in teardown",
         lambda f, ctx: any(ctx.states[r].teardown_abort for r in f.ranks if r in ctx.states)),
@@ -178,6 +183,17 @@ PREMISES: dict[str, Premise] = {
         "a rank involved never finished init_process_group",
         lambda f, ctx: any(_init_of(ctx, r) != "completed" for r in f.ranks if r in ctx.states)),
 }
+
+
+def _own_failure(f: Finding, ctx: RuleContext) -> bool:
+    """False when every rank of ``f`` that ended badly only lost a peer (a transport error,
+    the launcher's teardown) while some rank left no trace here (its file missing, or on a
+    node whose folder was not given): the failure that came first is then not on record."""
+    states = ctx.states
+    if not any(s.status in (rs.MISSING, rs.REMOTE) for s in states.values()):
+        return True
+    crashed = [states[r] for r in f.ranks if r in states and states[r].crashed]
+    return not crashed or any(not (s.comm_error or s.torn_down) for s in crashed)
 
 
 def denied(premises: tuple[str, ...], f: Finding, ctx: RuleContext) -> list[str]:

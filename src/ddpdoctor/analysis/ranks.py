@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from ddpdoctor.analysis.backend_words import explaining_lines
+from ddpdoctor.analysis.peer_proof import Shortfall
 from ddpdoctor.analysis.terms import signal_name
 from ddpdoctor.trace import basics, schema
 from ddpdoctor.trace.basics import call_name, short_message
@@ -67,6 +68,9 @@ class RankState:
     cut: bool = False  # the trace ends early: the rank could not write it (full disk)
     unended: bool = False  # cut with no ending at all: no exit record, exit code or hang
     torn_down: bool = False  # SIGTERMed by the launcher after another rank failed first
+    # Cut because a peer's completed collective proves the rank issued more than its trace
+    # holds (analysis/peer_proof.py): what its trace lacks, and who proves it.
+    short: Shortfall | None = None
     # At the hang, inside a torch.distributed call with nothing recorded as pending: a call
     # the record does not hold (its name), whatever the rank waited for there.
     unrecorded_call: str | None = None
@@ -152,6 +156,14 @@ def frame_sites(frames: object) -> list[Site]:
             except (TypeError, ValueError):
                 continue
     return out
+
+
+def completions_lost(trace: RankTrace) -> bool:
+    """Whether the rank closed its trace (an exit record) yet no ``done`` record of it is
+    there: the writer writes one at every settle that saw a collective issued, its last at
+    the close, so those lines were lost and which collectives completed is unknown."""
+    return (trace.version >= 3 and trace.exit is not None and len(trace.collectives) > 0
+            and trace.completion.upto == 0)
 
 
 def rank_state(trace: RankTrace | None, rank: int, run: Run,

@@ -20,6 +20,8 @@ enters the traces. After a verdict each node publishes the detail of the named r
 holds (``trace/detail.py``), fetches those held elsewhere into ``remote-<rank>.jsonl``, and
 counts itself done; the nodes wait (a few seconds at most) for each other before stopping
 their ranks, so the store, which lives in one node's torchrun agent, outlasts the exchange.
+A job that ends on its own (a crash) tells its story through node 0's own store instead
+(``launch/end_story.py``), whose address node 0 publishes here when it connects.
 A node whose job ends counts itself under ``ended``: a launcher whose agent still waits at
 torchrun's exit barrier once every other node's job has ended asks it (``others_ended``).
 
@@ -41,6 +43,7 @@ from typing import Any
 
 from ddpdoctor.analysis import digest
 from ddpdoctor.analysis.hang_rules import Decision, RankProgress
+from ddpdoctor.launch.end_story import EndStore
 from ddpdoctor.trace import detail
 from ddpdoctor.trace.schema import Stop
 
@@ -98,6 +101,8 @@ class Coordinator:
         self._ask_ended = False  # others_ended was asked: the thread reads the count
         self._others_ended = False
         self.error = ""
+        self.end = EndStore(self.prefix, nnodes)  # the end story's store (end_story.py)
+        self._end_asked = False  # a node other than 0 found node 0's store's address
 
     # -- keys ----------------------------------------------------------------------------------
     def _key(self, name: str) -> str:
@@ -154,6 +159,9 @@ class Coordinator:
                     *map(self._digest_key, digest.children(self.node, self.nnodes))]:
             store.compare_set(key, "", "")
             self.traffic.ops += 1
+        if self.root:
+            self.end.host(store)
+            self.traffic.ops += 1
 
     @property
     def period(self) -> float:
@@ -190,6 +198,9 @@ class Coordinator:
             self._send_digest(store)
         if self._ask_ended:
             self._others_ended = int(store.add(self._key("ended"), 0)) >= self.nnodes - 1
+            self.traffic.ops += 1
+        if not self.root and not self._end_asked:
+            self._end_asked = self.end.join(store)  # one check a step until node 0 is up
             self.traffic.ops += 1
 
     def _send_verdict(self, store: Any) -> bool:

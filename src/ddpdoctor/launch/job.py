@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analysis.digest import node_digest
-from ddpdoctor.launch import coordination, proctree
+from ddpdoctor.launch import coordination, end_story, proctree
 from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.monitor import JobProgress
@@ -277,6 +277,9 @@ def run_job(opts: RunOptions, logdir: Path,
             result.killed += proctree.terminate(leftovers, 1.0)
         proctree.reap()
     progress.poll()
+    if coord is not None and not result.hang and coord.node is not None:
+        # No verdict stopped the job: the nodes tell each other where it failed first.
+        coord.end.tell(coord.node, end_story.story_ranks(logdir), progress.paths(), logdir)
     progress.close(remove=True)
     if result.nnodes > 1 and (coord is None or coord.node is None):
         result.unwatched = (

@@ -340,6 +340,16 @@ def store_client(host: str, port: int, timeout_s: float) -> Any:
                  timeout=timedelta(seconds=timeout_s))
 
 
+def store_server(timeout_s: float) -> Any:
+    """A ``TCPStore`` served by this process on a free port (its ``port``), on every
+    interface."""
+    from datetime import timedelta
+
+    store = import_quietly("torch.distributed").TCPStore
+    return store("0.0.0.0", 0, is_master=True, wait_for_workers=False,
+                 timeout=timedelta(seconds=timeout_s))
+
+
 # -- the check -------------------------------------------------------------------------------
 def contract_problems() -> list[str]:
     """The torch behaviours the recorder relies on that this torch lacks (empty: all there)."""

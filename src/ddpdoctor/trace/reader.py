@@ -100,7 +100,7 @@ def _merge_remote(ranks: dict[int, RankTrace], folders: set[Path], notes: list[s
                 found.append(trace.rank)
     if found:
         notes.append(f"{rank_list(sorted(found))} ran on other nodes: the end of their traces "
-                     f"came through the job's store when the job was stopped (earlier "
+                     f"came through the job's store when the job was stopped or ended (earlier "
                      f"collectives are in their own nodes' log folders)")
 
 
@@ -207,9 +207,16 @@ def _read_holder(path: Path, pool: Shared | None) -> None:
 _shared = Shared()
 
 
-def _read_batch(paths: list[Path]) -> list[RankTrace]:
-    """Read these rank files; ranks with identical collective sequences share one copy."""
-    return [read_rank(path, _shared) for path in paths]
+def _read_batch(paths: list[Path]) -> list[RankTrace | str]:
+    """Read these rank files; ranks with identical collective sequences share one copy. A
+    file that is no trace (empty, foreign, of a newer format) gives why, in words."""
+    out: list[RankTrace | str] = []
+    for path in paths:
+        try:
+            out.append(read_rank(path, _shared))
+        except TraceError as exc:
+            out.append(str(exc))
+    return out
 
 
 def _bounded_lines(fh: BinaryIO) -> Iterator[tuple[bytes | None, bool]]:
@@ -423,9 +430,10 @@ def _job_records(folders: set[Path],
 
 
 def _read_ranks(files: list[Path], notes: list[str],
-                on_file: Callable[[int, int], None] | None) -> dict[int, dict[int, RankTrace]]:
+                on_file: Callable[[int, int], None] | None,
+                left_out: list[Path]) -> dict[int, dict[int, RankTrace]]:
     """Every rank's latest trace among ``files``, by round then rank, read in worker
-    processes when it pays."""
+    processes when it pays; files that are no trace go to ``left_out``, with a note."""
     rounds: dict[int, dict[int, RankTrace]] = {}
     earlier: dict[int, list[RankTrace]] = {}  # torchrun attempt -> its ranks' traces
     traces = parallel.in_batches(_read_batch, files, parallel.workers_for(files))
@@ -433,6 +441,10 @@ def _read_ranks(files: list[Path], notes: list[str],
     for done, (path, trace) in enumerate(zip(files, traces), start=1):
         if on_file is not None:
             on_file(done, len(files))
+        if isinstance(trace, str):  # one unusable file is a note, not the end of the reading
+            notes.append(f"{trace}: left out")
+            left_out.append(path)
+            continue
         members.share(trace)
         ranks = rounds.setdefault(trace.round, {})
         other = ranks.get(trace.rank)
@@ -539,9 +551,10 @@ def load_rounds(paths: Iterable[str | os.PathLike],
     global _shared
     files, dumps = _inputs(list(paths))
     notes: list[str] = []
+    left_out: list[Path] = []
     _shared = Shared()
     try:
-        rounds = _read_ranks(files, notes, on_file)
+        rounds = _read_ranks(files, notes, on_file, left_out)
     finally:
         _shared = Shared()
     if not rounds:
@@ -562,6 +575,7 @@ def load_rounds(paths: Iterable[str | os.PathLike],
             run.stopped_for_hang, run.stop, run.stop_reason = stop is not None, stop, reason
             run.interrupted = interrupted
             run.running = any(in_use(folder) for folder in folders)
+            run.damaged = run.damaged or bool(left_out)  # a left-out file may have diverged
         runs.append(run)
     return runs
 
@@ -569,7 +583,9 @@ def load_rounds(paths: Iterable[str | os.PathLike],
 def _run_of(ranks: dict[int, RankTrace], notes: list[str], folders: set[Path]) -> Run:
     """The run of one round's traces, with what they say of themselves in ``notes``."""
     if not ranks:
-        raise TraceError("no readable trace or flight-recorder dump: " + "; ".join(notes))
+        more = f"; and {len(notes) - 3} more" if len(notes) > 3 else ""
+        raise TraceError("no readable trace or flight-recorder dump: " + "; ".join(notes[:3])
+                         + more)
     run_ids = {t.run_id for t in ranks.values()}
     if len(run_ids) > 1:
         raise TraceError("traces of different runs are mixed: run ids "

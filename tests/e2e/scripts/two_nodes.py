@@ -5,6 +5,9 @@ barrier while every other rank runs another training step. ``--mode busy``: then
 (on node 1) saves a checkpoint for ``--seconds``, writing slowly, while the others wait in a
 barrier (busy, not hung). ``--mode teardown_abort``: healthy, but the last rank's process aborts
 (SIGABRT) once Python has shut down, after its script finished (gloo's teardown abort).
+``--mode extra_reduce``: then the last rank alone all-reduces a scalar while the others run
+another training step: gloo fails the mismatched all-reduce, and the ranks of the other node
+only lose their peers (issue 53).
 """
 
 import argparse
@@ -19,7 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from abort_at_exit import abort_after_shutdown, wait_until_ended
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort"],
+parser.add_argument("--mode", choices=["healthy", "mismatch", "busy", "teardown_abort",
+                                       "extra_reduce"],
                     required=True)
 parser.add_argument("--seconds", type=float, default=6.0)
 args = parser.parse_args()
@@ -34,6 +38,10 @@ if args.mode == "mismatch":
         dist.barrier()  # ddpdoctor: barrier
     else:
         model(torch.randn(4, 16)).sum().backward()  # ddpdoctor: extra_step
+elif args.mode == "extra_reduce":
+    if rank == dist.get_world_size() - 1:
+        dist.all_reduce(torch.ones(1))  # ddpdoctor: extra_reduce
+    model(torch.randn(4, 16)).sum().backward()  # ddpdoctor: next_step
 elif args.mode == "busy":
     if rank == dist.get_world_size() - 1:
         deadline, fd = time.monotonic() + args.seconds, os.open(os.devnull, os.O_WRONLY)
