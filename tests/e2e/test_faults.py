@@ -115,3 +115,34 @@ def test_traces_are_private_and_hold_only_allow_listed_environment(tmp_path: Pat
     assert env_keys <= {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                         "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
                         "TORCHELASTIC_RUN_ID", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"}
+
+
+@pytest.mark.timeout(120)
+def test_a_daemon_a_rank_detached_outlives_the_job_as_under_torchrun(tmp_path: Path) -> None:
+    """A process a rank detached into a session of its own is the user's (torchrun leaves it
+    alone); a plain child the rank never waited for is the job's, and ends with it."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    logdir = tmp_path / "logs"
+    daemon = None
+    try:
+        proc = ddpdoctor("run", "--logdir", str(logdir), "--grace", "2", "--hang-timeout", "20",
+                         str(SCRIPTS / "detached_daemon.py"), str(pids))
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        daemon, child = (int((pids / name).read_text()) for name in ("daemon", "child"))
+        assert os.getsid(daemon) not in (os.getsid(0), daemon)  # (a session of its own)
+        os.kill(daemon, 0)  # still running: left alone
+        with pytest.raises(ProcessLookupError):  # the plain child ended with the job
+            for _ in range(50):
+                os.kill(child, 0)
+                if b") Z" in Path(f"/proc/{child}/stat").read_bytes():
+                    raise ProcessLookupError
+                __import__("time").sleep(0.1)
+    finally:
+        if daemon is not None:
+            try:
+                os.kill(daemon, 9)
+            except ProcessLookupError:
+                pass
+        leftovers = [p for p in kill_job_processes(logdir) if p != daemon]
+    assert not leftovers

@@ -4,6 +4,7 @@ its options itself; the job runs on gloo here (``--cpu``) and stops after one DD
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,19 @@ def test_torchrun_stopping_before_any_rank_is_not_blamed_on_the_script(tmp_path:
     assert job.report["notes"] == ["torchrun started no rank: it stopped with exit code 1 "
                                    "before running the script (its own error is printed above)"]
     assert "no-such-backend" in job.stderr  # torchrun's own error, shown as it printed it
+
+
+@pytest.mark.timeout(120)
+def test_torchrun_s_own_log_lines_keep_their_prefix(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # torchrun warns about OMP_NUM_THREADS when it is unset; its lines read as torchrun prints
+    # them ("W1129 04:32:17.599000 14593 .../torch/distributed/run.py:874] ..."), not bare.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    job = run_job(tmp_path, EXAMPLES / "seed002_healthy.py", options=("--nproc-per-node", "2"))
+    assert job.returncode == 0, job.stderr[-3000:]
+    warned = [line for line in job.stderr.splitlines() if "OMP_NUM_THREADS" in line]
+    assert warned and all(re.match(r"W\d{4} [\d:.]+ +\d+ .*run\.py:\d+\] ", line)
+                          for line in warned), warned
 
 
 @pytest.mark.timeout(120)

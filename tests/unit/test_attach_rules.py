@@ -290,4 +290,8 @@ def test_torchrun_agents_are_launchers_not_ranks() -> None:
 
     assert is_agent(["/usr/bin/python3", "/venv/bin/torchrun", "--nproc-per-node", "8"])
     assert is_agent(["python", "-m", "torch.distributed.run", "train.py"])
+    from ddpdoctor.runtime.torch_internals import TORCHRUN_ENTRY  # ddpdoctor run's own form
+
+    assert is_agent(["python", "-c", TORCHRUN_ENTRY, "train.py"])
+    assert not is_agent(["python", "-c", "print(1)", "train.py"])
     assert not is_agent(["python", "-u", "train.py"])

@@ -104,6 +104,24 @@ def test_a_fifo_named_like_a_trace_is_left_out_not_waited_on(tmp_path: Path) -> 
     assert result.exit_code == 2 and "not a regular file" in result.output
 
 
+def test_links_out_of_the_folder_are_not_followed(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    folder = _folder(tmp_path / "logs")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password=hunter2\n")
+    (folder / "rank-2.jsonl").symlink_to(secret)
+    (folder / "nccl_trace_rank_3").symlink_to(folder.parent / "elsewhere")  # dangling too
+    os.link(folder / "rank-1.jsonl", folder / "rank-1.attempt-0.copy.jsonl.x")  # not a trace
+    (folder / "rank-1.jsonl").unlink()
+    (folder / "rank-1.jsonl").symlink_to(folder / "rank-1.attempt-0.copy.jsonl.x")  # inside
+    run = load_run([folder])
+    assert sorted(run.ranks) == [0, 1]  # a link inside the folder is read
+    assert any(n.endswith("rank-2.jsonl links to a file outside its folder: not followed")
+               for n in run.notes), run.notes
+    result = CliRunner().invoke(app, ["diff", str(folder)])
+    assert "hunter2" not in result.output and "not followed" in result.output
+
+
 def test_a_big_fault_file_is_read_by_its_first_bytes(tmp_path: Path) -> None:
     _folder(tmp_path, records=[START, STACK, _coll()])
     with open(tmp_path / "fault-1.txt", "wb") as fh:

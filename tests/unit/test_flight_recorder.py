@@ -74,6 +74,22 @@ class _Boom:
         return (Path("/tmp/ddpdoctor-must-not-exist").touch, ())
 
 
+@pytest.mark.parametrize("pickled", [True, False])
+def test_a_dump_is_bounded_by_what_it_would_decode_to_before_it_is_parsed(
+        tmp_path: Path, pickled: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dump of many empty entries: small on disk, millions of objects once parsed.
+    path = _dump(tmp_path / "nccl_trace_rank_0", [{} for _ in range(5000)], pickled)
+    monkeypatch.setattr(fr, "MAX_CONTAINERS", 4000)
+    with pytest.raises(fr.DumpError, match="would decode to .* objects"):
+        fr.load(path)
+    monkeypatch.setattr(fr, "MAX_CONTAINERS", 6000)
+    assert len(fr.load(path)["entries"]) == 5000
+    # A genuine buffer of 2,000 entries with their frames is well inside the real bound.
+    real = _dump(tmp_path / "nccl_trace_rank_1", [_bucket(s) for s in range(1, 2001)], pickled)
+    monkeypatch.undo()
+    assert len(fr.load(real)["entries"]) == 2000
+
+
 def test_a_crafted_pickle_is_refused_and_nothing_runs(tmp_path: Path) -> None:
     bad = tmp_path / "nccl_trace_rank_0"
     bad.write_bytes(pickle.dumps({"entries": [_Boom()]}))

@@ -1,8 +1,9 @@
 """The job's command line, its environment and its log folder.
 
-The command is torchrun (``python -m torch.distributed.run`` with the user's torchrun options,
-verbatim), or, for scripts that start their own workers with ``mp.spawn``, plain ``python``,
-or the user's own launch command as given (``ddpdoctor run -- accelerate launch ...``).
+The command is torchrun (its entry point, as the ``torchrun`` script runs it, with the user's
+torchrun options verbatim), or, for scripts that start their own workers with ``mp.spawn``,
+plain ``python``, or the user's own launch command as given (``ddpdoctor run -- accelerate
+launch ...``).
 Injection is a ``sitecustomize`` directory put first on ``PYTHONPATH``, so every Python process
 of the job, however started, loads the runtime.
 """
@@ -206,7 +207,7 @@ def build_command(opts: RunOptions) -> list[str]:
         target = ["-m", opts.script] if opts.module else [opts.script]
         return [sys.executable, *target, *opts.args]
     tr = opts.torchrun
-    cmd = [sys.executable, "-m", torch_internals.TORCHRUN_MODULE]
+    cmd = [sys.executable, "-c", torch_internals.TORCHRUN_ENTRY]
     if not (tr.given("nproc_per_node") or os.environ.get("PET_NPROC_PER_NODE")):
         cmd += ["--nproc-per-node", str(nproc(opts))]
     single = tr.nnodes_max <= 1

@@ -129,7 +129,9 @@ def _is_python(cmdline: list[str]) -> bool:
 def is_agent(cmdline: list[str]) -> bool:
     """torchrun's agent: a launcher, not a rank, even where its environment has SLURM_PROCID
     (``srun torchrun ...``)."""
-    return any(a.endswith("torchrun") or a in AGENT_MODULES for a in cmdline[1:3])
+    return any(a.endswith("torchrun") or a in AGENT_MODULES for a in cmdline[1:3]) or (
+        cmdline[1:2] == ["-c"] and len(cmdline) > 2 and any(m in cmdline[2]
+                                                              for m in AGENT_MODULES))
 
 
 def _candidate(pid: int) -> RankProcess | None:

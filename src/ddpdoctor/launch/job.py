@@ -271,10 +271,12 @@ def run_job(opts: RunOptions, logdir: Path,
             proc.wait()
         for pump in pumps:
             pump.join(2.0)
-        # Workers that outlived their parent (re-parented to us): end them too.
+        # Workers that outlived their parent (re-parented to us): end them too, but not what
+        # a rank detached into a session of its own (the user's daemons).
         leftovers = proctree.descendants(os.getpid())
         if leftovers:
-            result.killed += proctree.terminate(leftovers, 1.0)
+            users = proctree.detached(leftovers, {proc.pid, *progress.pids()})
+            result.killed += proctree.terminate([p for p in leftovers if p not in users], 1.0)
         proctree.reap()
     progress.poll()
     if coord is not None and not result.hang and coord.node is not None:

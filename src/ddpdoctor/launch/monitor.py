@@ -38,6 +38,8 @@ from ddpdoctor.trace.progress_block import field
 from ddpdoctor.trace.records import collective_from
 from ddpdoctor.trace.schema import Stop
 
+PIDS_READ = 16384  # bytes of a trace's start that hold its process_start record
+
 BLOCK_GLOB = schema.TRACE_GLOB + progress_block.SUFFIX
 MORE = -2  # the key of the collectives a block counts beyond those it lists
 
@@ -252,6 +254,26 @@ class JobProgress:
     def paths(self) -> dict[int, Path]:
         """Each rank's trace file (its latest round)."""
         return {rank: block.trace for rank, block in self._current.items()}
+
+    def pids(self) -> set[int]:
+        """The process ids of the ranks, from each trace's ``process_start`` record (its
+        first lines; a process of every round)."""
+        out: set[int] = set()
+        for block in self._blocks.values():
+            try:
+                with open(block.trace, "rb") as fh:
+                    head = fh.read(PIDS_READ).split(b"\n")[:4]
+            except OSError:
+                continue
+            for line in head:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and rec.get("kind") == schema.PROCESS_START and \
+                        isinstance(rec.get("pid"), int):
+                    out.add(rec["pid"])
+        return out
 
     def close(self, remove: bool = False) -> None:
         """Let go of the blocks' files (``remove``: and delete them: the job has ended)."""

@@ -55,6 +55,27 @@ def descendants(root: int) -> list[int]:
     return out
 
 
+def detached(pids: list[int], job: set[int]) -> set[int]:
+    """Those of ``pids`` in a session none of the ``job``'s processes (its launcher, its
+    ranks, this process) belongs to or led: a daemon a rank started the way daemons start
+    (a fork, ``setsid``, a second fork) is the user's, and under torchrun it outlives the job.
+    (torchrun starts each rank in a session of its own: a rank's session id is its pid.)"""
+    sessions = {os.getsid(0), *job}
+    for pid in job:
+        try:
+            sessions.add(os.getsid(pid))
+        except OSError:  # ended: its session, if it led one, is its pid (above)
+            pass
+    out = set()
+    for pid in pids:
+        try:
+            if os.getsid(pid) not in sessions:
+                out.add(pid)
+        except OSError:  # ended meanwhile
+            continue
+    return out
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:

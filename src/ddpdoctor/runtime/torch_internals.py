@@ -35,7 +35,12 @@ SEQUENCE_NUMBERS_START_AT_ZERO = (2, 14)
 
 AGENT_MODULE = "torch.distributed.elastic.multiprocessing.api"  # torchrun's worker handling
 SPAWN_MODULE = "torch.multiprocessing.spawn"
-TORCHRUN_MODULE = "torch.distributed.run"  # ``python -m`` of it is torchrun
+TORCHRUN_MODULE = "torch.distributed.run"
+# torchrun as its console script runs it: ``python -m`` of the module would run it as
+# ``__main__``, whose logger is then no torch logger, and its lines would lose torch's prefix
+# ("W1129 04:31:01.693000 13573 .../run.py:874] ").
+TORCHRUN_ENTRY = (f"import sys; sys.argv[0] = 'torchrun'; from {TORCHRUN_MODULE} import main; "
+                  f"sys.exit(main())")
 DYNAMO_MODULE = "torch._dynamo"  # imported once torch.compile is about to be used
 # The flight recorders a process may have: ProcessGroupNCCL's own (every release) and the
 # generic one gloo writes to (from 2.7): not one ring under two names; entries of one job

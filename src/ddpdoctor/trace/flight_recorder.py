@@ -36,6 +36,12 @@ from ddpdoctor.trace.model import (
 )
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
+# Containers a dump may decode to, at most, counted before it is parsed (a JSON ``{`` or
+# ``[``; a pickle's bytes that open one, strings included, so an upper bound): a buffer of
+# 20,000 entries with 30 frames each holds about 650,000. A 100 MB file of empty entries
+# would decode to 25 million dicts, 2.7 GB.
+MAX_CONTAINERS = 4_000_000
+_PICKLE_OPENERS = (b"}", b"]", b")", b"(")  # EMPTY_DICT, EMPTY_LIST, EMPTY_TUPLE, MARK
 # A dump's file name ends with its rank: torch's default is /tmp/nccl_trace_rank_<N>.
 _RANK_IN_NAME = re.compile(r"(\d+)(\.(json|pkl|pickle))?$")
 
@@ -80,6 +86,10 @@ def _read_bytes(path: Path) -> bytes:
 def load(path: Path) -> dict:
     """The decoded dump (raises :class:`DumpError`)."""
     data = _read_bytes(path)
+    containers = sum(map(data.count, _PICKLE_OPENERS if data[:1] == b"\x80" else (b"{", b"[")))
+    if containers > MAX_CONTAINERS:
+        raise DumpError(f"{path} would decode to {containers:,} objects, more than a "
+                        f"flight-recorder dump holds ({MAX_CONTAINERS:,}): not read")
     try:
         if data[:1] == b"\x80":
             dump = _NoGlobals(io.BytesIO(data)).load()

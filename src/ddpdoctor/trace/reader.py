@@ -15,6 +15,7 @@ both paths build the same collectives.
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import io
 import json
 import os
@@ -54,16 +55,34 @@ _OWN_FILES = re.compile(r"^((rank|remote)-.*\.jsonl(\.cut)?|exits-\d+\.json|job\
                         r"|\.write-test|\.lock)$")
 
 
-def _inputs(paths: Iterable[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
-    """The trace files and the flight-recorder dumps under ``paths`` (folders or files)."""
+def _outside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, found in ``folder``, is a link to a file outside it."""
+    try:
+        return path.is_symlink() and path.resolve().parent != folder.resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        return True
+
+
+def _inputs(paths: Iterable[str | os.PathLike],
+            notes: list[str]) -> tuple[list[Path], list[Path]]:
+    """The trace files and the flight-recorder dumps under ``paths`` (folders or files). In a
+    folder, a link to a file outside it is not followed (a note says so)."""
     files: list[Path] = []
     dumps: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(path.glob(schema.TRACE_GLOB))
-            frs = [p for p in sorted(path.iterdir())
-                   if not _OWN_FILES.match(p.name) and flight_recorder.looks_like_dump(p)]
+            found: list[Path] = []
+            frs: list[Path] = []
+            for p in sorted(path.iterdir()):
+                trace = fnmatch.fnmatchcase(p.name, schema.TRACE_GLOB)
+                if not trace and (_OWN_FILES.match(p.name) or
+                                  not flight_recorder.looks_like_dump(p)):
+                    continue
+                if _outside(p, path):
+                    notes.append(f"{p} links to a file outside its folder: not followed")
+                else:
+                    (found if trace else frs).append(p)
             if not found and not frs:
                 raise NoTraces(f"no ddpdoctor traces (rank-*.jsonl) or flight-recorder dumps "
                                f"in {path}")
@@ -549,8 +568,8 @@ def load_rounds(paths: Iterable[str | os.PathLike],
     their own. Most jobs have one round. A launcher's stop (a hang) and flight-recorder dumps
     belong to the last round."""
     global _shared
-    files, dumps = _inputs(list(paths))
     notes: list[str] = []
+    files, dumps = _inputs(list(paths), notes)
     left_out: list[Path] = []
     _shared = Shared()
     try:
