@@ -125,3 +125,25 @@ def test_a_closed_trace_without_completions_says_so() -> None:
     notes = diagnose(run).notes
     assert any(n.startswith("rank 1: its trace holds no completion record") for n in notes)
     assert not rs.completions_lost(run.ranks[0])  # version 0: completion in each line
+
+
+def test_a_subgroup_s_completed_collective_vouches_only_for_its_members() -> None:
+    # 4 ranks, two data-parallel pairs (groups "1": ranks 0-1, "2": ranks 2-3). Rank 3's trace
+    # lost its last lines: rank 2's completed all-reduces in group "2" prove it short; the
+    # pair of ranks 0-1, whose own group says nothing of rank 3, proves nothing of it there.
+    bs = ranks(4)
+    for b in bs:
+        b.new_group("1", [0, 1]).new_group("2", [2, 3])
+        b.user("all_reduce")  # the default group: every rank
+        for _ in range(5):
+            b.user("all_reduce", group="1" if b.rank < 2 else "2")
+        b.finish()
+    run = make_run(*bs)
+    assert peer_proof.shortfalls(align(run), set(run.ranks)) == {}
+    run.ranks[3] = _cut(run.ranks[3], 3)
+    short = peer_proof.shortfalls(align(run), set(run.ranks))
+    assert list(short) == [3] and (short[3].group, short[3].peer, short[3].seq) == ("2", 2, 5)
+    report = diagnose(run)
+    assert report.verdict == "incomplete" and not report.findings
+    assert any(n.startswith("rank 3: its trace is cut") and "group 2 (ranks 2, 3)" in n
+               for n in report.notes), report.notes

@@ -61,3 +61,57 @@ def test_the_json_reporter_carries_what_the_run_adds() -> None:
     assert data["verdict"] == "diverged" and data["findings"][0]["cause"]
     none = json.loads(JsonReporter().render(ReportView(None, RunInfo(name="t", read_error="x"))))
     assert none["verdict"] is None and none["error"] == "x"
+
+
+class _Csv:
+    """A format that is only a reporter and a registry entry (issue 57: two places)."""
+
+    def render(self, view: ReportView) -> str:
+        root = view.root
+        return f"verdict,{view.report.verdict if view.report else ''}\n" + (
+            f"root,{root.kind}\n" if root is not None else "")
+
+
+def test_a_new_format_is_a_reporter_and_one_entry_and_every_command_takes_it(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from ddpdoctor.cli import app
+    from ddpdoctor.cli import run as run_cli
+    from ddpdoctor.render import formats
+
+    monkeypatch.setitem(formats.FORMATS, "csv", _Csv)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    # diff prints it
+    from .test_damaged_corpus import _folder
+
+    _folder(logs)
+    result = CliRunner().invoke(app, ["diff", "--format", "csv", str(logs)])
+    assert result.output.startswith("verdict,"), result.output
+    # run writes it (--report FORMAT=FILE), as it writes its shortcuts' formats
+    view = ReportView(diagnose(scenarios.checkpoint_barrier_on_rank0()), INFO)
+    out, js = tmp_path / "r.csv", tmp_path / "r.json"
+    run_cli._write_reports(view, [formats.request(f"csv={out}"), ("json", js)])
+    assert out.read_text().startswith("verdict,diverged\nroot,")
+    assert json.loads(js.read_text())["verdict"] == "diverged"
+    # Refused in one line: an unknown format, a request without its file
+    for bad in (["diff", "--format", "nope", str(logs)], ["run", "--report", "nope=x", "t.py"],
+                ["run", "--report", "csv", "t.py"]):
+        result = CliRunner().invoke(app, bad)
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert "nope" in result.output or "FORMAT=FILE" in result.output
+
+
+def test_ddpdoctor_yaml_takes_report_files_as_a_list() -> None:
+    from ddpdoctor.cli import config
+    from ddpdoctor.cli.run import run_command
+
+    options = config.options_of(run_command)
+    assert options["report"].kind == "list"
+    parsed = config.parse("run:\n  report: [json=a.json, junit=b.xml]\n", options)
+    assert parsed["run"]["report_files"] == ["json=a.json", "junit=b.xml"]
+    assert config.parse("run:\n  report: json=a.json\n", options)["run"]["report_files"] == \
+        ["json=a.json"]
+    with pytest.raises(config.ConfigError, match="must be a string"):
+        config.parse("run:\n  report: [{a: 1}]\n", options)

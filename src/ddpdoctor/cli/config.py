@@ -41,7 +41,8 @@ SECTIONS = ("run", "torchrun")
 @dataclass(frozen=True)
 class OptionSpec:
     """A ``run`` option as the command line declares it: the parameter it sets, the kind of
-    value (bool, int, float, choice or str), its least value, the choices a user gives."""
+    value (bool, int, float, choice, str, or list of str for a repeatable option), its least
+    value, the choices a user gives."""
 
     name: str
     kind: str
@@ -65,6 +66,8 @@ def options_of(command: Callable[..., Any]) -> dict[str, OptionSpec]:
         if typing.get_origin(hint) is not None and len(args) == 1:  # Optional[X]
             hint = args[0]
         kind = {bool: "bool", int: "int", float: "float"}.get(hint, "str")
+        if typing.get_origin(hint) is list:  # a repeatable option: a list in the file
+            kind = "list"
         choices: tuple[str, ...] = ()
         if isinstance(hint, type) and issubclass(hint, Enum):
             kind = "choice"
@@ -96,6 +99,9 @@ def _convert(value: Any, kind: str, where: str, choices: tuple[str, ...] = ()) -
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         raise ConfigError(f"{where} must be a number, not {value!r}")
+    if kind == "list":
+        items = value if isinstance(value, list) else [value]
+        return [_convert(item, "str", where) for item in items]
     if kind == "choice":
         if value in choices:
             return value

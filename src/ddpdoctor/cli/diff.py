@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -15,7 +16,7 @@ from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
 from ddpdoctor.analysis.report import CLEAN, RUNNING
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.launch.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
-from ddpdoctor.render.formats import reporter
+from ddpdoctor.render import formats
 from ddpdoctor.render.interface import render
 from ddpdoctor.trace.job_logs import find_logs
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run, unreadable
@@ -28,12 +29,20 @@ from ddpdoctor.trace.snapshot import read as read_snapshot
 def diff(
     paths: list[Path] = typer.Argument(..., metavar="LOGDIR...",
                                        help="Log folder(s) or trace files (one folder per node)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON instead "
+                                                       "(--format json)."),
+    format_name: Optional[str] = typer.Option(
+        None, "--format", metavar="FORMAT",
+        help=f"Print the report in FORMAT ({', '.join(formats.FORMATS)}) instead."),
 ) -> None:
     """Align the per-rank traces and explain the first divergence: ranks, op, source lines, fix.
     Folders written by `ddpdoctor attach` (one per node) are diagnosed from their stacks; a
     folder of a dead job's own logs (torchrun's --log-dir, a Slurm .out file) from what each
     rank wrote last (its traceback, NCCL's watchdog, gloo's timeouts)."""
+    try:
+        shown = formats.check_name(format_name) if format_name else "json" if json_out else None
+    except ValueError as exc:
+        fail(str(exc))
     try:
         if any(is_snapshot_folder(p) for p in paths):  # folders written by ddpdoctor attach
             report = diagnose_snapshots([read_snapshot(p) for p in paths])
@@ -49,11 +58,11 @@ def diff(
                 report = diagnose_logs(logs)  # a dead job's own logs: a post-mortem
     except Exception as exc:  # noqa: BLE001 - damaged input is a message, never a traceback
         message = str(exc) if isinstance(exc, (TraceError, SnapshotError)) else unreadable(exc)
-        if json_out:  # a script reading --json gets JSON, errors included
+        if shown == "json":  # a script reading --json gets JSON, errors included
             sys.stdout.write(json.dumps({"error": message, "exit_code": EXIT_USAGE}) + "\n")
         fail(message)
-    if json_out:
-        sys.stdout.write(render(reporter("json"), report))
+    if shown is not None:
+        sys.stdout.write(render(formats.reporter(shown), report))
     else:
         show(report, Console(highlight=False))
     raise typer.Exit(EXIT_OK if report.verdict in (CLEAN, RUNNING) else EXIT_PROBLEM)

@@ -32,7 +32,7 @@ from ddpdoctor.launch.options import (
     RunOptions,
 )
 from ddpdoctor.launch.session import prepare_run, run_and_diagnose
-from ddpdoctor.render import live
+from ddpdoctor.render import formats, live
 from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.formats import reporter
 from ddpdoctor.render.run_info import RunInfo
@@ -104,6 +104,10 @@ def run_command(
     markdown_out: Optional[Path] = _output(
         "--markdown", "the report as Markdown (with $GITHUB_STEP_SUMMARY set, it is appended "
                       "there in any case)"),
+    report_files: Optional[list[str]] = typer.Option(
+        None, "--report", metavar="FORMAT=FILE",
+        help=f"Also write the report in FORMAT ({', '.join(formats.FORMATS)}) to FILE; "
+             f"repeatable. --json, --junit and --markdown are its shortcuts."),
     timeline_out: Optional[Path] = _output(
         "--timeline", "a timeline of every rank here (Chrome trace-event JSON for "
                       "ui.perfetto.dev or chrome://tracing; see 'ddpdoctor timeline')"),
@@ -144,13 +148,20 @@ def run_command(
 
       ddpdoctor run --cpu --epoch-steps 2 --junit junit.xml train_on_gpus.py
     """
+    shortcuts = [("json", json_out), ("junit", junit_out), ("markdown", markdown_out)]
+    files = [(fmt, path) for fmt, path in shortcuts if path is not None]
+    try:
+        files += [formats.request(text) for text in report_files or []]
+    except ValueError as exc:
+        fail(str(exc))
     opts = RunOptions(
         script=script, args=list(args or []), torchrun_args=_torchrun_args(ctx),
         launcher=launcher, logdir=str(logdir) if logdir else None, backend=backend,
         hang_timeout=hang_timeout, stuck_timeout=stuck_timeout, grace=grace, cpu=cpu,
         max_steps=max_steps, epoch_steps=epoch_steps, max_trace_mb=max_trace_mb,
         expect_schedule=str(expect_schedule) if expect_schedule else None,
-        reports=bool(junit_out or markdown_out), flight_recorder=flight_recorder,
+        reports=any(fmt in formats.CI_FORMATS for fmt, _ in files),
+        flight_recorder=flight_recorder,
         record_nccl=record_nccl, share_lines=share_lines)
     name = " ".join(redact.mask_args([script, *(args or [])]))
 
@@ -159,7 +170,7 @@ def run_command(
         view = ReportView(None, RunInfo(name=name, exit_code=EXIT_USAGE,
                                         logdir=str(logdir) if logdir else None,
                                         read_error=f"bad usage: {message}"))
-        _write_ci_reports(view, junit_out, markdown_out)
+        _write_reports(view, [(fmt, path) for fmt, path in files if fmt in formats.CI_FORMATS])
         fail(message)
 
     try:
@@ -202,8 +213,6 @@ def run_command(
                    logdir=str(log_path), problems=tuple(outcome.schedule_diff),
                    read_error=outcome.read_error)
     result = ReportView(outcome.report, info)
-    if json_out:
-        _write([(json_out, reporter("json").render(result), "w")])
     whole = log_path / schema.REPORT_FILE
     if outcome.report is not None:
         _write([(whole, reporter("text").render(result), "w")])
@@ -234,7 +243,7 @@ def run_command(
         say(f"warning: every rank finished its script, but the job exited with code "
              f"{job.exit_code} during interpreter teardown (a known gloo/DDP abort at exit); "
              f"not a divergence")
-    _write_ci_reports(result, junit_out, markdown_out)
+    _write_reports(result, files)
     if outcome.shared is not None and outcome.shared.members:
         done = outcome.shared
         say(f"{done.members} of {done.files} rank traces share their collective lines with "
@@ -260,19 +269,19 @@ def _torchrun_args(ctx: typer.Context) -> list[str]:
     return [*obj.get("torchrun_defaults", []), *obj.get("torchrun", [])]
 
 
-def _write_ci_reports(view: ReportView, junit_out: Optional[Path],
-                      markdown_out: Optional[Path]) -> None:
-    """--junit, --markdown and $GITHUB_STEP_SUMMARY."""
-    outputs: list[tuple[Path, str, str]] = []
-    if junit_out:
-        outputs.append((junit_out, reporter("junit").render(view), "w"))
+def _write_reports(view: ReportView, files: list[tuple[str, Path]]) -> None:
+    """The report files asked for (format, file), and Markdown to $GITHUB_STEP_SUMMARY."""
+    texts: dict[str, str] = {}
+
+    def text(fmt: str) -> str:
+        if fmt not in texts:
+            texts[fmt] = reporter(fmt).render(view)
+        return texts[fmt]
+
+    outputs = [(path, text(fmt), "w") for fmt, path in files]
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if markdown_out or summary:
-        text = reporter("markdown").render(view)
-        if markdown_out:
-            outputs.append((markdown_out, text, "w"))
-        if summary:
-            outputs.append((Path(summary), text, "a"))
+    if summary:
+        outputs.append((Path(summary), text("markdown"), "a"))
     _write(outputs)
 
 

@@ -1,11 +1,13 @@
-"""Every report format ``ddpdoctor`` writes to a file, by name, with its reporter: one registry
-(memray's reporter factory). A new format is its reporter class and one entry here; the
-command line asks :func:`reporter` for it by name. Each reporter is imported when asked for
-(``--junit`` alone needs ``xml.etree``)."""
+"""Every report format ``ddpdoctor`` writes, by name, with its reporter: one registry (memray's
+reporter factory). A new format is its reporter module and one entry here: ``run --report
+NAME=FILE`` writes it and ``diff --format NAME`` prints it, with no change to the command
+line (``--json``, ``--junit`` and ``--markdown`` are shortcuts of ``--report``). Each reporter
+is imported when asked for (``--junit`` alone needs ``xml.etree``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from ddpdoctor.render.interface import Reporter
 
@@ -42,6 +44,26 @@ FORMATS: dict[str, Callable[[], Reporter]] = {
 }
 
 
+# Formats that report a run which failed before any diagnosis too (bad usage): a CI check's.
+CI_FORMATS = ("junit", "markdown")
+
+
 def reporter(name: str) -> Reporter:
     """The reporter of format ``name`` (a key of :data:`FORMATS`)."""
     return FORMATS[name]()
+
+
+def check_name(name: str) -> str:
+    """``name`` when it is a format; else ValueError, in one line naming the known ones."""
+    if name not in FORMATS:
+        raise ValueError(f"unknown report format '{name}' (known: {', '.join(FORMATS)})")
+    return name
+
+
+def request(text: str) -> tuple[str, Path]:
+    """(format, file) of one ``--report FORMAT=FILE``; ValueError, in one line, when it is
+    not one."""
+    name, sep, path = text.partition("=")
+    if not sep or not path:
+        raise ValueError(f"--report takes FORMAT=FILE (e.g. json=report.json), not '{text}'")
+    return check_name(name), Path(path)
