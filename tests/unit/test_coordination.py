@@ -224,8 +224,9 @@ def test_a_node_learns_that_every_other_nodes_job_has_ended(store_port: int) -> 
     assert root.others_ended()
 
 
-def test_named_ranks_cross_to_every_node_as_partial_traces(tmp_path: Path,
-                                                          store_port: int) -> None:
+def _mismatch_on_two_nodes(tmp_path: Path) -> tuple[tuple[Path, dict], tuple[Path, dict]]:
+    """Rank 0 on node 0 and rank 1 on node 1: 30 matching all-reduces, then a barrier on rank
+    0 against an all-reduce on rank 1 (their folders, their ranks)."""
     n0, n1 = tmp_path / "n0", tmp_path / "n1"
     _, r0 = _node(n0, [0], 2)
     _, r1 = _node(n1, [1], 2)
@@ -235,6 +236,12 @@ def test_named_ranks_cross_to_every_node_as_partial_traces(tmp_path: Path,
     r1[1].coll("all_reduce", 740)
     r0[0].done(31)
     r1[1].done(31)
+    return (n0, r0), (n1, r1)
+
+
+def test_named_ranks_cross_to_every_node_as_partial_traces(tmp_path: Path,
+                                                          store_port: int) -> None:
+    (n0, r0), (n1, r1) = _mismatch_on_two_nodes(tmp_path)
     a = Coordinator(_client(store_port), "x", 2, node=0)
     b = Coordinator(_client(store_port), "x", 2, node=1)
     a.setup(), b.setup()
@@ -264,15 +271,7 @@ def test_at_a_jobs_own_end_the_told_ranks_cross_through_node_0s_own_store(
         tmp_path: Path, store_port: int) -> None:
     """No verdict: node 0 serves a store of its own, published in the rendezvous store; node
     1 joins it; each tells what its diagnosis roots the job at, and fetches the others'."""
-    n0, n1 = tmp_path / "n0", tmp_path / "n1"
-    _, r0 = _node(n0, [0], 2)
-    _, r1 = _node(n1, [1], 2)
-    for _ in range(30):
-        r0[0].coll("all_reduce", 4), r1[1].coll("all_reduce", 4)
-    r0[0].coll("barrier", 0)
-    r1[1].coll("all_reduce", 740)
-    r0[0].done(31)
-    r1[1].done(31)
+    (n0, r0), (n1, r1) = _mismatch_on_two_nodes(tmp_path)
     a = Coordinator(_client(store_port), "x", 2, node=0)
     b = Coordinator(_client(store_port), "x", 2, node=1)
     b.setup()
