@@ -104,6 +104,21 @@ def test_a_fifo_named_like_a_trace_is_left_out_not_waited_on(tmp_path: Path) -> 
     assert result.exit_code == 2 and "not a regular file" in result.output
 
 
+def test_many_unreadable_files_are_named_up_to_a_bound_and_counted(tmp_path: Path) -> None:
+    from ddpdoctor.trace.reader import MAX_LEFT_OUT_NOTES
+
+    _folder(tmp_path)
+    for rank in range(2, 40):
+        (tmp_path / f"rank-{rank}.jsonl").write_bytes(b"")
+    run = load_run([tmp_path])
+    assert sorted(run.ranks) == [0, 1] and run.damaged
+    named = [n for n in run.notes if n.endswith("is empty: the rank died before writing "
+                                                "anything: left out")]
+    assert len(named) == MAX_LEFT_OUT_NOTES
+    assert f"{38 - MAX_LEFT_OUT_NOTES} more files that are no readable trace: left out" in \
+        run.notes
+
+
 def test_links_out_of_the_folder_are_not_followed(tmp_path: Path) -> None:
     (tmp_path / "logs").mkdir()
     folder = _folder(tmp_path / "logs")

@@ -448,6 +448,9 @@ def _job_records(folders: set[Path],
     return stop, reason, nnodes, interrupted
 
 
+MAX_LEFT_OUT_NOTES = 8  # files left out named one by one; the rest counted
+
+
 def _read_ranks(files: list[Path], notes: list[str],
                 on_file: Callable[[int, int], None] | None,
                 left_out: list[Path]) -> dict[int, dict[int, RankTrace]]:
@@ -461,7 +464,8 @@ def _read_ranks(files: list[Path], notes: list[str],
         if on_file is not None:
             on_file(done, len(files))
         if isinstance(trace, str):  # one unusable file is a note, not the end of the reading
-            notes.append(f"{trace}: left out")
+            if len(left_out) < MAX_LEFT_OUT_NOTES:
+                notes.append(f"{trace}: left out")
             left_out.append(path)
             continue
         members.share(trace)
@@ -474,6 +478,9 @@ def _read_ranks(files: list[Path], notes: list[str],
             old, trace = (trace, other) if other.attempt > trace.attempt else (other, trace)
             earlier.setdefault(old.attempt, []).append(old)
         ranks[trace.rank] = trace
+    if len(left_out) > MAX_LEFT_OUT_NOTES:
+        notes.append(f"{len(left_out) - MAX_LEFT_OUT_NOTES} more files that are no readable "
+                     f"trace: left out")
     latest = max((t.attempt for ranks in rounds.values() for t in ranks.values()), default=0)
     for attempt, olds in sorted(earlier.items()):
         endings = "; ".join(f"rank {t.rank} {_ending_text(t)}"
