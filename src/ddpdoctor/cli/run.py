@@ -34,7 +34,6 @@ from ddpdoctor.launch.options import (
 from ddpdoctor.launch.session import prepare_run, run_and_diagnose
 from ddpdoctor.render import formats, live
 from ddpdoctor.render.console import closing_line
-from ddpdoctor.render.formats import reporter
 from ddpdoctor.render.run_info import RunInfo
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.runtime.env import Launcher
@@ -215,7 +214,7 @@ def run_command(
     result = ReportView(outcome.report, info)
     whole = log_path / schema.REPORT_FILE
     if outcome.report is not None:
-        _write([(whole, reporter("text").render(result), "w")])
+        _write([(whole, formats.reporter("text").render(result), "w")])
     elif outcome.read_error:
         say(f"no diagnosis: {outcome.read_error}")
     if timeline_out:
@@ -275,7 +274,7 @@ def _write_reports(view: ReportView, files: list[tuple[str, Path]]) -> None:
 
     def text(fmt: str) -> str:
         if fmt not in texts:
-            texts[fmt] = reporter(fmt).render(view)
+            texts[fmt] = formats.reporter(fmt).render(view)
         return texts[fmt]
 
     outputs = [(path, text(fmt), "w") for fmt, path in files]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +39,10 @@ CONNECT_SECONDS = 5.0
 ADDRESS = "end-store"  # the key, in the rendezvous store, of the address of node 0's store
 
 
-def story_ranks(folder: Path) -> list[int]:
-    """The ranks held in ``folder`` that its diagnosis roots the job at, where that is an error
-    with a cause (a node whose ranks only lost their peers names none, and a clean job's
-    warning is no story: it tells nothing)."""
+def story_ranks(folder: Path, held: Collection[int]) -> list[int]:
+    """The ranks of ``held`` (this node's) that the diagnosis of ``folder`` roots the job at,
+    where that is an error with a cause (a node whose ranks only lost their peers names none,
+    and a clean job's warning is no story: it tells nothing)."""
     from ddpdoctor.analysis import diagnose
     from ddpdoctor.trace.reader import load_run
 
@@ -52,8 +53,6 @@ def story_ranks(folder: Path) -> list[int]:
     if not report.findings or not report.findings[0].is_error or \
             report.findings[0].cause is None:
         return []
-    held = {int(p.stem.split("-")[1]) for p in folder.glob("rank-*.jsonl")
-            if p.stem.split("-")[1].isdigit()}
     return [r for r in sorted(report.findings[0].ranks) if r in held][:MAX_TOLD]
 
 

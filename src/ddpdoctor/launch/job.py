@@ -281,7 +281,8 @@ def run_job(opts: RunOptions, logdir: Path,
     progress.poll()
     if coord is not None and not result.hang and coord.node is not None:
         # No verdict stopped the job: the nodes tell each other where it failed first.
-        coord.end.tell(coord.node, end_story.story_ranks(logdir), progress.paths(), logdir)
+        local = progress.paths()
+        coord.end.tell(coord.node, end_story.story_ranks(logdir, local), local, logdir)
     progress.close(remove=True)
     if result.nnodes > 1 and (coord is None or coord.node is None):
         result.unwatched = (
