@@ -162,6 +162,9 @@ def test_a_crash_on_one_node_is_rooted_at_its_line_by_both_nodes(tmp_path: Path,
         if not (logdir / f"rank-{last}.jsonl").exists():  # the node that only lost peers
             assert (logdir / f"remote-{last}.jsonl").exists()
             assert "Connection" not in root["summary"], root["summary"]
+            assert any(n.startswith(f"rank {last}: its trace is cut") and
+                       "another node, whose own folder holds how it ended" in n
+                       for n in report["notes"]), report["notes"]
     code, merged = _diff(nodes[0][1], nodes[1][1])
     assert code == 1 and merged["findings"][0]["kind"] == "shape_mismatch"
 

@@ -147,6 +147,8 @@ def _notes(run: Run, states: dict[int, RankState], alignment: Alignment) -> list
                    f"the rank stopped recording ({s.trace.lost})"
                    if s.trace is not None and s.trace.lost else
                    "the job still runs" if s.unended and run.running else
+                   "it ran on another node, whose own folder holds how it ended (its exit "
+                   "code)" if s.unended and s.trace is not None and s.trace.remote else
                    "it ends with no exit record, no exit code and no hang record (the file "
                    "was cut, or the job still runs, or it was killed with its launcher)"
                    if s.unended else
