@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from ddpdoctor.analysis import diagnose
-from ddpdoctor.analysis.report import VERDICTS
+from ddpdoctor.analysis.report import Verdict
 from ddpdoctor.cli import app
 from ddpdoctor.trace import schema
 from ddpdoctor.trace.reader import TraceError, load_run
@@ -122,7 +122,7 @@ def test_reader_never_raises_anything_but_trace_error(tmp_path: Path, junk: byte
         assert "\n" not in str(exc)
         return
     report = diagnose(run)
-    assert report.verdict in VERDICTS
+    assert report.verdict in tuple(Verdict)
 
 
 _OPS = st.sampled_from(["all_reduce", "broadcast", "barrier", "all_gather"])
@@ -145,7 +145,7 @@ def test_aligner_handles_any_sequences(world: int, plan: list, cuts: list[int],
             b.user(op, shapes=[shape])
         b.finish()
     report = diagnose(make_run(*builders))
-    assert report.verdict in VERDICTS
+    assert report.verdict in tuple(Verdict)
     if all(not c or c >= len(plan) for c in cuts) and not swap:
         assert report.verdict == "clean"
 

@@ -430,11 +430,11 @@ def test_a_wait_cycle_in_one_group_is_not_a_group_order_inversion() -> None:
     """group_order_inversion's premise is two groups; a cycle of sends and receives inside one
     group is p2p_peer_mismatch (issue 54: a one-group p2p ring was called an inversion)."""
     from ddpdoctor.analysis import premises
-    from ddpdoctor.analysis.finding import ERROR, Finding, FindingKind, RankDetail
+    from ddpdoctor.analysis.finding import Finding, FindingKind, RankDetail, Severity
     from ddpdoctor.analysis.rules import _group_order_inversion, _p2p_peer_mismatch
 
     def cycle(*waits: tuple[str, str]) -> Finding:
-        return Finding(FindingKind.WAIT_CYCLE, ERROR, waits[0][1], None, "deadlock",
+        return Finding(FindingKind.WAIT_CYCLE, Severity.ERROR, waits[0][1], None, "deadlock",
                        {r: RankDetail(rank=r, op=op, group=g) for r, (op, g) in enumerate(waits)})
 
     def given(cause: str, rule, f: Finding) -> bool:

@@ -16,9 +16,10 @@ from ddpdoctor.analysis import premises
 from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.align import align
 from ddpdoctor.analysis.diagnosis import collect_findings, diagnose
-from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail
+from ddpdoctor.analysis.finding import Finding, RankDetail, Severity
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.order import order
+from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.rules import RULES, recognise
 from ddpdoctor.analysis.signature import site_key
@@ -42,7 +43,7 @@ def _facts(run: Run, kind: str | None = None) -> tuple[Finding, RuleContext]:
 def _made(kind: fk, details: dict[int, RankDetail], run: Run) -> tuple[Finding, RuleContext]:
     """A finding built by hand over ``run``'s context (kinds only endings or cycles make)."""
     states = rs.rank_states(run)
-    f = Finding(kind, ERROR, details[min(details)].group, None, "built", details)
+    f = Finding(kind, Severity.ERROR, details[min(details)].group, None, "built", details)
     return f, RuleContext(run, align(run), states)
 
 
@@ -149,7 +150,7 @@ def _never_issued_the_line(facts: Facts) -> None:
 
 def _nobody_failed(facts: Facts) -> None:
     for state in facts[1].states.values():
-        state.status = rs.HUNG
+        state.status = RankStatus.HUNG
 
 
 def _one_group(facts: Facts) -> None:

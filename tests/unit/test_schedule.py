@@ -48,11 +48,13 @@ def test_yaml_round_trip_is_exact_and_one_collective_per_line() -> None:
     s = schedule.from_run(_run())
     text = schedule.to_yaml(s)
     data = yaml.safe_load(text)
-    assert data["format"] == "ddpdoctor-schedule" and data["version"] == 1
+    assert data["format"] == "ddpdoctor-schedule" and data["version"] == 2
     assert data["iteration"] == 2 and data["groups"] == {"0": [0, 1]}
     entry = data["schedules"][0]["iteration"][-1]
     assert entry == {"group": "0", "op": "all_reduce", "label": "ddp.bucket",
-                     "shapes": [[244]], "dtypes": ["float32"], "at": "train.py:21"}
+                     "shapes": [[244]], "dtypes": ["float32"], "reduce_op": "SUM",
+                     "at": "train.py:21"}
+    assert data["schedules"][0]["iteration"][0]["root"] == 0
     assert sum(1 for line in text.splitlines() if line.startswith("  - {")) == 4 + 5
     back = _roundtrip(s)
     assert back == s
@@ -160,3 +162,54 @@ def test_load_and_save_errors(tmp_path) -> None:
     path = tmp_path / "ok.yaml"
     schedule.save(schedule.from_run(_run()), path)
     assert schedule.load(path) == _roundtrip(schedule.from_run(_run()))
+
+
+def _extra_reduce(reduce_op: str) -> schedule.Schedule:
+    bs = ranks(2)
+    for b in bs:
+        b.ddp_init()
+        for _ in range(3):
+            b.step()
+            b.user("all_reduce", shapes=[[1]], reduce_op=reduce_op, line=57)
+        b.finish()
+    return schedule.from_run(make_run(*bs))
+
+
+def test_a_changed_reduce_op_is_a_changed_schedule() -> None:
+    """What must match between ranks (signature.match_key) is what a schedule compares: the
+    same tensors with another reduce op is a change, named as one."""
+    diff = schedule.compare(_roundtrip(_extra_reduce("SUM")), _extra_reduce("AVG"))
+    assert "iteration 2 #6: all_reduce user float32[1]: reduce op SUM -> reduce op AVG  " \
+        "(train.py:57)" in [line.strip() for line in diff], diff
+    assert schedule.compare(_roundtrip(_extra_reduce("SUM")), _extra_reduce("SUM")) == []
+
+
+def test_a_version_1_schedule_is_compared_without_reduce_ops_and_roots() -> None:
+    """A file saved before entries held them (version 1) matches the same job today, and
+    still sees a reshaped collective."""
+    text = schedule.to_yaml(schedule.from_run(_run()))
+    old = "\n".join(line.replace(", reduce_op: SUM", "").replace(", root: 0", "")
+                     for line in text.splitlines()).replace("version: 2", "version: 1")
+    assert "root" not in old and "reduce_op" not in old
+    saved = schedule.from_yaml(old)
+    assert saved.version == 1
+    assert schedule.compare(saved, schedule.from_run(_run())) == []
+    assert any("reshaped" in line
+               for line in schedule.compare(saved, schedule.from_run(_run(buckets=(200,)))))
+    # The same file read as version 2 would call every broadcast's root a change.
+    assert schedule.compare(schedule.from_yaml(old.replace("version: 1", "version: 2")),
+                            schedule.from_run(_run()))
+
+
+def test_uneven_ops_compare_their_dtypes_not_their_sizes() -> None:
+    """An all_to_all's per-rank sizes follow the data (the match key leaves them out): two runs
+    with other splits have the same schedule; another dtype is a change."""
+    def run(rows: int, dtype: str = "float32") -> schedule.Schedule:
+        bs = ranks(2)
+        for b in bs:
+            b.user("all_to_all_single", shapes=[[rows]], dtypes=[dtype], line=40)
+            b.finish()
+        return schedule.from_run(make_run(*bs))
+
+    assert schedule.compare(_roundtrip(run(8)), run(12)) == []
+    assert schedule.compare(_roundtrip(run(8)), run(8, "float16"))

@@ -32,11 +32,11 @@ def _reports() -> dict[str, rp.Report]:
     bs = healthy_ddp()
     incomplete = make_run(bs[0], world_size=2)  # rank 1 left no trace
     return {
-        rp.CLEAN: diagnose(make_run(*healthy_ddp())),
-        rp.DIVERGED: diagnose(scenarios.checkpoint_barrier_on_rank0()),
-        rp.CRASHED: diagnose(scenarios.seed003_crash()),
-        rp.INCOMPLETE: diagnose(incomplete),
-        rp.UNTESTED: diagnose(Run(ranks={}, world_size=0)),
+        rp.Verdict.CLEAN: diagnose(make_run(*healthy_ddp())),
+        rp.Verdict.DIVERGED: diagnose(scenarios.checkpoint_barrier_on_rank0()),
+        rp.Verdict.CRASHED: diagnose(scenarios.seed003_crash()),
+        rp.Verdict.INCOMPLETE: diagnose(incomplete),
+        rp.Verdict.UNTESTED: diagnose(Run(ranks={}, world_size=0)),
     }
 
 
@@ -59,9 +59,9 @@ def test_every_output_tells_the_same_verdict(verdict: str, job: str, ci: bool) -
     if ci:
         # A CI step fails exactly when its reports say it failed.
         assert (code != EXIT_OK) == failed(report, view.info), (verdict, job, code)
-        if verdict in (rp.INCOMPLETE, rp.UNTESTED) and job == "exit 0":
+        if verdict in (rp.Verdict.INCOMPLETE, rp.Verdict.UNTESTED) and job == "exit 0":
             assert code == EXIT_UNTESTED
-    if verdict == rp.CLEAN and job == "exit 0":
+    if verdict == rp.Verdict.CLEAN and job == "exit 0":
         assert code == EXIT_OK
     if job == "hang":
         assert code == EXIT_HANG

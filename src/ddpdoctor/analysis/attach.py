@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import re
 
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis import source
-from ddpdoctor.analysis.finding import ERROR, Finding, RankDetail
+from ddpdoctor.analysis.finding import Finding, RankDetail, Severity
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
@@ -44,9 +43,10 @@ from ddpdoctor.trace.ddp_sites import BUCKET, USER
 from ddpdoctor.trace.snapshot import RankSnapshot, Snapshot
 
 _STATUS: dict[Where, RankStatus] = {
-    Where.WAITING: rs.HUNG, Where.INIT: rs.HUNG, Where.BUSY: rs.UNFINISHED,
-    Where.BLOCKED: rs.UNFINISHED, Where.ENDED: rs.FINISHED, Where.GONE: rs.MISSING,
-    Where.UNKNOWN: rs.MISSING}
+    Where.WAITING: RankStatus.HUNG, Where.INIT: RankStatus.HUNG,
+    Where.BUSY: RankStatus.UNFINISHED, Where.BLOCKED: RankStatus.UNFINISHED,
+    Where.ENDED: RankStatus.FINISHED, Where.GONE: RankStatus.MISSING,
+    Where.UNKNOWN: RankStatus.MISSING}
 _STATE = {Where.WAITING: "pending", Where.INIT: "pending", Where.BUSY: "running",
           Where.BLOCKED: "blocked", Where.ENDED: "finished", Where.GONE: "killed",
           Where.UNKNOWN: "no stack"}
@@ -92,15 +92,15 @@ def _verdict(findings: list[Finding], views: dict[int, RankView],
     live = [v for v in views.values() if v.where not in (Where.GONE, Where.ENDED)]
     if live and not absent and len(live) == len(views) and \
             all(v.where in (Where.BUSY, Where.BLOCKED) for v in live):
-        return rp.RUNNING
-    return rp.INCOMPLETE
+        return rp.Verdict.RUNNING
+    return rp.Verdict.INCOMPLETE
 
 
 def _summary(v: RankView, snap: RankSnapshot) -> RankSummary:
     status = _STATUS[v.where]
     error = _error(snap)
     if v.where in (Where.ENDED, Where.GONE) and error:
-        status = rs.EXCEPTION
+        status = RankStatus.EXCEPTION
     return RankSummary(rank=v.rank, status=status, last=_detail(v),
                        detail=error.text if error else v.note, hang_stack=v.stack)
 
@@ -259,7 +259,7 @@ def cause_finding(kind: fk, summary: str, ranks: dict[int, RankDetail], cause: s
                   group: str | None = None, seq: int | None = None) -> Finding:
     """An error finding with its known cause's fix as the advice (the post-mortem's too)."""
     known = catalog.get(cause)
-    return Finding(kind=kind, severity=ERROR, group=group, seq=seq, summary=summary,
+    return Finding(kind=kind, severity=Severity.ERROR, group=group, seq=seq, summary=summary,
                    ranks=dict(sorted(ranks.items())), cause=cause,
                    advice=known.fix if known else "", evidence=evidence or [], p2p=p2p)
 

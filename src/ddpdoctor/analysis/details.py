@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.finding import RankDetail
-from ddpdoctor.analysis.ranks import RankState, frame_sites
+from ddpdoctor.analysis.ranks import RankState, RankStatus, frame_sites
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, site_text
 from ddpdoctor.trace.basics import short_message
 from ddpdoctor.trace.model import Collective
@@ -36,26 +35,26 @@ def _progress_text(s: RankState) -> str:
 
 def where_text(state: RankState) -> str:
     """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
-    if state.status == rs.MISSING:
+    if state.status == RankStatus.MISSING:
         return "left no trace"
-    if state.status == rs.REMOTE:
+    if state.status == RankStatus.REMOTE:
         return "ran on another node (its log folder was not given)"
-    if state.status == rs.FINISHED and state.max_steps is not None:
+    if state.status == RankStatus.FINISHED and state.max_steps is not None:
         return stop_text(state)
-    if state.status == rs.FINISHED:
+    if state.status == RankStatus.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
         return f"finished its script{code} after {_progress_text(state)}"
-    if state.status == rs.EXCEPTION:
+    if state.status == RankStatus.EXCEPTION:
         at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
         return f"raised {state.crash_text}{at}"
     if state.torn_down:
         return blocked_text(state)
-    if state.short is not None and state.status not in (rs.EXCEPTION, rs.FAILED, rs.KILLED):
+    if state.short is not None and not state.status.crashed:
         return past_trace_text(state)
-    if state.status == rs.KILLED:
+    if state.status == RankStatus.KILLED:
         return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
             else state.crash_text
-    if state.status == rs.FAILED:
+    if state.status == RankStatus.FAILED:
         return f"{state.crash_text} during {phase_text(state)}"
     w = state.waiting
     if w is not None:
@@ -142,15 +141,15 @@ def stop_text(state: RankState, ranks: int = 1) -> str:
 def elsewhere_detail(state: RankState) -> RankDetail:
     """A rank that did not issue the collective in question: where it was instead."""
     d = RankDetail(rank=state.rank, iteration=state.iterations, note=where_text(state))
-    if state.status in (rs.MISSING, rs.REMOTE):
-        d.state = "no trace" if state.status == rs.MISSING else "other node"
+    if state.status in (RankStatus.MISSING, RankStatus.REMOTE):
+        d.state = "no trace" if state.status == RankStatus.MISSING else "other node"
         return d
-    if state.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED):
+    if state.status in (RankStatus.EXCEPTION, RankStatus.FAILED, RankStatus.KILLED):
         d.state = state.status
         d.site = state.crash_site
         return d
     where = state.where
-    if state.status == rs.FINISHED:
+    if state.status == RankStatus.FINISHED:
         d.state = "finished"  # no line: the rank is not anywhere in the script any more
         return d
     if state.waiting is not None:
@@ -172,7 +171,7 @@ def failed_in_detail(state: RankState) -> RankDetail | None:
     w = state.waiting
     if w is None:
         return None
-    if state.status == rs.EXCEPTION and state.comm_error:
+    if state.status == RankStatus.EXCEPTION and state.comm_error:
         how = f"failed with {state.crash_text}"
     elif state.torn_down:
         how = "the launcher terminated the rank (SIGTERM) after another rank failed"
@@ -189,10 +188,10 @@ def left_detail(state: RankState) -> RankDetail:
     if failed is not None:
         return failed
     where = state.where
-    if state.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED, rs.MISSING) or where is None:
+    if state.status.crashed or state.status == RankStatus.MISSING or where is None:
         return elsewhere_detail(state)
     d = collective_detail(where)
-    if state.status == rs.FINISHED:
+    if state.status == RankStatus.FINISHED:
         d.state = "finished"
         ended = "finished its script" if state.max_steps is None else \
             stop_text(state).replace("was stopped", "stopped")

@@ -19,8 +19,8 @@ from ddpdoctor.analysis.finding import MISMATCH_KINDS, Finding
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.findings import cycle_finding, divergence_finding, group_mismatch_finding
 from ddpdoctor.analysis.order import order
-from ddpdoctor.analysis.ranks import RankState, rank_states
-from ddpdoctor.analysis.report import CLEAN, INCOMPLETE, UNTESTED, RankSummary, Report, verdict_of
+from ddpdoctor.analysis.ranks import RankState, RankStatus, rank_states
+from ddpdoctor.analysis.report import RankSummary, Report, Verdict, verdict_of
 from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.rules import recognise
 from ddpdoctor.analysis.terms import describe, group_text, rank_list
@@ -99,8 +99,8 @@ def explain(findings: list[Finding], ctx: RuleContext) -> None:
         if not f.follow_on:
             words = {r: ctx.states[r].backend_words for r in f.ranks
                      if r in ctx.states and ctx.states[r].backend_words
-                     and ctx.states[r].status != rs.FINISHED}
-            killed = {r for r in words if ctx.states[r].status == rs.KILLED}
+                     and ctx.states[r].status != RankStatus.FINISHED}
+            killed = {r for r in words if ctx.states[r].status == RankStatus.KILLED}
             f.evidence = f.evidence + backend_words.evidence(words, killed)
     root = findings[0] if findings else None
     for f in findings[1:]:
@@ -119,13 +119,13 @@ def _notes(run: Run, states: dict[int, RankState], alignment: Alignment) -> list
         notes.append("the job is still running: a `ddpdoctor run` holds this log folder, and "
                      "what is shown is where each rank had got; its diagnosis comes when the "
                      "job ends (or, for a job that hangs, when ddpdoctor stops it)")
-    remote = [r for r, s in states.items() if s.status == rs.REMOTE]
+    remote = [r for r, s in states.items() if s.status == RankStatus.REMOTE]
     if remote:
         notes.append(f"{rank_list(remote)} ran on other nodes of this {run.nnodes}-node job; "
                      f"this report covers the ranks here: `ddpdoctor diff` with every node's "
                      f"log folder compares them all")
     for r, s in states.items():
-        if s.status == rs.MISSING:
+        if s.status == RankStatus.MISSING:
             notes.append(f"rank {r}: no trace file: the rank never started, or its node's "
                          f"log folder was not given")
         elif s.trace is not None:
@@ -159,7 +159,7 @@ def _notes(run: Run, states: dict[int, RankState], alignment: Alignment) -> list
         if s.unrecorded_call:
             notes.append(f"rank {r}: at the hang its main thread was inside "
                          f"{s.unrecorded_call}, which the trace does not record")
-    interrupted = [r for r, s in states.items() if s.status == rs.INTERRUPTED]
+    interrupted = [r for r, s in states.items() if s.status == RankStatus.INTERRUPTED]
     if interrupted:
         notes.append(f"the run was interrupted (Ctrl-C, or the job was stopped) while "
                      f"{rank_list(interrupted)} still ran: what they were doing then is no "
@@ -197,19 +197,19 @@ def diagnose(run: Run) -> Report:
             states[r].cut, states[r].short, states[r].pending = True, short, []
     # Findings that rest on records a cut trace, a damaged one (a lost line may have been a
     # collective, or a run of them), or another node's folder does not hold.
-    cut = {r for r, s in states.items() if s.cut or s.status == rs.REMOTE
+    cut = {r for r, s in states.items() if s.cut or s.status == RankStatus.REMOTE
            or (s.trace is not None and s.trace.damaged_lines)}
     found = [f for f in collect_findings(run, alignment, states)
              if not (cut and _beyond_cut(f, cut))]
-    if any(s.status == rs.INTERRUPTED for s in states.values()):
+    if any(s.status == RankStatus.INTERRUPTED for s in states.values()):
         # Stopped by the user mid-step: ranks waiting for one another then is no finding;
         # only what can never match (another op, shape, ... at one position) still is.
         found = [f for f in found if f.kind in INTERRUPT_PROOF]
     findings = order(found, states)
     explain(findings, RuleContext(run, alignment, states))
     verdict = verdict_of(findings, states, run.world_size)
-    if run.damaged and verdict == CLEAN:
-        verdict = INCOMPLETE  # what was left out may have held what diverged
+    if run.damaged and verdict == Verdict.CLEAN:
+        verdict = Verdict.INCOMPLETE  # what was left out may have held what diverged
     return Report(verdict=verdict,
                   world_size=run.world_size,
                   ranks=[RankSummary.of(s) for s in states.values()], findings=findings,
@@ -226,9 +226,9 @@ def diagnose_rounds(runs: list[Run]) -> Report:
     # A round the script ran with one rank (PyTorch's DDP tutorial sizes its model-parallel
     # round n_gpus // 2, which is 1 of --cpu's 2 devices) could not diverge: it decides
     # nothing while another round was compared.
-    lone = [i for i, r in enumerate(reports) if r.verdict == UNTESTED and r.world_size <= 1]
+    lone = [i for i, r in enumerate(reports) if r.verdict == Verdict.UNTESTED and r.world_size <= 1]
     compared = [i for i in range(len(reports)) if i not in lone] or list(range(len(reports)))
-    shown = next((i for i in compared if reports[i].verdict != CLEAN), compared[-1])
+    shown = next((i for i in compared if reports[i].verdict != Verdict.CLEAN), compared[-1])
     report = reports[shown]
     others = ", ".join(f"round {i + 1} {r.verdict}" for i, r in enumerate(reports) if i != shown)
     report.notes.insert(0, f"the script made its process group {len(reports)} times (rounds: "

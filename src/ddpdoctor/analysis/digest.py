@@ -31,7 +31,6 @@ from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from ddpdoctor.analysis.hang_rules import (
-    RUNNING,
     Decision,
     Idle,
     RankProgress,
@@ -40,6 +39,7 @@ from ddpdoctor.analysis.hang_rules import (
     view_of,
 )
 from ddpdoctor.analysis.signature import match_key
+from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import Collective
 from ddpdoctor.trace.records import is_p2p
 from ddpdoctor.trace.schema import Stop
@@ -124,7 +124,7 @@ def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
     """The digest of one node's own ranks (``RankProgress`` as the launcher's monitor reads
     them from the ranks' progress blocks); its counts are the node's :class:`WorldView`."""
     view = view_of(dict(ranks), {}, now)
-    live = [p for p in ranks.values() if p.status == RUNNING]
+    live = [p for p in ranks.values() if p.status == schema.RUNNING]
     pending: dict[tuple[str, int, str], PendingEntry] = {}
     issued: dict[str, list[int]] = {}
     for p in live:
@@ -150,7 +150,7 @@ def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
         "pending": _bounded(list(pending.values())),
         "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
         "ended": sorted([p.rank, p.status] for p in ranks.values()
-                        if p.status != RUNNING)[:MAX_ENDED],
+                        if p.status != schema.RUNNING)[:MAX_ENDED],
     }
 
 

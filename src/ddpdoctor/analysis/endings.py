@@ -17,9 +17,9 @@ from ddpdoctor.analysis.details import (
     stop_text,
     where_text,
 )
-from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
+from ddpdoctor.analysis.finding import Finding, RankDetail, Severity
 from ddpdoctor.analysis.finding import FindingKind as fk
-from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.ranks import RankState, RankStatus
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, rank_list, site_text
 from ddpdoctor.trace.basics import call_name
 from ddpdoctor.trace.index import index_of
@@ -30,10 +30,11 @@ from ddpdoctor.trace.schema import Stop
 def _primary_crashes(states: dict[int, RankState]) -> set[int]:
     """Ranks whose crash is a cause rather than a consequence."""
     raised = {r for r, s in states.items()
-              if (s.status == rs.EXCEPTION and not s.comm_error) or s.status == rs.FAILED}
+              if (s.status == RankStatus.EXCEPTION and not s.comm_error)
+              or s.status == RankStatus.FAILED}
     if raised:
         return raised
-    killed = {r for r, s in states.items() if s.status == rs.KILLED and not s.torn_down}
+    killed = {r for r, s in states.items() if s.status == RankStatus.KILLED and not s.torn_down}
     if killed:
         # After one rank dies, torchrun stops the others with SIGTERM (then SIGKILL).
         not_term = {r for r in killed if states[r].exit_code not in (rs.SIGTERM_CODE, None)}
@@ -44,7 +45,7 @@ def _primary_crashes(states: dict[int, RankState]) -> set[int]:
     # rank, which everyone waited for, is (the missing collective names it).
     if _waited_for_torn_down(states):
         return set()
-    return {r for r, s in states.items() if s.status == rs.EXCEPTION}
+    return {r for r, s in states.items() if s.status == RankStatus.EXCEPTION}
 
 
 def _waited_for_torn_down(states: dict[int, RankState]) -> bool:
@@ -53,7 +54,7 @@ def _waited_for_torn_down(states: dict[int, RankState]) -> bool:
     torn = [s for s in states.values() if s.torn_down]
     for s in states.values():
         w = s.waiting
-        if s.status != rs.EXCEPTION or w is None or w.seq is None:
+        if s.status != RankStatus.EXCEPTION or w is None or w.seq is None:
             continue
         for t in torn:
             if t.trace is None:
@@ -70,10 +71,10 @@ def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:
         if r in crashed:
             continue
         w = s.waiting
-        if w is not None and s.status != rs.FINISHED and (s.status != rs.EXCEPTION
+        if w is not None and s.status != RankStatus.FINISHED and (s.status != RankStatus.EXCEPTION
                                                            or s.comm_error):
             text = f"in {describe(w)} at {site_text(w.site)}"
-            if s.status == rs.EXCEPTION:
+            if s.status == RankStatus.EXCEPTION:
                 text += f" (it then failed with {s.crash_text})"
         else:
             text = where_text(s)
@@ -90,10 +91,10 @@ def _crash_head(ranks: list[int], s: RankState) -> str:
     """'Rank 1 raised ValueError: boom at train.py:8 in main() during iteration 2'."""
     who = rank_list(ranks).capitalize()
     it = phase_text(s) if len(ranks) == 1 else "their runs"
-    if s.status == rs.EXCEPTION:
+    if s.status == RankStatus.EXCEPTION:
         at = f" at {site_text(s.crash_site)}" if s.crash_site else ""
         return f"{who} raised {s.crash_text}{at} during {it}"
-    if s.status == rs.FAILED:
+    if s.status == RankStatus.FAILED:
         at = f" (last collective at {site_text(s.crash_site)})" if s.crash_site else ""
         return f"{who} {s.crash_text}{at} during {it}"
     return f"{who} {where_text(s) if len(ranks) == 1 else 'were ' + s.crash_text} during {it}"
@@ -102,7 +103,7 @@ def _crash_head(ranks: list[int], s: RankState) -> str:
 def _crash_kind(s: RankState) -> tuple:
     """Crashes that read the same: same ending, same exception type (or signal), same line."""
     exc_type = s.crash_text.split(":", 1)[0]
-    return (s.status, exc_type if s.status == rs.EXCEPTION else s.exit_code, s.crash_site)
+    return (s.status, exc_type if s.status == RankStatus.EXCEPTION else s.exit_code, s.crash_site)
 
 
 def crash_findings(states: dict[int, RankState]) -> list[Finding]:
@@ -132,13 +133,13 @@ def crash_findings(states: dict[int, RankState]) -> list[Finding]:
         for r in ranks:
             s = states[r]
             details[r] = failed_in_detail(s) or elsewhere_detail(s)
-            if s.status == rs.EXCEPTION and not s.comm_error:
+            if s.status == RankStatus.EXCEPTION and not s.comm_error:
                 details[r].note = s.crash_text
         if not follow_on:
             for r, other in states.items():
                 if r not in details:
                     details[r] = left_detail(other)
-        out.append(Finding(fk.RANK_CRASHED, ERROR, where.group if where else None,
+        out.append(Finding(fk.RANK_CRASHED, Severity.ERROR, where.group if where else None,
                            where.seq if where else None, summary, dict(sorted(details.items())),
                            follow_on=follow_on, t=min(states[r].end_t for r in ranks)))
     return out
@@ -154,13 +155,13 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
     members: dict[str, set[int]] = {}  # per group, as a set (16,384 ranks: not a list)
     for other, o in states.items():
         w = o.waiting
-        if o.status != rs.FINISHED and w is not None and w.seq is not None:
+        if o.status != RankStatus.FINISHED and w is not None and w.seq is not None:
             waits.append((other, w, w.seq))
             g = alignment.groups.get(w.group)
             if g is not None and w.group not in members:
                 members[w.group] = set(g.members)
     for rank, s in sorted(states.items()):
-        if s.status != rs.FINISHED:
+        if s.status != RankStatus.FINISHED:
             continue
         found = False
         for other, w, seq in waits:
@@ -187,7 +188,7 @@ def exited_early_findings(alignment: Alignment, states: dict[int, RankState]) ->
                f"{rank_list(waiting)} still {'waits' if len(waiting) == 1 else 'wait'} in "
                f"{describe(w0)} ({group_text(w0.group)}, #{w0.seq}) at {site_text(w0.site)}.")
     details = {r: left_detail(states[r]) for r in early + waiting}
-    return [Finding(fk.RANK_EXITED_EARLY, ERROR, w0.group, w0.seq, summary,
+    return [Finding(fk.RANK_EXITED_EARLY, Severity.ERROR, w0.group, w0.seq, summary,
                     dict(sorted(details.items())), t=min(states[r].end_t for r in early))]
 
 
@@ -203,8 +204,9 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     own = [r for r in ranks if states[r].exit_code != rs.SIGTERM_CODE] or ranks
     stopped = [r for r in ranks if r not in own]
     # (Where a rank also raised or failed, that is what the launcher acted on: crash_findings.)
-    cut = [] if any(s.status in (rs.EXCEPTION, rs.FAILED) for s in states.values()) else \
-        [r for r, s in sorted(states.items()) if s.torn_down and s.status == rs.KILLED]
+    cut = [] if any(s.status in (RankStatus.EXCEPTION, RankStatus.FAILED)
+                    for s in states.values()) else \
+        [r for r, s in sorted(states.items()) if s.torn_down and s.status == RankStatus.KILLED]
     one = len(own) == 1
     how = " or ".join(dict.fromkeys(states[r].crash_text.split(" after ")[0] for r in own))
     summary = (f"{rank_list(own).capitalize()} finished {'its script' if one else 'their scripts'}"
@@ -218,11 +220,12 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
         summary += (f"; the launcher then stopped {rank_list(cut)} with SIGTERM during "
                     f"{phase_text(states[cut[0]])}, before {it} finished: what {it} had left "
                     f"to do did not run.")
-    elif all(s.status in (rs.FINISHED, rs.REMOTE) for s in states.values()):
+    elif all(s.status in (RankStatus.FINISHED, RankStatus.REMOTE) for s in states.values()):
         summary += "; the results are complete."
     else:
         summary += "."
-    return [Finding(fk.TEARDOWN_ABORT, ERROR if cut else WARNING, None, None, summary,
+    return [Finding(fk.TEARDOWN_ABORT, Severity.ERROR if cut else Severity.WARNING, None, None,
+                    summary,
                     {r: left_detail(states[r]) for r in ranks + cut},
                     t=min(states[r].end_t for r in ranks))]
 
@@ -233,7 +236,7 @@ def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
     if run.stop != Stop.STUCK:
         return []
     # A rank that never reached init_process_group is init_findings' case.
-    stuck = [r for r, s in sorted(states.items()) if s.status == rs.HUNG and not s.pending
+    stuck = [r for r, s in sorted(states.items()) if s.status == RankStatus.HUNG and not s.pending
              and (s.collectives or (s.trace is not None and s.trace.init == "completed"))]
     if not stuck:
         return []
@@ -254,7 +257,7 @@ def stuck_findings(run: Run, states: dict[int, RankState]) -> list[Finding]:
                                     stack=stack)
         else:
             details[r] = left_detail(s)
-    return [Finding(fk.RANK_STUCK, ERROR, None, None, summary, details,
+    return [Finding(fk.RANK_STUCK, Severity.ERROR, None, None, summary, details,
                     t=0.0)]
 
 
@@ -280,7 +283,7 @@ def init_findings(states: dict[int, RankState]) -> list[Finding]:
 
     waiting = [r for r, s in sorted(states.items()) if init_of(s) == "pending"]
     absent = [r for r, s in sorted(states.items())
-              if init_of(s) is None and not s.collectives and s.status != rs.FINISHED]
+              if init_of(s) is None and not s.collectives and s.status != RankStatus.FINISHED]
     if not waiting or not absent:
         return []
     details: dict[int, RankDetail] = {}
@@ -297,4 +300,4 @@ def init_findings(states: dict[int, RankState]) -> list[Finding]:
     at = f" (it was at {site_text(details[late].site)})" if details[late].site else ""
     summary = (f"{rank_list(waiting).capitalize()} waited in init_process_group for "
                f"{rank_list(absent)}, which never reached it{at}.")
-    return [Finding(fk.INIT_INCOMPLETE, ERROR, None, None, summary, details)]
+    return [Finding(fk.INIT_INCOMPLETE, Severity.ERROR, None, None, summary, details)]

@@ -9,21 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Final, Literal
 
 from ddpdoctor.trace.model import Collective, Site
+from ddpdoctor.trace.words import Word
 
 
-class FindingKind(str, Enum):
-    """What a finding is about; its value is the ``kind`` every report shows. (A str and an
-    Enum, printed as its value: ``enum.StrEnum`` is Python 3.11's, and 3.10 is supported.)"""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
+class FindingKind(Word):
+    """What a finding is about; its value is the ``kind`` every report shows."""
 
     OP_MISMATCH = "op_mismatch"
     SHAPE_MISMATCH = "shape_mismatch"
@@ -51,9 +43,12 @@ MISMATCH_KINDS = (FindingKind.OP_MISMATCH, FindingKind.SHAPE_MISMATCH,
 POSITION_KINDS = MISMATCH_KINDS + (FindingKind.MISSING_COLLECTIVE,
                                    FindingKind.CALLSITE_DIVERGENCE)
 
-Severity = Literal["error", "warning"]
-ERROR: Final = "error"
-WARNING: Final = "warning"
+class Severity(Word):
+    """How bad a finding is: an error fails a run, a warning is shown."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
 
 
 @dataclass
@@ -108,7 +103,7 @@ class Finding:
 
     @property
     def is_error(self) -> bool:
-        return self.severity == ERROR
+        return self.severity == Severity.ERROR
 
     def issued(self) -> dict[int, RankDetail]:
         """The ranks that issued the finding's collective (their detail has an op)."""

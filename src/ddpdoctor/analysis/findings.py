@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from ddpdoctor.analysis.align import Alignment, Divergence, GroupAlignment
 from ddpdoctor.analysis.details import collective_detail, elsewhere_detail, where_text
-from ddpdoctor.analysis.finding import ERROR, WARNING, Finding, RankDetail
+from ddpdoctor.analysis.finding import Finding, RankDetail, Severity
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState
-from ddpdoctor.analysis.signature import LABEL, path_key
+from ddpdoctor.analysis.signature import LABEL, match_key, path_key
 from ddpdoctor.analysis.splits import disagreements
 from ddpdoctor.analysis.terms import describe, group_text, op_text, rank_list, site_text
 from ddpdoctor.analysis.waits import Wait
@@ -37,13 +37,13 @@ def _position_text(d: Divergence, members: list[int]) -> str:
 
 
 def _partitions(d: Divergence) -> list[tuple[list[int], Collective]]:
-    """Ranks that issued the same thing (op, tensors, root, label, line), largest first."""
+    """Ranks that issued the same thing, largest first: the same match key, label and line,
+    and the same shapes (printed for each part, even where they need not match)."""
     parts: dict[tuple, tuple[list[int], Collective]] = {}
     for r, c in d.at.items():
         if c is None:
             continue
-        key = (c.op, str(c.shapes), str(c.dtypes), c.reduce_op, c.root, c.label,
-               str(path_key(c) or c.site))
+        key = (match_key(c), str(c.shapes), c.label, str(path_key(c) or c.site))
         parts.setdefault(key, ([], c))[0].append(r)
     return sorted(parts.values(), key=lambda p: (-len(p[0]), p[0][0]))
 
@@ -82,7 +82,7 @@ def _mismatch(d: Divergence, g: GroupAlignment | None, states: dict[int, RankSta
     absent = _absent_text(d, states)
     if absent:
         summary += f"; {absent}"
-    return Finding(d.kind, ERROR, d.group, d.seq, summary + ".", _details(d, states),
+    return Finding(d.kind, Severity.ERROR, d.group, d.seq, summary + ".", _details(d, states),
                    p2p=d.p2p, t=d.t)
 
 
@@ -101,7 +101,8 @@ def _missing(d: Divergence, g: GroupAlignment | None, states: dict[int, RankStat
         summary = (f"{rank_list(issued)} {verb} {describe(c)} ({op_text(c)}) at "
                    f"{site_text(c.site)}, {_position_text(d, members)}, which "
                    f"{rank_list(d.absent)} never issued: {_absent_text(d, states)}.")
-    return Finding(fk.MISSING_COLLECTIVE, ERROR, d.group, d.seq, summary, _details(d, states),
+    return Finding(fk.MISSING_COLLECTIVE, Severity.ERROR, d.group, d.seq, summary,
+                   _details(d, states),
                    p2p=d.p2p, t=d.t)
 
 
@@ -133,7 +134,8 @@ def _callsite(d: Divergence, g: GroupAlignment | None,
     shown = "; ".join(texts)
     summary = (f"{_position_text(d, members).capitalize()} matched in op and shape "
                f"({op_text(parts[0][1])}), but the ranks issued it {why}: {shown}.")
-    return Finding(fk.CALLSITE_DIVERGENCE, WARNING, d.group, d.seq, summary, _details(d, states),
+    return Finding(fk.CALLSITE_DIVERGENCE, Severity.WARNING, d.group, d.seq, summary,
+                   _details(d, states),
                    t=d.t)
 
 
@@ -164,7 +166,7 @@ def _split(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]
     for r, at in d.at.items():
         if at is not None:
             details[r].note = _amounts(at)
-    return Finding(fk.SPLIT_MISMATCH, ERROR, d.group, d.seq, summary, details, t=d.t)
+    return Finding(fk.SPLIT_MISMATCH, Severity.ERROR, d.group, d.seq, summary, details, t=d.t)
 
 
 def _tag(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]) -> Finding:
@@ -176,7 +178,8 @@ def _tag(d: Divergence, g: GroupAlignment | None, states: dict[int, RankState]) 
                f"send of the same tag.")
     details = _details(d, states)
     details[src].note, details[dst].note = f"tag {s.tag or 0}", f"tag {r.tag or 0}"
-    return Finding(fk.TAG_MISMATCH, ERROR, d.group, None, summary, details, p2p=True, t=d.t)
+    return Finding(fk.TAG_MISMATCH, Severity.ERROR, d.group, None, summary, details, p2p=True,
+                   t=d.t)
 
 
 def divergence_finding(d: Divergence, alignment: Alignment,
@@ -217,7 +220,7 @@ def group_mismatch_finding(g: GroupAlignment, states: dict[int, RankState]) -> F
             t = min(t, first.t)
         elif r in states:
             details[r] = elsewhere_detail(states[r])
-    return Finding(fk.GROUP_MISMATCH, ERROR, g.name, None, summary, details, t=t)
+    return Finding(fk.GROUP_MISMATCH, Severity.ERROR, g.name, None, summary, details, t=t)
 
 
 def cycle_finding(cycle: list[Wait], alignment: Alignment) -> Finding:
@@ -236,5 +239,5 @@ def cycle_finding(cycle: list[Wait], alignment: Alignment) -> Finding:
         f"inside {group_text(groups[0], alignment.members(groups[0]))}"
     summary = f"Deadlock {where}: " + "; ".join(steps) + "."
     first = cycle[0].collective
-    return Finding(fk.WAIT_CYCLE, ERROR, first.group, first.seq, summary, dict(sorted(
+    return Finding(fk.WAIT_CYCLE, Severity.ERROR, first.group, first.seq, summary, dict(sorted(
         details.items())), t=max(w.collective.t for w in cycle))

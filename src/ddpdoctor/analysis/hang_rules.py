@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ddpdoctor.analysis.signature import hard_difference
+from ddpdoctor.trace import schema
 from ddpdoctor.trace.model import Collective
 from ddpdoctor.trace.records import is_p2p
 from ddpdoctor.trace.schema import Stop
@@ -43,7 +44,6 @@ STILL_IO = 16 * 1024  # bytes/s of reads and writes below which it is idle (a do
 # CPU share of the rank's whole process tree (its threads, ddpdoctor's included, and child
 # processes) below which it is idle: ddpdoctor's own threads use well under 1 %.
 STILL_TREE_CPU = 0.05
-RUNNING = "running"
 
 
 @dataclass
@@ -67,7 +67,7 @@ class RankProgress:
     last_op: str = ""
     last_progress: float = 0.0
     last_issue: float = 0.0  # when the launcher saw the last collective issued
-    status: str = RUNNING  # running | finished | exception | failed | max_steps
+    status: str = schema.RUNNING  # running | finished | exception | failed | max_steps
     activity: dict | None = None  # the last activity record (the rank outside collectives)
     cpu_rate: float | None = None  # main-thread CPU share between the last two activities
     still_since: float | None = None  # the activity's place and CPU unchanged since then
@@ -88,7 +88,7 @@ class RankProgress:
     def waiting(self) -> bool:
         """In a collective: one pending and the main thread not known to be computing. A rank
         whose trace is cut is never known to wait, so no hang is declared while it runs."""
-        if not self.pending or self.status != RUNNING or self.cut:
+        if not self.pending or self.status != schema.RUNNING or self.cut:
             return False
         return self.fresh_activity() is None or self.cpu_rate is None or \
             self.cpu_rate < BUSY_CPU
@@ -97,7 +97,7 @@ class RankProgress:
     def idle(self) -> bool:
         """Running, with nothing pending, outside torch.distributed, and still at one place
         (no CPU, no I/O) since :attr:`still_since`."""
-        return self.status == RUNNING and not self.pending and not self.hole and \
+        return self.status == schema.RUNNING and not self.pending and not self.hole and \
             self.still_since is not None
 
     @property
@@ -171,7 +171,7 @@ def view_of(ranks: dict[int, RankProgress], members: dict[str, list[int]],
             now: float) -> WorldView:
     """The view of one node's ranks. ``members``: group -> its ranks (the world when a group
     is not listed)."""
-    live = [p for p in ranks.values() if p.status == RUNNING]
+    live = [p for p in ranks.values() if p.status == schema.RUNNING]
     waiting = [p for p in live if p.waiting]
     blocked = [p for p in live if p.blocked]
     idle = [p for p in live if p.idle]
@@ -254,7 +254,7 @@ def _blocked(ranks: dict[int, RankProgress], group: list[int], p: RankProgress,
         if q == p.rank:
             continue
         peer = ranks.get(q)
-        if peer is None or peer.status != RUNNING:
+        if peer is None or peer.status != schema.RUNNING:
             # A peer that ended: the backend fails the collective by itself (gloo: the
             # connection closes), else the timeout rule applies.
             return False

@@ -24,10 +24,9 @@ Rules, in order:
 
 from __future__ import annotations
 
-from ddpdoctor.analysis import ranks as rs
-from ddpdoctor.analysis.finding import ERROR, MISMATCH_KINDS, POSITION_KINDS, Finding
+from ddpdoctor.analysis.finding import MISMATCH_KINDS, POSITION_KINDS, Finding, Severity
 from ddpdoctor.analysis.finding import FindingKind as fk
-from ddpdoctor.analysis.ranks import RankState
+from ddpdoctor.analysis.ranks import RankState, RankStatus
 
 _KIND_ORDER = {kind: i for i, kind in enumerate(
     (fk.WAIT_CYCLE, fk.GROUP_MISMATCH) + MISMATCH_KINDS
@@ -37,9 +36,9 @@ _KIND_ORDER = {kind: i for i, kind in enumerate(
 
 def _blocked_elsewhere(state: RankState, group: str | None, seq: int | None) -> bool:
     w = state.waiting
-    if w is None or state.status == rs.FINISHED:
+    if w is None or state.status == RankStatus.FINISHED:
         return False
-    if state.status == rs.EXCEPTION and not state.comm_error:
+    if state.status == RankStatus.EXCEPTION and not state.comm_error:
         return False
     return (w.group, w.seq) != (group, seq)
 
@@ -83,7 +82,7 @@ def order(findings: list[Finding], states: dict[int, RankState]) -> list[Finding
                 if f.kind == fk.CALLSITE_DIVERGENCE and _callsite_is_root(f, findings)}
     for f in findings:
         if id(f) in promoted:
-            f.severity = ERROR
+            f.severity = Severity.ERROR
 
     def key(f: Finding) -> tuple:
         competes = f.is_error or id(f) in promoted

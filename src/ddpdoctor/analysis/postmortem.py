@@ -28,6 +28,7 @@ from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.attach import cause_finding
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
+from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.analysis.terms import rank_list
 from ddpdoctor.analysis.tracebacks import RaisedError, last_error, own_lines, prefixed_ranks
@@ -95,15 +96,15 @@ def diagnose_logs(logs: list[LogFile]) -> Report:
     if not ranks:
         notes.insert(0, "no rank's lines were found in these logs ([rankN]: prefixes, or "
                         "torchrun's attempt_N/<rank>/ files)")
-    verdict = rp.verdict_of(findings, {}) if findings else rp.INCOMPLETE
+    verdict = rp.verdict_of(findings, {}) if findings else rp.Verdict.INCOMPLETE
     return Report(verdict=verdict, world_size=max(ranks, default=-1) + 1, ranks=summaries,
                   findings=findings, notes=notes)
 
 
 def _status(r: RankLog) -> rs.RankStatus:
     if r.error is not None:
-        return rs.EXCEPTION
-    return rs.HUNG if r.timeouts or r.gloo_timeout else rs.UNFINISHED
+        return RankStatus.EXCEPTION
+    return RankStatus.HUNG if r.timeouts or r.gloo_timeout else RankStatus.UNFINISHED
 
 
 def _waited(r: RankLog) -> str:

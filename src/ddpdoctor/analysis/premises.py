@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.finding import Finding, RankDetail
+from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.trace import ops
@@ -190,7 +190,7 @@ def _own_failure(f: Finding, ctx: RuleContext) -> bool:
     the launcher's teardown) while some rank left no trace here (its file missing, or on a
     node whose folder was not given): the failure that came first is then not on record."""
     states = ctx.states
-    if not any(s.status in (rs.MISSING, rs.REMOTE) for s in states.values()):
+    if not any(s.status in (RankStatus.MISSING, RankStatus.REMOTE) for s in states.values()):
         return True
     crashed = [states[r] for r in f.ranks if r in states and states[r].crashed]
     return not crashed or any(not (s.comm_error or s.torn_down) for s in crashed)

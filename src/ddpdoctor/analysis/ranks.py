@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Final, Literal
 
 from ddpdoctor.analysis.backend_words import explaining_lines
 from ddpdoctor.analysis.peer_proof import Shortfall
@@ -28,18 +27,27 @@ from ddpdoctor.trace.model import (
     is_internal_file,
     site_from,
 )
+from ddpdoctor.trace.words import Word
 
-FINISHED: Final = "finished"
-EXCEPTION: Final = "exception"
-FAILED: Final = "failed"  # sys.exit() with a non-zero code
-KILLED: Final = "killed"
-HUNG: Final = "hung"
-UNFINISHED: Final = "unfinished"
-MISSING: Final = "missing"
-REMOTE: Final = "remote"  # no trace here, in a job of several nodes: its folder was not given
-INTERRUPTED: Final = "interrupted"  # Ctrl-C (KeyboardInterrupt, SIGINT) or ddpdoctor stopped
-RankStatus = Literal["finished", "exception", "failed", "killed", "hung", "unfinished",
-                     "missing", "remote", "interrupted"]
+
+class RankStatus(Word):
+    """How a rank ended, as every report shows it."""
+
+    FINISHED = "finished"
+    EXCEPTION = "exception"
+    FAILED = "failed"  # sys.exit() with a non-zero code
+    KILLED = "killed"
+    HUNG = "hung"
+    UNFINISHED = "unfinished"
+    MISSING = "missing"
+    REMOTE = "remote"  # no trace here, in a job of several nodes: its folder was not given
+    INTERRUPTED = "interrupted"  # Ctrl-C (KeyboardInterrupt, SIGINT) or ddpdoctor stopped
+
+    @property
+    def crashed(self) -> bool:
+        """The rank ended by its own failure: it raised, exited non-zero or was killed."""
+        return self in (RankStatus.EXCEPTION, RankStatus.FAILED, RankStatus.KILLED)
+
 
 PENDING_WINDOW = 1024
 
@@ -85,7 +93,7 @@ class RankState:
 
     @property
     def crashed(self) -> bool:
-        return self.status in (EXCEPTION, FAILED, KILLED)
+        return self.status.crashed
 
     @property
     def where(self) -> Collective | None:
@@ -171,13 +179,13 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
     """Judge one rank; ``user_files`` helps find the user's line in an exception."""
     code = run.exit_codes.get(rank)
     if trace is None and run.nnodes > 1:
-        return RankState(rank, None, REMOTE, exit_code=code,
+        return RankState(rank, None, RankStatus.REMOTE, exit_code=code,
                          crash_text="on another node (its log folder was not given)")
     if trace is None:
-        return RankState(rank, None, MISSING, exit_code=code,
+        return RankState(rank, None, RankStatus.MISSING, exit_code=code,
                          crash_text="no trace (the rank never started, or its file is missing)")
     colls = trace.collectives
-    state = RankState(rank, trace, UNFINISHED, exit_code=code, collectives=len(colls),
+    state = RankState(rank, trace, RankStatus.UNFINISHED, exit_code=code, collectives=len(colls),
                       cut=trace.cut)
     if trace.stderr_tail:
         state.backend_words = explaining_lines(trace.stderr_tail)
@@ -204,7 +212,7 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         # the end of its trace (a full disk, a size limit).
         state.cut = True
     if trace.finished or state.max_steps is not None or (state.cut and code == 0):
-        state.status = FINISHED
+        state.status = RankStatus.FINISHED
         state.teardown_abort = code is not None and code < 0
         if state.teardown_abort and code is not None:
             state.crash_text = (f"{signal_name(code)} (exit code {code}) after its script "
@@ -226,10 +234,10 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         return state
     if run.interrupted or code == -2 or \
             (trace.exception or {}).get("type") == "KeyboardInterrupt":
-        state.status = INTERRUPTED  # the user stopped the job: no rank crashed
+        state.status = RankStatus.INTERRUPTED  # the user stopped the job: no rank crashed
     elif trace.exception:
         exc = trace.exception
-        state.status = EXCEPTION
+        state.status = RankStatus.EXCEPTION
         state.comm_error = is_comm_error(exc)
         frames = exc.get("frames") or []
         files = user_files if user_files is not None else set()
@@ -239,22 +247,22 @@ def rank_state(trace: RankTrace | None, rank: int, run: Run,
         if isinstance(exc.get("iteration"), int):
             state.iterations = max(state.iterations, exc["iteration"])
     elif exit_status == schema.EXIT_FAILED:
-        state.status = FAILED
+        state.status = RankStatus.FAILED
         exit_code = (trace.exit or {}).get("code") or code
         call = "os._exit" if (trace.exit or {}).get("os_exit") else "sys.exit"
         state.crash_text = f"called {call}({exit_code})"
         state.end_t = float((trace.exit or {}).get("t", state.end_t) or state.end_t)
     elif run.stopped_for_hang:
-        state.status = HUNG
+        state.status = RankStatus.HUNG
     elif code is not None and code != 0:
-        state.status = KILLED
+        state.status = RankStatus.KILLED
         if code < 0:
             state.crash_text = f"killed by {signal_name(code)} (exit code {code})"
         else:
             state.crash_text = (f"exited with code {code} without a Python exception "
                                 f"(os._exit, or a fatal error in native code)")
     elif trace.hang or state.pending:
-        state.status = HUNG
+        state.status = RankStatus.HUNG
     if state.crash_site is None and state.crashed:
         where = state.where
         state.crash_site = where.site if where else None
@@ -316,9 +324,9 @@ SIGTERM_CODE = -15  # a process ended by SIGTERM (the launcher's stop of a faile
 def _failed_first(s: RankState) -> bool:
     """A rank whose failure came while its peers were still alive: an error of its own, an
     abort in teardown, or a collective timeout (its peer was alive and not issuing)."""
-    if s.status == FAILED or (s.teardown_abort and s.exit_code != SIGTERM_CODE):
+    if s.status == RankStatus.FAILED or (s.teardown_abort and s.exit_code != SIGTERM_CODE):
         return True  # (a rank that aborts in teardown ends first: torchrun stops the others)
-    if s.status != EXCEPTION or s.trace is None:
+    if s.status != RankStatus.EXCEPTION or s.trace is None:
         return False
     return not s.comm_error or bool(_TIMEOUT_TEXT.search(str((s.trace.exception or {})
                                                              .get("message", ""))))
@@ -330,5 +338,5 @@ def _mark_torn_down(states: dict[int, RankState]) -> None:
     if not any(_failed_first(s) for s in states.values()):
         return
     for s in states.values():
-        if s.status == KILLED and s.exit_code == SIGTERM_CODE:
+        if s.status == RankStatus.KILLED and s.exit_code == SIGTERM_CODE:
             s.torn_down = True

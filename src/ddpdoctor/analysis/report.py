@@ -3,31 +3,34 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Final, Literal
 
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.details import left_detail
 from ddpdoctor.analysis.finding import Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
 from ddpdoctor.analysis.ranks import RankState, RankStatus
 from ddpdoctor.trace.model import Site
+from ddpdoctor.trace.words import Word
 
-CLEAN: Final = "clean"
-DIVERGED: Final = "diverged"
-CRASHED: Final = "crashed"
-INCOMPLETE: Final = "incomplete"
-UNTESTED: Final = "untested"
-RUNNING: Final = "running"  # ddpdoctor attach: every rank seen outside collectives
-Verdict = Literal["clean", "diverged", "crashed", "incomplete", "untested", "running"]
-VERDICTS = (CLEAN, DIVERGED, CRASHED, INCOMPLETE, UNTESTED, RUNNING)
+
+class Verdict(Word):
+    """The one word a report opens with."""
+
+    CLEAN = "clean"
+    DIVERGED = "diverged"
+    CRASHED = "crashed"
+    INCOMPLETE = "incomplete"
+    UNTESTED = "untested"
+    RUNNING = "running"  # ddpdoctor attach: every rank seen outside collectives
+
+
 # What each verdict means, in the words every reporter shows.
 VERDICT_TEXT = {
-    CLEAN: "every rank issued the same collectives and finished",
-    DIVERGED: "the ranks stopped issuing the same collectives",
-    CRASHED: "a rank failed, and any rank still running was left waiting for it",
-    INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
-    UNTESTED: "no two ranks' collectives could be compared: nothing was tested",
-    RUNNING: "no rank waits in a collective: no distributed hang seen",
+    Verdict.CLEAN: "every rank issued the same collectives and finished",
+    Verdict.DIVERGED: "the ranks stopped issuing the same collectives",
+    Verdict.CRASHED: "a rank failed, and any rank still running was left waiting for it",
+    Verdict.INCOMPLETE: "the traces do not hold enough to compare the ranks to the end",
+    Verdict.UNTESTED: "no two ranks' collectives could be compared: nothing was tested",
+    Verdict.RUNNING: "no rank waits in a collective: no distributed hang seen",
 }
 
 
@@ -74,7 +77,8 @@ class Report:
     @property
     def all_finished(self) -> bool:
         """Every rank of the world ran its script to the end (teardown aborts aside)."""
-        return bool(self.ranks) and all(r.status in (rs.FINISHED, rs.REMOTE) for r in self.ranks)
+        return bool(self.ranks) and all(r.status in (RankStatus.FINISHED, RankStatus.REMOTE)
+                                        for r in self.ranks)
 
 
 def verdict_of(findings: list[Finding], states: dict[int, RankState],
@@ -83,19 +87,19 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState],
     endings. Clean needs every rank finished with its whole trace; untested means every rank
     finished and none recorded a collective, or the world was one rank."""
     if any(f.is_error for f in findings):
-        return CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK,
-                                               fk.TEARDOWN_ABORT) else DIVERGED
+        return Verdict.CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK,
+                                               fk.TEARDOWN_ABORT) else Verdict.DIVERGED
     # A rank that did not finish (a hang, even one before any collective), a cut trace, or a
     # damaged line (it may be a lost collective): what was compared is not all there was.
-    if any((s.status != rs.FINISHED and s.status != rs.REMOTE) or s.cut
+    if any((s.status != RankStatus.FINISHED and s.status != RankStatus.REMOTE) or s.cut
            or (s.trace is not None and s.trace.damaged_lines) for s in states.values()):
-        return INCOMPLETE
+        return Verdict.INCOMPLETE
     # Every rank finished and none recorded a collective (a group set up and never used, or
     # used only on a backend ddpdoctor leaves to PyTorch's flight recorder): nothing compared.
     if not any(s.collectives for s in states.values()):
-        return UNTESTED
+        return Verdict.UNTESTED
     # A world of one rank cannot diverge: "every rank issued the same collectives" would be
     # true of nothing.
     if max(world_size, len(states)) == 1:
-        return UNTESTED
-    return CLEAN
+        return Verdict.UNTESTED
+    return Verdict.CLEAN

@@ -16,10 +16,10 @@ import re
 from collections.abc import Callable, Iterator
 
 from ddpdoctor.analysis import premises, source
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis.details import blocked_text, ended_children_texts, thread_error_texts
 from ddpdoctor.analysis.finding import POSITION_KINDS, Finding, RankDetail
 from ddpdoctor.analysis.finding import FindingKind as fk
+from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.analysis.terms import group_text, on_behalf_advice, rank_list, site_text
@@ -81,7 +81,7 @@ def _exceptions(f: Finding, ctx: RuleContext) -> Iterator[tuple[int, str]]:
         return
     for r in f.ranks:
         s = ctx.states.get(r)
-        if s is not None and s.status == rs.EXCEPTION and s.trace is not None:
+        if s is not None and s.status == RankStatus.EXCEPTION and s.trace is not None:
             yield r, str((s.trace.exception or {}).get("message", ""))
 
 
@@ -344,7 +344,7 @@ def _uneven_inputs(f: Finding, ctx: RuleContext) -> list[str] | None:
     if f.kind != fk.MISSING_COLLECTIVE or f.group is None:
         return None
     absent = _absent(f)
-    if not absent or not all(ctx.states[r].status == rs.FINISHED for r in absent):
+    if not absent or not all(ctx.states[r].status == RankStatus.FINISHED for r in absent):
         return None
     for d in f.issued().values():
         key = site_key(d.site)

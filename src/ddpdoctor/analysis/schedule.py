@@ -5,8 +5,9 @@
 (an all-reduce added to the training loop, a changed gradient-bucket layout, a new group).
 
 A schedule has two parts per rank, both lists of collectives in issue order, each entry
-``group``, ``op``, ``label``, ``shapes``, ``dtypes`` (compared) and ``at`` (the source line,
-``file:line`` with the file's base name: shown, never compared):
+``group``, ``op``, ``label``, ``shapes``, ``dtypes``, ``reduce_op`` and ``root`` (the last two
+where set; compared: the group, the label and the match key, ``signature.match_key``) and
+``at`` (the source line, ``file:line`` with the file's base name: shown, never compared):
 
 * ``init``: everything issued before the first DDP forward (DDP construction included);
 * ``iteration``: everything issued during one steady-state iteration: DDP iteration 2, the
@@ -22,18 +23,21 @@ functions on a loaded :class:`~ddpdoctor.trace.model.Run`; YAML through ``yaml.s
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ddpdoctor.analysis import yamlfile
+from ddpdoctor.analysis.signature import match_key, reduce_op_of
 from ddpdoctor.analysis.terms import rank_list
+from ddpdoctor.trace.basics import numel
 from ddpdoctor.trace.model import Collective, Run
 
 FORMAT = "ddpdoctor-schedule"
-VERSION = 1
+# 2: entries carry ``reduce_op`` and ``root`` (a version 1 file is compared without them)
+VERSION = 2
 STEADY_ITERATION = 2
 SECTIONS = ("init", "iteration")
 
@@ -52,11 +56,24 @@ class Entry:
     shapes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
     at: str = ""  # where it was issued (file base name:line); informative, not compared
+    reduce_op: str | None = None
+    root: int | None = None
+
+    @property
+    def numel(self) -> int:
+        return numel(self.shapes)
 
     @property
     def key(self) -> tuple:
-        """What a comparison looks at."""
-        return (self.group, self.op, self.label, self.shapes, self.dtypes)
+        """What a comparison looks at: where in the job (group, label) and what every rank
+        must agree on (the match key)."""
+        return (self.group, self.label, match_key(self))
+
+    def options(self) -> str:
+        """'reduce op SUM, root 0': the reduce op and root it has, '' for none."""
+        reduce = reduce_op_of(self)
+        return ", ".join(([f"reduce op {reduce}"] if reduce else [])
+                         + ([f"root {self.root}"] if self.root is not None else []))
 
     def tensors(self) -> str:
         """'float32[410]', 'int32[1] + int32[7]', '' without tensors."""
@@ -88,6 +105,7 @@ class Schedule:
 
     world_size: int
     iteration: int | None  # which DDP iteration ``iteration`` lists (None: no DDP forward)
+    version: int = VERSION  # of the file it was read from
     groups: dict[str, list[int]] = field(default_factory=dict)  # group name -> member ranks
     ranks: list[RankSchedule] = field(default_factory=list)
 
@@ -101,7 +119,8 @@ def _entry(c: Collective) -> Entry:
     at = site.short if site else ""
     return Entry(group=c.group, op=c.op, label=c.label,
                  shapes=tuple(tuple(int(n) for n in s) for s in c.shapes),
-                 dtypes=tuple(str(d) for d in c.dtypes), at=at)
+                 dtypes=tuple(str(d) for d in c.dtypes), at=at, reduce_op=c.reduce_op,
+                 root=c.root)
 
 
 def steady_iteration(run: Run) -> int | None:
@@ -159,6 +178,10 @@ def _group_order(name: str) -> tuple:
 def _entry_dict(e: Entry) -> dict[str, Any]:
     out: dict[str, Any] = {"group": e.group, "op": e.op, "label": e.label,
                            "shapes": [list(s) for s in e.shapes], "dtypes": list(e.dtypes)}
+    if e.reduce_op is not None:
+        out["reduce_op"] = e.reduce_op
+    if e.root is not None:
+        out["root"] = e.root
     if e.at:
         out["at"] = e.at
     return out
@@ -195,12 +218,16 @@ def _parse_entry(raw: Any, where: str) -> Entry:
     try:
         shapes = tuple(tuple(int(n) for n in s) for s in raw.get("shapes") or [])
         dtypes = tuple(str(d) for d in raw.get("dtypes") or [])
+        reduce_op, root = raw.get("reduce_op"), raw.get("root")
         return Entry(group=str(raw["group"]), op=str(raw["op"]), label=str(raw["label"]),
-                     shapes=shapes, dtypes=dtypes, at=str(raw.get("at") or ""))
+                     shapes=shapes, dtypes=dtypes, at=str(raw.get("at") or ""),
+                     reduce_op=None if reduce_op is None else str(reduce_op),
+                     root=None if root is None else int(root))
     except KeyError as exc:
         raise ScheduleError(f"{where}: missing {exc.args[0]!r}") from None
     except (TypeError, ValueError):
-        raise ScheduleError(f"{where}: shapes must be lists of integers") from None
+        raise ScheduleError(f"{where}: shapes must be lists of integers, root an integer") \
+            from None
 
 
 def from_yaml(text: str, source: str = "schedule") -> Schedule:
@@ -235,7 +262,7 @@ def from_yaml(text: str, source: str = "schedule") -> Schedule:
             entry.section(name).extend(_parse_entry(e, f"{source}: schedules[{i}].{name}[{j}]")
                                        for j, e in enumerate(items))
         ranks.append(entry)
-    return Schedule(world_size=world, iteration=it, groups=groups, ranks=ranks)
+    return Schedule(world_size=world, iteration=it, groups=groups, ranks=ranks, version=version)
 
 
 def load(path: str | Path) -> Schedule:
@@ -276,8 +303,13 @@ def _section_diff(expected: list[Entry], actual: list[Entry], label: str) -> lis
                and (old[paired].group, old[paired].op, old[paired].label)
                == (new[paired].group, new[paired].op, new[paired].label)):
             a, b = old[paired], new[paired]
-            lines.append(f"{label} #{j1 + paired + 1}: reshaped {a.text()} -> "
-                         f"{b.tensors() or 'no tensors'}" + (f"  ({b.at})" if b.at else ""))
+            at = f"  ({b.at})" if b.at else ""
+            if a.tensors() != b.tensors():
+                lines.append(f"{label} #{j1 + paired + 1}: reshaped {a.text()} -> "
+                             f"{b.tensors() or 'no tensors'}{at}")
+            else:  # the same tensors: its reduce op or root changed
+                lines.append(f"{label} #{j1 + paired + 1}: {a.text()}: "
+                             f"{a.options() or 'defaults'} -> {b.options() or 'defaults'}{at}")
             paired += 1
         for k, e in enumerate(old[paired:], start=paired):
             lines.append(f"{label} #{i1 + k + 1}: removed {e.text()}"
@@ -286,6 +318,14 @@ def _section_diff(expected: list[Entry], actual: list[Entry], label: str) -> lis
             lines.append(f"{label} #{j1 + k + 1}: added {e.text()}"
                          + (f"  ({e.at})" if e.at else ""))
     return lines
+
+
+def _without_options(schedule: Schedule) -> Schedule:
+    """The schedule with every entry's reduce op and root left out (as version 1 saved it)."""
+    ranks = [RankSchedule(r.ranks, *([replace(e, reduce_op=None, root=None) for e in
+                                      r.section(name)] for name in SECTIONS))
+             for r in schedule.ranks]
+    return replace(schedule, ranks=ranks)
 
 
 def compare(expected: Schedule, actual: Schedule) -> list[str]:
@@ -310,6 +350,8 @@ def compare(expected: Schedule, actual: Schedule) -> list[str]:
             out.append(f"group {name}: removed (was ranks {want})")
         elif sorted(want) != sorted(got):
             out.append(f"group {name}: ranks {want} expected, {got} in this run")
+    if expected.version < 2:  # its entries hold no reduce op or root: not compared
+        actual = _without_options(actual)
     by_diff: dict[tuple[str, ...], list[int]] = {}
     ranks = sorted({r for s in actual.ranks for r in s.ranks}
                    | {r for s in expected.ranks for r in s.ranks})

@@ -11,6 +11,9 @@ which differences are legitimate (join shadows, ops whose per-rank sizes may dif
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Protocol
+
 from ddpdoctor.analysis.terms import is_reducing
 from ddpdoctor.trace import ops
 from ddpdoctor.trace.model import Collective, Site
@@ -63,7 +66,25 @@ def path_key(c: Collective) -> tuple[SiteKey | None, ...] | None:
     return tuple(map(site_key, c.stack))
 
 
-def reduce_op_of(c: Collective) -> str | None:
+class Matchable(Protocol):
+    """What the match key reads: a recorded :class:`~ddpdoctor.trace.model.Collective`, or a
+    saved schedule's entry (``analysis/schedule.py``)."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def shapes(self) -> Sequence[Sequence[int]]: ...
+    @property
+    def numel(self) -> int: ...
+    @property
+    def dtypes(self) -> Sequence[str]: ...
+    @property
+    def reduce_op(self) -> str | None: ...
+    @property
+    def root(self) -> int | None: ...
+
+
+def reduce_op_of(c: Matchable) -> str | None:
     """The reduce op, with the c10d default (SUM) filled in where the caller passed none."""
     if c.reduce_op is None and is_reducing(c.op):
         return "SUM"
@@ -104,11 +125,13 @@ class Interner:
 MATCH_FIELDS = (OP, SHAPE, DTYPE, REDUCE_OP, ROOT)
 
 
-def match_key(c: Collective) -> tuple:
+def match_key(c: Matchable) -> tuple:
     """What every member must agree on, the one definition of it: op, shapes and element
     count (not for ops whose sizes may differ per rank), dtypes, reduce op (the default
     filled in) and root. Two collectives at one position whose keys differ can never match
-    (alignment, the launcher's deadlock proof and the node digests all compare these)."""
+    (alignment, the launcher's deadlock proof and the node digests all compare these); a
+    saved schedule's entry is the same collective as a run's when their groups, labels and
+    match keys are equal."""
     shapes = None if c.op in FREE_SHAPE_OPS else (tuple(map(tuple, c.shapes)), c.numel)
     return (c.op, shapes, tuple(c.dtypes), reduce_op_of(c), c.root)
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from enum import Enum
 
 from ddpdoctor.analysis.hang_rules import BUSY_CPU, STILL_IO, STILL_TREE_CPU
 from ddpdoctor.trace import ddp_sites, ops
 from ddpdoctor.trace.model import Site, is_internal_file, site_from
 from ddpdoctor.trace.snapshot import Frame, RankSnapshot, Sample
+from ddpdoctor.trace.words import Word
 
 # The point-to-point ops as torch.distributed's functions name them (the backend's: ops.P2P).
 P2P_OPS = ops.P2P | {"isend", "irecv", "batch_isend_irecv"}
@@ -37,11 +37,8 @@ PTRACE_FIX = ("run ddpdoctor attach as the user that owns the job's processes, o
               "check /proc/sys/kernel/yama/ptrace_scope (0 lets a user read its own processes)")
 
 
-class Where(str, Enum):
+class Where(Word):
     """Where a rank's main thread was through every sample."""
-
-    def __str__(self) -> str:
-        return str(self.value)
 
     WAITING = "waiting"  # inside a collective, not moving
     INIT = "init"  # inside init_process_group's rendezvous

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpdoctor.analysis.align import Alignment
-from ddpdoctor.analysis.ranks import FINISHED, RankState
+from ddpdoctor.analysis.ranks import RankState, RankStatus
 from ddpdoctor.trace.model import Collective
 
 
@@ -30,7 +30,7 @@ def wait_edges(alignment: Alignment, states: dict[int, RankState]) -> dict[int, 
     p2p = _p2p_index(alignment)
     edges: dict[int, list[Wait]] = {}
     for rank, state in states.items():
-        if state.status == FINISHED or state.trace is None:
+        if state.status == RankStatus.FINISHED or state.trace is None:
             continue
         for c in state.pending:
             for on in _waited_for(alignment, p2p, c):

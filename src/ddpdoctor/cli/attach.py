@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from ddpdoctor.analysis.attach import diagnose_snapshots
-from ddpdoctor.analysis.report import RUNNING
+from ddpdoctor.analysis.report import Verdict
 from ddpdoctor.analysis.stacks import PTRACE_FIX
 from ddpdoctor.cli.app import HelpCommand, app, fail, say, show
 from ddpdoctor.launch import spy
@@ -117,7 +117,7 @@ def attach(
         except OSError as exc:
             fail(f"cannot write {json_out}: {exc.strerror or exc}")
     show(report, Console(highlight=False, file=sys.stdout))
-    code = EXIT_OK if report.verdict == RUNNING else EXIT_HANG
+    code = EXIT_OK if report.verdict == Verdict.RUNNING else EXIT_HANG
     say(f"read {len(snapshot.ranks)} rank(s) in {time.monotonic() - started:.1f}s; "
         f"evidence in {out} (ddpdoctor diff {out})")
     say(closing_line(ReportView(report)))

@@ -13,7 +13,7 @@ from rich.console import Console
 from ddpdoctor.analysis import diagnose, diagnose_rounds
 from ddpdoctor.analysis.attach import diagnose_snapshots
 from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
-from ddpdoctor.analysis.report import CLEAN, RUNNING
+from ddpdoctor.analysis.report import Verdict
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.launch.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render import formats
@@ -65,7 +65,8 @@ def diff(
         sys.stdout.write(render(formats.reporter(shown), report))
     else:
         show(report, Console(highlight=False))
-    raise typer.Exit(EXIT_OK if report.verdict in (CLEAN, RUNNING) else EXIT_PROBLEM)
+    raise typer.Exit(EXIT_OK if report.verdict in (Verdict.CLEAN, Verdict.RUNNING)
+                     else EXIT_PROBLEM)
 
 
 @app.command(cls=HelpCommand, short_help="Write a timeline of every rank for Perfetto.")

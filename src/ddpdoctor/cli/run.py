@@ -12,7 +12,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 
-from ddpdoctor.analysis.report import INCOMPLETE, UNTESTED
+from ddpdoctor.analysis.report import Verdict
 from ddpdoctor.cli.app import HelpCommand, app, err, fail, say, show, write_timeline
 from ddpdoctor.launch.command import (
     CPU_MODE_NPROC,
@@ -229,12 +229,13 @@ def run_command(
             err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     elif expect_schedule and outcome.report is not None:
         say(f"the collective schedule matches {expect_schedule}")
-    if outcome.report is not None and outcome.report.verdict in (UNTESTED, INCOMPLETE) and \
+    if outcome.report is not None and outcome.report.verdict in (Verdict.UNTESTED,
+                                                                 Verdict.INCOMPLETE) and \
             outcome.exit_code in (EXIT_OK, EXIT_UNTESTED):  # a stopped or failed job says so
         ci = (" (exit 4 in CI mode)" if outcome.exit_code == EXIT_UNTESTED
               else "; in CI mode (--cpu, --max-steps, --junit, $CI) this fails with exit 4")
         what = ("NOTHING WAS TESTED - no two ranks' collectives could be compared"
-                if outcome.report.verdict == UNTESTED else
+                if outcome.report.verdict == Verdict.UNTESTED else
                 "NOT VERIFIED TO THE END - the traces do not hold enough to compare the ranks "
                 "to the end")
         say(f"warning: {what} (the notes say why)" + ci)

@@ -345,7 +345,7 @@ def _collect_evidence(logdir: Path, progress: JobProgress, proc: subprocess.Pope
                       wait: float = 5.0) -> list[int]:
     """Ask every rank for its stacks and wait for their answers; returns the ranks that did."""
     handshake.request(logdir)
-    expected = [r for r, p in progress.ranks.items() if p.status == "running"]
+    expected = [r for r, p in progress.ranks.items() if p.status == schema.RUNNING]
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         acked = handshake.acknowledged(logdir, expected)

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from ddpdoctor.analysis.hang_rules import (
-    RUNNING,
     STILL_CPU,
     STILL_IO,
     STILL_TREE_CPU,
@@ -180,8 +179,8 @@ class JobProgress:
             block.activity_n = activity_n
             self._activity(prog, state["activity"])
         prog.cut = prog.cut or state.get("cut") is True
-        status = field(state, "status", str, RUNNING)
-        if status != RUNNING:
+        status = field(state, "status", str, schema.RUNNING)
+        if status != schema.RUNNING:
             prog.status = status
         if state.get("exited") is True:
             prog.pending.clear()
@@ -291,7 +290,7 @@ class JobProgress:
         return max((p.last_progress for p in self.ranks.values()), default=self.started)
 
     def live(self) -> list[RankProgress]:
-        return [p for p in self.ranks.values() if p.status == RUNNING]
+        return [p for p in self.ranks.values() if p.status == schema.RUNNING]
 
     def verdict(self, timeout: float, stuck_timeout: float | None,
                 now: float | None = None) -> Stop | None:
@@ -308,7 +307,7 @@ class JobProgress:
     def rank_line(self, p: RankProgress, now: float) -> str:
         """'waiting 12s in all_reduce (ddp.bucket) at train.py:33', 'busy 45s in save() at
         train.py:88', 'running', or how the rank ended."""
-        if p.status != RUNNING:
+        if p.status != schema.RUNNING:
             return p.status
         if p.cut:
             return "running, its trace cut (a write failed)"

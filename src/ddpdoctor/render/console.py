@@ -41,7 +41,13 @@ from ddpdoctor.render.view import (
 )
 from ddpdoctor.trace.model import Site
 
-_COLOURS = {rp.CLEAN: "green", rp.DIVERGED: "red", rp.CRASHED: "red", rp.INCOMPLETE: "yellow"}
+_COLOURS = {rp.Verdict.CLEAN: "green", rp.Verdict.DIVERGED: "red", rp.Verdict.CRASHED: "red",
+            rp.Verdict.INCOMPLETE: "yellow"}
+
+
+def _colour(report: rp.Report | None) -> str:
+    """The colour of a report's verdict (yellow for no report)."""
+    return "yellow" if report is None else _COLOURS.get(report.verdict, "yellow")
 
 
 class ConsoleReporter:
@@ -128,10 +134,8 @@ def closing_line(view: ReportView) -> str:
 
 
 def _headline(view: ReportView, console: Console) -> None:
-    verdict = view.report.verdict if view.report is not None else ""
     line = Text()
-    line.append(f"ddpdoctor: {view.verdict_word}",
-                style=f"bold {_COLOURS.get(verdict, 'yellow')}")
+    line.append(f"ddpdoctor: {view.verdict_word}", style=f"bold {_colour(view.report)}")
     line.append(f" — {view.verdict_text}")
     console.print(line)
     if view.rank_status:
@@ -193,9 +197,7 @@ def _root(f: Finding, console: Console, brief: ReportView | None = None) -> None
         console.print()
         title = Text("Root cause: ", style="bold")
     else:
-        verdict = brief.report.verdict if brief.report is not None else ""
-        title = Text(f"ddpdoctor: {brief.verdict_word}",
-                     style=f"bold {_COLOURS.get(verdict, 'yellow')}")
+        title = Text(f"ddpdoctor: {brief.verdict_word}", style=f"bold {_colour(brief.report)}")
         title.append(" — root cause ")
     title.append(f.kind, style="bold")
     if where(f):
@@ -280,6 +282,6 @@ def _hang_stacks(view: ReportView, console: Console) -> None:
                           + Text(code, style="cyan"))
 
     title = "Where each rank is" if view.report is not None and \
-        view.report.verdict == rp.RUNNING else "Stacks at the hang"
+        view.report.verdict == rp.Verdict.RUNNING else "Stacks at the hang"
     _rank_section(console, f"{title} (main thread, your code, innermost last):",
                   view.hang_ranks, show)

@@ -23,7 +23,8 @@ from ddpdoctor.render.safe import clean_report, markdown_text
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace.model import Site
 
-ICONS = {rp.CLEAN: "✅", rp.DIVERGED: "❌", rp.CRASHED: "❌", rp.INCOMPLETE: "⚠️"}
+ICONS = {rp.Verdict.CLEAN: "✅", rp.Verdict.DIVERGED: "❌", rp.Verdict.CRASHED: "❌",
+         rp.Verdict.INCOMPLETE: "⚠️"}
 
 
 class MarkdownReporter:

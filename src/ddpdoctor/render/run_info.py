@@ -24,5 +24,5 @@ class RunInfo:
 def failed(report: Report | None, info: RunInfo) -> bool:
     """Whether CI should count this run as a failure: not clean, a non-zero exit, or a problem
     found outside the diagnosis."""
-    return (report is None or report.verdict != rp.CLEAN or bool(info.problems)
+    return (report is None or report.verdict != rp.Verdict.CLEAN or bool(info.problems)
             or info.exit_code not in (None, 0))

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.finding import Finding, FindingKind, RankDetail
-from ddpdoctor.analysis.ranks import FINISHED
+from ddpdoctor.analysis.ranks import RankStatus
 from ddpdoctor.analysis.report import RankSummary, Report
 from ddpdoctor.analysis.terms import rank_list, rank_numbers
 from ddpdoctor.render.run_info import RunInfo, failed
@@ -55,8 +54,8 @@ class ReportView:
         if self.report is None:
             return self.info.read_error or "the traces could not be read"
         report = self.report
-        if report.verdict == rp.CRASHED and report.ranks and \
-                all(r.status in (rs.EXCEPTION, rs.FAILED, rs.KILLED) for r in report.ranks):
+        if report.verdict == rp.Verdict.CRASHED and report.ranks and \
+                all(r.status.crashed for r in report.ranks):
             return "every rank failed"  # none was left waiting: no rank still ran
         if report.root is not None and report.root.kind == "rank_stuck":
             return "a rank stayed blocked in its own code, and the others waited for it"
@@ -75,7 +74,7 @@ class ReportView:
         if report is None or report.root is None:
             return None
         root = report.root
-        return root if root.is_error or report.verdict != rp.CLEAN else None
+        return root if root.is_error or report.verdict != rp.Verdict.CLEAN else None
 
     @property
     def folded(self) -> list[Finding]:
@@ -88,9 +87,9 @@ class ReportView:
     def unfinished(self) -> list[RankSummary]:
         """For an incomplete run: the ranks that did not finish."""
         report = self.report
-        if report is None or report.verdict != rp.INCOMPLETE:
+        if report is None or report.verdict != rp.Verdict.INCOMPLETE:
             return []
-        return [r for r in report.ranks if r.status != FINISHED]
+        return [r for r in report.ranks if r.status != RankStatus.FINISHED]
 
     @property
     def hang_ranks(self) -> list[RankSummary]:

@@ -1,7 +1,7 @@
 """Names of the environment variables the launcher uses to configure every rank, and the
 launchers it names."""
 
-from enum import Enum
+from ddpdoctor.trace.words import Word
 
 LOGDIR = "DDPDOCTOR_LOGDIR"
 RUN_ID = "DDPDOCTOR_RUN_ID"
@@ -24,15 +24,9 @@ TRACE_WRITE = "DDPDOCTOR_TRACE_WRITE"  # "1": write traces with pwrite, not thro
 BUCKETS_EACH = "DDPDOCTOR_BUCKETS_EACH"
 
 
-class Launcher(str, Enum):
+class Launcher(Word):
     """How the job's top process starts its workers (``--launcher``, :data:`LAUNCHER`)."""
 
     TORCHRUN = "torchrun"
     PYTHON = "python"  # the script starts its own (mp.spawn, multiprocessing)
     COMMAND = "command"  # the user's own launch command: accelerate launch, srun, bash ...
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)

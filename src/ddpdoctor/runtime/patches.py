@@ -4,8 +4,7 @@ Each patch (recording: ``torch_hooks``; CPU mode: ``cpu_mode``; exit codes: ``ex
 through :func:`replace`, which remembers what was there, or registers its own undo with
 :func:`on_uninstall` (CPU mode's TorchFunctionMode). :func:`uninstall_all` undoes everything in
 reverse order, so patches stacked on one attribute (CPU mode's ``init_process_group`` over the
-recorder's) unwind correctly; :func:`installed` lists them. Standard library only: this runs
-inside every rank.
+recorder's) unwind correctly. Standard library only: this runs inside every rank.
 """
 
 from __future__ import annotations
@@ -42,11 +41,6 @@ def replace(owner: Any, name: str, new: Any) -> Any:
 def on_uninstall(what: str, undo: Callable[[], None]) -> None:
     """Register a change made another way (a mode pushed, a backend registered)."""
     _PATCHES.append((what, undo))
-
-
-def installed() -> list[str]:
-    """What is patched, in the order installed (``module.attribute`` or ``Class.attribute``)."""
-    return [what for what, _ in _PATCHES]
 
 
 def uninstall_all() -> None:

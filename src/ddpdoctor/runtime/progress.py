@@ -34,7 +34,7 @@ class ProgressBlock:
             "attempt": header.get("attempt", 0), "world_size": None, "issued_id": 0,
             "last_issue": None,
             "completed": 0, "iteration": 0, "last_op": "", "issued": {}, "groups": {},
-            "init": None, "status": "running", "exited": False, "cut": False, "activity_n": 0,
+            "init": None, "status": schema.RUNNING, "exited": False, "cut": False, "activity_n": 0,
             "activity": None, "activity_before": None, "pending_count": 0}
         self._pending = "[]"  # the JSON of the listed pending collectives
         self.write()

@@ -88,7 +88,7 @@ class Recorder:
     def status(self) -> str:
         """running, or how the rank ended (its exit record's status)."""
         if not self._closed:
-            return "running"
+            return schema.RUNNING
         return self._exit_status or (
             schema.EXIT_FAILED if self.exit_code else schema.EXIT_FINISHED)
 

@@ -8,7 +8,7 @@ imported inside every training process, so it uses the standard library only.
 
 from __future__ import annotations
 
-from enum import Enum
+from ddpdoctor.trace.words import Word
 
 FORMAT = "ddpdoctor-trace"
 # 2: adds the ``cap`` and ``repeat`` records of a size-capped trace (DDPDOCTOR_MAX_TRACE_MB).
@@ -97,6 +97,7 @@ COMPLETED = "completed"
 FAILED = "failed"
 
 # Exit statuses written by the rank itself.
+RUNNING = "running"  # a rank's status before its exit record (the progress block's)
 EXIT_FINISHED = "finished"
 EXIT_EXCEPTION = "exception"
 EXIT_FAILED = "failed"  # sys.exit() with a non-zero code
@@ -120,7 +121,7 @@ SNAPSHOT_FORMAT = "ddpdoctor-attach"
 SNAPSHOT_VERSION = 1
 
 
-class Stop(str, Enum):
+class Stop(Word):
     """Why the launcher stopped a running job: the ``stopped`` of ``job.json``, what the CLI
     prints and what the analysis reads (``analysis/hang_rules.py`` decides it)."""
 
@@ -132,12 +133,6 @@ class Stop(str, Enum):
     def headline(self) -> str:
         """What the launcher says when it stops a job for this reason."""
         return "rank stuck" if self is Stop.STUCK else "hang detected"
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 LOCK_FILE = ".lock"  # held by the one ddpdoctor run writing into the folder
 EXITS_PREFIX = "exits-"  # exits-<pid>.json: worker exit codes from the process that started them
 HANG_REQUEST = "hang-request.json"  # the launcher asks every rank for its evidence
