@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch.distributed as dist
 
 from ddpdoctor.analysis import digest
 from ddpdoctor.analysis.diagnosis import diagnose
-from ddpdoctor.analysis.hang_rules import SETTLE, Decision
+from ddpdoctor.analysis.hang_rules import SETTLE, Decision, Idle
 from ddpdoctor.launch.coordination import Coordinator
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.trace import detail, schema
@@ -46,7 +47,7 @@ def test_the_tree_reaches_every_node_with_at_most_16_children_each() -> None:
     assert depth == 3  # 2,048 nodes: a verdict three hops from the farthest node
 
 
-def _world(*digests: dict) -> dict:
+def _world(*digests: digest.Digest) -> digest.Digest:
     return digest.merge(digests[0], digests[1:])
 
 
@@ -62,7 +63,7 @@ def test_a_hang_across_two_nodes_is_called_from_their_digests(tmp_path: Path) ->
     n1[3].activity(T0 + 1, 0.9)
     job0.poll(T0 + 1), job1.poll(T0 + 1)
     world = _world(digest.node_digest(job0.ranks, T0 + 40), digest.node_digest(job1.ranks, T0 + 40))
-    assert (world["ranks"], world["live"], world["waiting"]) == (4, 4, 3)
+    assert (world.ranks, world.live, world.waiting) == (4, 4, 3)
     assert digest.world_decision(world, 30, None, T0 + 40).stop is None
     n1[3].activity(T0 + 2, 0.0)
     job1.poll(T0 + 2)
@@ -70,7 +71,7 @@ def test_a_hang_across_two_nodes_is_called_from_their_digests(tmp_path: Path) ->
     decision = digest.world_decision(world, 30, None, T0 + 40)
     assert decision.stop == Stop.HANG and decision.named == (0,)
     # One node unknown (its digest went stale): nothing is decided.
-    assert digest.world_decision({**world, "unknown": 1}, 30, None, T0 + 40).stop is None
+    assert digest.world_decision(replace(world, unknown=1), 30, None, T0 + 40).stop is None
     # A rank of the world never seen: nothing is decided either.
     alone = digest.node_digest(job0.ranks, T0 + 40)
     assert digest.world_decision(alone, 30, None, T0 + 40).stop is None
@@ -88,7 +89,7 @@ def test_collectives_that_cannot_match_on_two_nodes_are_a_deadlock_naming_both_s
     job0.poll(T0 + 1), job1.poll(T0 + 1)
     # Node 1 alone sees nothing wrong; merged, the barrier meets the all_reduce.
     d1 = digest.node_digest(job1.ranks, T0 + 2)
-    assert len({e[2] for e in d1["pending"]}) == 1
+    assert len({e.signature for e in d1.pending}) == 1
     world = _world(digest.node_digest(job0.ranks, T0 + 2), d1)
     first = digest.world_decision(world, 30, None, T0 + 2)
     assert first.stop is None and first.deadlock_since == T0 + 2  # held before it is called
@@ -121,14 +122,30 @@ def test_a_digest_stays_small_however_many_ranks_and_collectives_are_pending(
     one = digest.node_digest(job.ranks, T0 + 1)
     merged = digest.merge(one, [one] * 16)
     for d in (one, merged):
-        assert len(d["pending"]) <= digest.MAX_PENDING and len(d["issued"]) <= digest.MAX_GROUPS
-        assert len(json.dumps(d)) < 3000
-    assert merged["ranks"] == 17 * 8 and merged["nodes"] == 17
+        assert len(d.pending) <= digest.MAX_PENDING and len(d.issued) <= digest.MAX_GROUPS
+        assert len(json.dumps(d.wire())) < 3000
+        assert digest.Digest.from_wire(json.loads(json.dumps(d.wire()))) == d
+    assert merged.ranks == 17 * 8 and merged.nodes == 17
 
 
 def test_ages_grow_with_the_time_since_a_digest_was_received() -> None:
-    d = {"quiet": 1.0, "wait": 2.0, "idle": [3, 4.0, "f() at t.py:1"]}
-    assert digest.aged(d, 1.5) == {"quiet": 2.5, "wait": 3.5, "idle": [3, 5.5, "f() at t.py:1"]}
+    d = digest.Digest(quiet=1.0, wait=2.0, idle=Idle(3, 4.0, "f() at t.py:1"))
+    assert digest.aged(d, 1.5) == digest.Digest(quiet=2.5, wait=3.5,
+                                                idle=Idle(3, 5.5, "f() at t.py:1"))
+
+
+def test_a_digest_read_from_another_node_leaves_out_what_is_malformed() -> None:
+    raw = {"nodes": 2, "ranks": 4, "world": 4, "live": 4, "waiting": 4, "quiet": 3.5,
+           "idle": [1, "x", "f"], "issued": {"0": [9, 2], "1": ["a", 0], "2": [1]},
+           "pending": [["0", 9, "ab", 0, 3, "all_reduce"], ["0", "nine", "ab", 0, 1, ""]],
+           "ended": [[5, "finished"], "x"]}
+    d = digest.Digest.from_wire(raw)
+    assert d is not None and (d.nodes, d.ranks, d.waiting, d.quiet) == (2, 4, 4, 3.5)
+    assert d.idle is None and d.issued == {"0": digest.Issued(9, 2)}
+    assert d.pending == (digest.PendingEntry("0", 9, "ab", 0, 3, "all_reduce"),)
+    assert d.ended == (digest.Ended(5, "finished"),)
+    assert digest.Digest.from_wire([1, 2]) is None
+    assert digest.Digest.from_wire({"ranks": "many"}) is None
 
 
 @pytest.fixture
@@ -154,10 +171,9 @@ def test_digests_climb_the_tree_and_the_verdict_comes_down(tmp_path: Path,
         c.setup()  # node numbers by arrival, as under a c10d rendezvous
     assert sorted(c.node for c in nodes) == list(range(nnodes))
     by_node = {c.node: c for c in nodes}
-    local = {"nodes": 1, "unknown": 0, "ranks": 2, "world": 2 * nnodes, "live": 2,
-             "waiting": 2, "blocked": 2, "quiet": 40.0, "wait": 40.0, "idle": None,
-             "idle_count": 0, "pending": [], "issued": {}, "ended": []}
-    world: dict = {}
+    local = digest.Digest(nodes=1, unknown=0, ranks=2, world=2 * nnodes, live=2, waiting=2,
+                          blocked=2, quiet=40.0, wait=40.0)
+    world = digest.Digest()
     for _ in range(4):  # leaves to node 0: a round per level, and one to spare
         for node in sorted(by_node, reverse=True):
             c = by_node[node]
@@ -165,7 +181,7 @@ def test_digests_climb_the_tree_and_the_verdict_comes_down(tmp_path: Path,
             c.step()
             if node == 0:
                 world = merged
-    assert world["nodes"] == nnodes and world["ranks"] == 2 * nnodes and not world["unknown"]
+    assert world.nodes == nnodes and world.ranks == 2 * nnodes and not world.unknown
     root = by_node[0]
     decision = root.watch({}, 30, None, time.time())  # node 0 has no ranks of its own here
     assert decision.stop is None  # its own digest is empty: the world is short of ranks
@@ -186,26 +202,26 @@ def test_a_child_that_stops_publishing_makes_its_subtree_unknown(store_port: int
     root = Coordinator(_client(store_port), "stale", 2, node=0, interval=0.05)
     child = Coordinator(_client(store_port), "stale", 2, node=1, interval=0.05)
     root.setup(), child.setup()
-    local = digest.merge({"nodes": 1, "ranks": 1, "world": 2, "live": 1, "waiting": 1,
-                          "blocked": 1, "quiet": 0.0, "wait": 0.0}, [])
+    local = digest.merge(digest.Digest(nodes=1, ranks=1, world=2, live=1, waiting=1,
+                                       blocked=1, quiet=0.0, wait=0.0), [])
     child.update(local)
     child.step()
     root.step()
-    assert root.update(local)["unknown"] == 0 and root.update(local)["ranks"] == 2
+    assert root.update(local).unknown == 0 and root.update(local).ranks == 2
     monkeypatch.setattr(coordination, "STALE", 0.0)
     time.sleep(0.01)
-    assert root.update(local)["unknown"] == 1
+    assert root.update(local).unknown == 1
     child.update(local, final=True)  # a node whose job ended says so: never stale
     child.step()
     root.step()
-    assert root.update(local)["unknown"] == 0
+    assert root.update(local).unknown == 0
 
 
 @pytest.mark.timeout(60)
 def test_a_node_learns_that_every_other_nodes_job_has_ended(store_port: int) -> None:
     nodes = [Coordinator(_client(store_port), "ended", 3, node=n, interval=0.05)
              for n in range(3)]
-    local = digest.merge({"nodes": 1, "ranks": 1, "world": 3, "live": 0}, [])
+    local = digest.merge(digest.Digest(nodes=1, ranks=1, world=3, live=0), [])
     for c in nodes:
         c.setup()
         c.update(local)

@@ -10,7 +10,8 @@ engine a single node uses, over the merged digest's :class:`WorldView` — and p
 verdict; every node reads it (``launch/coordination.py`` moves the digests;
 docs/architecture.md has the arithmetic).
 
-A digest is a JSON object of counts and bounded lists, never per rank::
+A digest (:class:`Digest`) is counts and bounded lists, never per rank; on the wire
+(:meth:`Digest.wire`, :meth:`Digest.from_wire`) a JSON object::
 
     {"nodes": 3, "unknown": 0, "ranks": 6, "world": 6, "live": 6, "waiting": 6,
      "blocked": 6, "quiet": 12.5, "wait": 11.9, "idle": null, "idle_count": 0,
@@ -28,7 +29,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from ddpdoctor.analysis.hang_rules import (
     Decision,
@@ -98,13 +100,93 @@ class PendingEntry(NamedTuple):
     what: str
 
 
-def _entries(digest: dict) -> list[PendingEntry]:
-    """A digest's pending entries, typed (a malformed entry is left out)."""
-    out = []
-    for e in digest.get("pending") or []:
-        if isinstance(e, (list, tuple)) and len(e) == len(PendingEntry._fields):
-            out.append(PendingEntry(*e))
-    return out
+class Issued(NamedTuple):
+    """The lowest position issued in a group, and the lowest rank that issued no more."""
+
+    seq: int
+    rank: int
+
+
+class Ended(NamedTuple):
+    """A rank that ended, and how (its progress block's status)."""
+
+    rank: int
+    status: str
+
+
+def _typed(raw: Any, kind: Any, types: tuple) -> Any:
+    """``raw`` (a JSON list) as the named tuple ``kind`` of fields of ``types``; None where it
+    does not fit (a digest is read from another node: a malformed entry is left out)."""
+    if not isinstance(raw, (list, tuple)) or len(raw) != len(types):
+        return None
+    try:
+        return kind(*(t(v) for t, v in zip(types, raw)))
+    except (TypeError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Digest:
+    """One node's ranks, or a subtree's merged: counts, and the few entries a verdict names."""
+
+    nodes: int = 1
+    unknown: int = 0  # nodes below whose digest is missing or stale
+    ranks: int = 0
+    world: int = 0
+    live: int = 0
+    waiting: int = 0
+    blocked: int = 0
+    idle_count: int = 0
+    quiet: float = 0.0
+    wait: float | None = None
+    idle: Idle | None = None
+    pending: tuple[PendingEntry, ...] = ()
+    issued: Mapping[str, Issued] = field(default_factory=dict)
+    ended: tuple[Ended, ...] = ()
+
+    def wire(self) -> dict[str, Any]:
+        """The digest as JSON values (named tuples become lists)."""
+        return {"nodes": self.nodes, "unknown": self.unknown, "ranks": self.ranks,
+                "world": self.world, "live": self.live, "waiting": self.waiting,
+                "blocked": self.blocked, "idle_count": self.idle_count, "quiet": self.quiet,
+                "wait": self.wait, "idle": list(self.idle) if self.idle else None,
+                "pending": [list(e) for e in self.pending],
+                "issued": {g: list(i) for g, i in self.issued.items()},
+                "ended": [list(e) for e in self.ended]}
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> Digest | None:
+        """A digest read from another node's JSON; None where it is not one. A malformed
+        entry is left out."""
+        if not isinstance(raw, dict):
+            return None
+        try:
+            wait = raw.get("wait")
+            counts = {name: int(raw.get(name, default) or 0) for name, default in
+                      (("nodes", 1), ("unknown", 0), ("ranks", 0), ("world", 0), ("live", 0),
+                       ("waiting", 0), ("blocked", 0), ("idle_count", 0))}
+            quiet = float(raw.get("quiet", 0.0) or 0.0)
+            wait = None if wait is None else float(wait)
+            issued = raw.get("issued") or {}
+            pending, ended = raw.get("pending") or [], raw.get("ended") or []
+            if not isinstance(issued, dict) or not isinstance(pending, list) or \
+                    not isinstance(ended, list):
+                return None
+        except (TypeError, ValueError):
+            return None
+        typed_issued = {str(g): low for g, low in
+                        ((g, _typed(i, Issued, (int, int))) for g, i in issued.items())
+                        if low is not None}
+        return cls(**counts, quiet=quiet, wait=wait,
+                   idle=_typed(raw.get("idle"), Idle, (int, float, str)),
+                   pending=tuple(e for e in (_typed(e, PendingEntry, PENDING_TYPES)
+                                             for e in pending) if e is not None),
+                   issued=typed_issued,
+                   ended=tuple(e for e in (_typed(e, Ended, (int, str)) for e in ended)
+                               if e is not None))
+
+
+PENDING_TYPES = (str, int, str, int, int, str)  # the fields of a PendingEntry
 
 
 def _add(entries: dict[tuple[str, int, str], PendingEntry], e: PendingEntry) -> None:
@@ -120,13 +202,13 @@ def _add(entries: dict[tuple[str, int, str], PendingEntry], e: PendingEntry) -> 
                                  what=lowest.what)
 
 
-def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
+def node_digest(ranks: Mapping[int, RankProgress], now: float) -> Digest:
     """The digest of one node's own ranks (``RankProgress`` as the launcher's monitor reads
     them from the ranks' progress blocks); its counts are the node's :class:`WorldView`."""
     view = view_of(dict(ranks), {}, now)
     live = [p for p in ranks.values() if p.status == schema.RUNNING]
     pending: dict[tuple[str, int, str], PendingEntry] = {}
-    issued: dict[str, list[int]] = {}
+    issued: dict[str, Issued] = {}
     for p in live:
         for pend in p.pending.values():
             c = pend.coll
@@ -135,80 +217,72 @@ def node_digest(ranks: Mapping[int, RankProgress], now: float) -> dict:
             _add(pending, PendingEntry(c.group, c.seq, signature(c), p.rank, 1,
                                        pend.what[:WHAT_CHARS]))
         for group, seq in p.issued.items():
-            low = issued.get(group)
-            if low is None or (seq, p.rank) < (low[0], low[1]):
-                issued[group] = [seq, p.rank]
+            mine = Issued(seq, p.rank)
+            if group not in issued or mine < issued[group]:
+                issued[group] = mine
     sizes = [p.world_size for p in ranks.values() if p.world_size]
     idle = view.idle
-    return {
-        "nodes": 1, "unknown": 0, "ranks": len(ranks), "world": max(sizes, default=0),
-        "live": view.live, "waiting": view.waiting, "blocked": view.blocked,
-        "quiet": round(view.quiet, 3),
-        "wait": round(view.wait, 3) if view.wait is not None else None,
-        "idle": [idle.rank, round(idle.seconds, 3), idle.place[:WHAT_CHARS]] if idle else None,
-        "idle_count": view.idle_count,
-        "pending": _bounded(list(pending.values())),
-        "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
-        "ended": sorted([p.rank, p.status] for p in ranks.values()
-                        if p.status != schema.RUNNING)[:MAX_ENDED],
-    }
+    return Digest(
+        nodes=1, unknown=0, ranks=len(ranks), world=max(sizes, default=0),
+        live=view.live, waiting=view.waiting, blocked=view.blocked,
+        quiet=round(view.quiet, 3),
+        wait=round(view.wait, 3) if view.wait is not None else None,
+        idle=Idle(idle.rank, round(idle.seconds, 3), idle.place[:WHAT_CHARS]) if idle else None,
+        idle_count=view.idle_count,
+        pending=_bounded(list(pending.values())),
+        issued=dict(sorted(issued.items())[:MAX_GROUPS]),
+        ended=tuple(sorted(Ended(p.rank, p.status) for p in ranks.values()
+                           if p.status != schema.RUNNING)[:MAX_ENDED]),
+    )
 
 
-def _bounded(entries: list[PendingEntry]) -> list[PendingEntry]:
+def _bounded(entries: list[PendingEntry]) -> tuple[PendingEntry, ...]:
     """At most :data:`MAX_PENDING` entries: positions with two signatures first, then the
     lowest positions."""
     sigs: dict[tuple[str, int], set[str]] = {}
     for e in entries:
         sigs.setdefault((e.group, e.seq), set()).add(e.signature)
     entries.sort(key=lambda e: (len(sigs[(e.group, e.seq)]) < 2, e.seq, e.group, e.rank))
-    return entries[:MAX_PENDING]
+    return tuple(entries[:MAX_PENDING])
 
 
-def aged(digest: dict, seconds: float) -> dict:
+def aged(digest: Digest, seconds: float) -> Digest:
     """The digest as it reads ``seconds`` after it was written: its ages grown."""
-    out = dict(digest)
-    for name in ("quiet", "wait"):
-        if isinstance(out.get(name), (int, float)):
-            out[name] = round(out[name] + seconds, 3)
-    idle = _idle(out)
-    if idle is not None:
-        out["idle"] = [idle.rank, round(idle.seconds + seconds, 3), idle.place]
-    return out
+    idle = digest.idle
+    return replace(
+        digest, quiet=round(digest.quiet + seconds, 3),
+        wait=None if digest.wait is None else round(digest.wait + seconds, 3),
+        idle=None if idle is None else idle._replace(seconds=round(idle.seconds + seconds, 3)))
 
 
-def merge(own: dict, others: Iterable[dict], unknown: int = 0) -> dict:
+def merge(own: Digest, others: Iterable[Digest], unknown: int = 0) -> Digest:
     """One digest for a node and the subtrees below it; ``unknown``: nodes below that sent no
     fresh digest (nothing about the world can be decided while any is unknown)."""
     parts = [own, *others]
-    waits = [d["wait"] for d in parts if d.get("wait") is not None]
-    idles: list[Idle] = [i for i in map(_idle, parts) if i is not None]
-    longest = max(idles, key=lambda i: (i.seconds, -i.rank), default=None)
+    waits = [d.wait for d in parts if d.wait is not None]
+    idles = [d.idle for d in parts if d.idle is not None]
     pending: dict[tuple[str, int, str], PendingEntry] = {}
     for d in parts:
-        for e in _entries(d):
+        for e in d.pending:
             _add(pending, e)
-    issued: dict[str, list[int]] = {}
+    issued: dict[str, Issued] = {}
     for d in parts:
-        for group, low in (d.get("issued") or {}).items():
-            if group not in issued or tuple(low) < tuple(issued[group]):
-                issued[group] = list(low)
-    return {
-        "nodes": sum(d.get("nodes", 1) for d in parts),
-        "unknown": unknown + sum(d.get("unknown", 0) for d in parts),
-        "ranks": sum(d.get("ranks", 0) for d in parts),
-        "world": max(d.get("world", 0) for d in parts),
-        **{name: sum(d.get(name, 0) for d in parts)
-           for name in ("live", "waiting", "blocked", "idle_count")},
-        "quiet": min(d.get("quiet", 0.0) for d in parts),
-        "wait": min(waits) if waits else None,
-        "idle": list(longest) if longest is not None else None,
-        "pending": _bounded(list(pending.values())),
-        "issued": dict(sorted(issued.items())[:MAX_GROUPS]),
-        "ended": sorted(e for d in parts for e in d.get("ended") or [])[:MAX_ENDED],
-    }
+        for group, low in d.issued.items():
+            if group not in issued or low < issued[group]:
+                issued[group] = low
+    return Digest(
+        nodes=sum(d.nodes for d in parts), unknown=unknown + sum(d.unknown for d in parts),
+        ranks=sum(d.ranks for d in parts), world=max(d.world for d in parts),
+        live=sum(d.live for d in parts), waiting=sum(d.waiting for d in parts),
+        blocked=sum(d.blocked for d in parts), idle_count=sum(d.idle_count for d in parts),
+        quiet=min(d.quiet for d in parts), wait=min(waits) if waits else None,
+        idle=max(idles, key=lambda i: (i.seconds, -i.rank), default=None),
+        pending=_bounded(list(pending.values())),
+        issued=dict(sorted(issued.items())[:MAX_GROUPS]),
+        ended=tuple(sorted(e for d in parts for e in d.ended)[:MAX_ENDED]))
 
 
-def _conflict(pending: list[PendingEntry]) -> list[PendingEntry] | None:
+def _conflict(pending: Iterable[PendingEntry]) -> list[PendingEntry] | None:
     """The entries of the lowest position with two signatures (they can never match)."""
     sigs: dict[tuple[str, int], list[PendingEntry]] = {}
     for e in pending:
@@ -217,50 +291,39 @@ def _conflict(pending: list[PendingEntry]) -> list[PendingEntry] | None:
     return min(clashes, key=lambda es: (es[0].seq, es[0].group)) if clashes else None
 
 
-def named_ranks(world: dict, stop: Stop) -> tuple[int, ...]:
+def named_ranks(world: Digest, stop: Stop) -> tuple[int, ...]:
     """The ranks whose details every node fetches to diagnose ``stop``: both sides of a
     position that cannot match, the lowest pending positions, a rank that never issued them,
     the rank idle outside collectives, ranks that ended."""
-    pending = _entries(world)
+    pending = world.pending
     out: list[int] = []
     conflict = _conflict(pending)
-    idle = _idle(world)
-    if stop == Stop.STUCK and idle is not None:
-        out.append(idle.rank)
+    if stop == Stop.STUCK and world.idle is not None:
+        out.append(world.idle.rank)
     for e in conflict or sorted(pending, key=lambda e: (e.seq, e.group))[:2]:
-        out.append(int(e.rank))
+        out.append(e.rank)
     lowest: dict[str, int] = {}
     for e in pending:
         lowest[e.group] = min(lowest.get(e.group, e.seq), e.seq)
-    for group, (seq, rank) in (world.get("issued") or {}).items():
-        if group in lowest and seq < lowest[group]:
-            out.append(int(rank))  # never issued what the others wait in
-    out.extend(int(e[0]) for e in world.get("ended") or [])
+    for group, low in world.issued.items():
+        if group in lowest and low.seq < lowest[group]:
+            out.append(low.rank)  # never issued what the others wait in
+    out.extend(e.rank for e in world.ended)
     return tuple(dict.fromkeys(out))[:MAX_NAMED]
 
 
-def _idle(digest: dict) -> Idle | None:
-    """A digest's ``idle``, typed: [rank, seconds, place] on the wire."""
-    idle = digest.get("idle")
-    if not isinstance(idle, (list, tuple)) or len(idle) != len(Idle._fields):
-        return None
-    return Idle(int(idle[0]), float(idle[1]), str(idle[2]))
-
-
-def world_view(world: dict) -> WorldView:
+def world_view(world: Digest) -> WorldView:
     """The hang rules' view of a merged digest: nothing is known while a node is unknown or
     a rank of the world has not been seen; two signatures at one position can never match."""
     return WorldView(
-        live=world.get("live", 0), waiting=world.get("waiting", 0),
-        blocked=world.get("blocked", 0), quiet=world.get("quiet", 0.0),
-        wait=world.get("wait"),
-        idle=_idle(world), idle_count=world.get("idle_count", 0),
-        unmatched=_conflict(_entries(world)) is not None,
-        known=not world.get("unknown") and world.get("ranks", 0) >= world.get("world", 0))
+        live=world.live, waiting=world.waiting, blocked=world.blocked, quiet=world.quiet,
+        wait=world.wait, idle=world.idle, idle_count=world.idle_count,
+        unmatched=_conflict(world.pending) is not None,
+        known=not world.unknown and world.ranks >= world.world)
 
 
-def world_decision(world: dict, timeout: float, stuck_timeout: float | None, now: float,
-                 deadlock_since: float | None = None) -> Decision:
+def world_decision(world: Digest, timeout: float, stuck_timeout: float | None, now: float,
+                   deadlock_since: float | None = None) -> Decision:
     """The hang rules (:func:`~ddpdoctor.analysis.hang_rules.decide_view`) over the whole
     world's digest, with the ranks a verdict names."""
     decision = decide_view(world_view(world), timeout, stuck_timeout, now, deadlock_since)

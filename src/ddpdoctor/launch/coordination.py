@@ -89,9 +89,11 @@ class Coordinator:
         self._stop = threading.Event()
         self._wake = threading.Event()  # a verdict to send now
         self._thread: threading.Thread | None = None
-        # node -> (raw digest, when it changed, the digest read from it or None)
-        self._children: dict[int, tuple[bytes, float, dict | None]] = {}
-        self._local: dict | None = None  # this node's own digest, as the launcher last made it
+        # node -> (raw digest, when it changed, the digest read from it or None, whether that
+        # node's job has ended: its last digest, never stale)
+        self._children: dict[int, tuple[bytes, float, digest.Digest | None, bool]] = {}
+        # this node's own digest, as the launcher last made it
+        self._local: digest.Digest | None = None
         self._local_at = 0.0  # when (monotonic)
         self._final = False
         self._verdict_out: bytes | None = None
@@ -191,7 +193,9 @@ class Coordinator:
                 for kid, raw in zip(kids, values):
                     old = self._children.get(kid)
                     if raw and (old is None or old[0] != raw):
-                        self._children[kid] = (raw, now, _parse(raw))
+                        value = _parse(raw) or {}
+                        self._children[kid] = (raw, now, digest.Digest.from_wire(value),
+                                               bool(value.get("final")))
                 if not self.root and values[-1]:
                     self._verdict = _parse(values[-1])
         if not self._send_verdict(store) and not self.root:
@@ -226,7 +230,7 @@ class Coordinator:
         if merged is None:
             return None
         self._gen += 1  # a digest that changes every time: one that stops is stale
-        return json.dumps({**merged, "gen": self._gen, "final": self._final},
+        return json.dumps({**merged.wire(), "gen": self._gen, "final": self._final},
                           separators=(",", ":")).encode()
 
     def _count(self, sent: int = 0, read: int = 0) -> None:
@@ -235,7 +239,7 @@ class Coordinator:
         self.traffic.read += read
 
     # -- the launcher's side --------------------------------------------------------------------
-    def update(self, local: dict, final: bool = False) -> dict:
+    def update(self, local: digest.Digest, final: bool = False) -> digest.Digest:
         """Take this node's own digest (the next exchange publishes it merged with the
         children's); returns that merged digest now (node 0's is the world's)."""
         with self._lock:
@@ -244,7 +248,7 @@ class Coordinator:
         assert merged is not None
         return merged
 
-    def _merged(self) -> dict | None:
+    def _merged(self) -> digest.Digest | None:
         """This node's own digest merged with its children's, every age as of now."""
         now = time.monotonic()
         with self._lock:
@@ -256,8 +260,8 @@ class Coordinator:
             got = children.get(kid)
             if got is None:
                 continue  # never heard of: its ranks are missing from the count
-            _raw, received, parsed = got
-            if parsed is None or (now - received > STALE and not parsed.get("final")):
+            _raw, received, parsed, ended = got
+            if parsed is None or (now - received > STALE and not ended):
                 unknown += digest.subtree_size(kid, self.nnodes)
                 continue
             fresh.append(digest.aged(parsed, now - received))
@@ -303,7 +307,7 @@ class Coordinator:
         self._ask_ended = True
         return self._others_ended
 
-    def finish(self, local: dict) -> None:
+    def finish(self, local: digest.Digest) -> None:
         """The job ended here: publish a last digest that never goes stale, count this node
         as ended, and stop."""
         if self.store is None or self._thread is None:
