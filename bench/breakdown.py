@@ -11,11 +11,18 @@ is what that part costs *in the job*: on this 2-core VM every part costs 4-5 tim
 single-process price (``bench/run.py`` item a), because both ranks' threads share the cores and
 the main thread comes back from each ``wait()`` to cold caches. The job's own diagnosis is
 INCOMPLETE by design: the variants number collectives whose lines they do not write.
+
+The ``floor`` variant is no part of ddpdoctor: the least any recording in Python can do on
+the calling thread (the group's Python method entered, a number, the caller's code and
+instruction as a key, one append to a list), then the backend; what a design that formats
+and writes lines elsewhere, or never, could at best cost in this job.
 """
 
 import argparse
+import itertools
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -28,6 +35,7 @@ VARIANTS = [
     ("plain", "torch's own path: a ProcessGroup dispatching to gloo"),
     ("direct", "gloo's binding called directly"),
     ("wrapper", "the recording group forwarding, recording off"),
+    ("floor", "the least a Python recording can do: number, caller key, one append"),
     ("record", "numbering, shapes, reduce op, caller frame"),
     ("describe", "the labels and call stack read off the frames"),
     ("encode", "the site looked up, the record, its line formatted (write stubbed)"),
@@ -53,11 +61,24 @@ def main() -> None:
     assert hasattr(group, "_enabled")
     stubs = {"write": len, "collective": lambda *args: None,
              "describe": lambda frame: ((), None, 0)}
-    off = {"plain": set(), "direct": set(), "wrapper": set(), "record": {"collective", "describe"},
+    off = {"plain": set(), "direct": set(), "wrapper": set(), "floor": set(),
+           "record": {"collective", "describe"},
            "describe": {"collective"}, "encode": {"write"}, "full": set()}
+
+    issue = group._issue
+    log: list = []
+    getframe, backend, numbers = sys._getframe, inner.allreduce, itertools.count()
+
+    def floor(op, method, args, tensors, reduce_op, root, peer, p2p, meta=()):
+        caller = getframe(2)
+        log.append((next(numbers), op, id(caller.f_code), caller.f_lasti))
+        if len(log) > 4096:
+            log.clear()
+        return backend(*args)
 
     def use(variant: str) -> None:
         group._enabled = variant != "wrapper"  # plain and direct do not pass the group
+        group._issue = floor if variant == "floor" else issue
         for name, (obj, attr) in targets.items():
             setattr(obj, attr, stubs[name] if name in off[variant] else originals[name])
 

@@ -125,6 +125,14 @@ def _typed(raw: Any, kind: Any, types: tuple) -> Any:
         return None
 
 
+def _typed_all(raws: list, kind: Any, types: tuple) -> tuple:
+    """The entries of ``raws`` that fit ``kind`` (:func:`_typed`), as named tuples."""
+    return tuple(e for e in (_typed(raw, kind, types) for raw in raws) if e is not None)
+
+
+PENDING_TYPES = (str, int, str, int, int, str)  # the fields of a PendingEntry
+
+
 @dataclass(frozen=True)
 class Digest:
     """One node's ranks, or a subtree's merged: counts, and the few entries a verdict names."""
@@ -174,19 +182,12 @@ class Digest:
                 return None
         except (TypeError, ValueError):
             return None
-        typed_issued = {str(g): low for g, low in
-                        ((g, _typed(i, Issued, (int, int))) for g, i in issued.items())
-                        if low is not None}
+        lows = {str(g): _typed(low, Issued, (int, int)) for g, low in issued.items()}
         return cls(**counts, quiet=quiet, wait=wait,
                    idle=_typed(raw.get("idle"), Idle, (int, float, str)),
-                   pending=tuple(e for e in (_typed(e, PendingEntry, PENDING_TYPES)
-                                             for e in pending) if e is not None),
-                   issued=typed_issued,
-                   ended=tuple(e for e in (_typed(e, Ended, (int, str)) for e in ended)
-                               if e is not None))
-
-
-PENDING_TYPES = (str, int, str, int, int, str)  # the fields of a PendingEntry
+                   pending=_typed_all(pending, PendingEntry, PENDING_TYPES),
+                   issued={g: low for g, low in lows.items() if low is not None},
+                   ended=_typed_all(ended, Ended, (int, str)))
 
 
 def _add(entries: dict[tuple[str, int, str], PendingEntry], e: PendingEntry) -> None:

@@ -220,7 +220,7 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
         summary += (f"; the launcher then stopped {rank_list(cut)} with SIGTERM during "
                     f"{phase_text(states[cut[0]])}, before {it} finished: what {it} had left "
                     f"to do did not run.")
-    elif all(s.status in (RankStatus.FINISHED, RankStatus.REMOTE) for s in states.values()):
+    elif all(s.status.ended_well for s in states.values()):
         summary += "; the results are complete."
     else:
         summary += "."

@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ddpdoctor.analysis import ranks as rs
 from ddpdoctor.analysis import report as rp
 from ddpdoctor.analysis.attach import cause_finding
 from ddpdoctor.analysis.finding import Finding, RankDetail
@@ -101,7 +100,7 @@ def diagnose_logs(logs: list[LogFile]) -> Report:
                   findings=findings, notes=notes)
 
 
-def _status(r: RankLog) -> rs.RankStatus:
+def _status(r: RankLog) -> RankStatus:
     if r.error is not None:
         return RankStatus.EXCEPTION
     return RankStatus.HUNG if r.timeouts or r.gloo_timeout else RankStatus.UNFINISHED

@@ -48,6 +48,12 @@ class RankStatus(Word):
         """The rank ended by its own failure: it raised, exited non-zero or was killed."""
         return self in (RankStatus.EXCEPTION, RankStatus.FAILED, RankStatus.KILLED)
 
+    @property
+    def ended_well(self) -> bool:
+        """The rank ran its script to the end (a rank of another node counts: its node's
+        folder says how it ended)."""
+        return self in (RankStatus.FINISHED, RankStatus.REMOTE)
+
 
 PENDING_WINDOW = 1024
 

@@ -22,6 +22,12 @@ class Verdict(Word):
     UNTESTED = "untested"
     RUNNING = "running"  # ddpdoctor attach: every rank seen outside collectives
 
+    @property
+    def unverified(self) -> bool:
+        """Nothing wrong was found, but not because the ranks were compared to the end: CI
+        mode fails such a run (exit 4)."""
+        return self in (Verdict.UNTESTED, Verdict.INCOMPLETE)
+
 
 # What each verdict means, in the words every reporter shows.
 VERDICT_TEXT = {
@@ -77,8 +83,7 @@ class Report:
     @property
     def all_finished(self) -> bool:
         """Every rank of the world ran its script to the end (teardown aborts aside)."""
-        return bool(self.ranks) and all(r.status in (RankStatus.FINISHED, RankStatus.REMOTE)
-                                        for r in self.ranks)
+        return bool(self.ranks) and all(r.status.ended_well for r in self.ranks)
 
 
 def verdict_of(findings: list[Finding], states: dict[int, RankState],
@@ -87,11 +92,11 @@ def verdict_of(findings: list[Finding], states: dict[int, RankState],
     endings. Clean needs every rank finished with its whole trace; untested means every rank
     finished and none recorded a collective, or the world was one rank."""
     if any(f.is_error for f in findings):
-        return Verdict.CRASHED if findings[0].kind in (fk.RANK_CRASHED, fk.RANK_STUCK,
-                                               fk.TEARDOWN_ABORT) else Verdict.DIVERGED
+        return Verdict.CRASHED if findings[0].kind in (
+            fk.RANK_CRASHED, fk.RANK_STUCK, fk.TEARDOWN_ABORT) else Verdict.DIVERGED
     # A rank that did not finish (a hang, even one before any collective), a cut trace, or a
     # damaged line (it may be a lost collective): what was compared is not all there was.
-    if any((s.status != RankStatus.FINISHED and s.status != RankStatus.REMOTE) or s.cut
+    if any(not s.status.ended_well or s.cut
            or (s.trace is not None and s.trace.damaged_lines) for s in states.values()):
         return Verdict.INCOMPLETE
     # Every rank finished and none recorded a collective (a group set up and never used, or

@@ -229,8 +229,7 @@ def run_command(
             err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
     elif expect_schedule and outcome.report is not None:
         say(f"the collective schedule matches {expect_schedule}")
-    if outcome.report is not None and outcome.report.verdict in (Verdict.UNTESTED,
-                                                                 Verdict.INCOMPLETE) and \
+    if outcome.report is not None and outcome.report.verdict.unverified and \
             outcome.exit_code in (EXIT_OK, EXIT_UNTESTED):  # a stopped or failed job says so
         ci = (" (exit 4 in CI mode)" if outcome.exit_code == EXIT_UNTESTED
               else "; in CI mode (--cpu, --max-steps, --junit, $CI) this fails with exit 4")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds, schedule
-from ddpdoctor.analysis.report import Report, Verdict
+from ddpdoctor.analysis.report import Report
 from ddpdoctor.launch.command import check_flight_recorder, make_logdir
 from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.exits import (
@@ -112,8 +112,7 @@ def outcome_of(job: JobResult, report: Report | None, read_error: str | None, ci
     verdicts and exit codes. In CI mode a report that CI counts as failed
     (``render.run_info.failed``) never comes with exit 0."""
     outcome = _outcome(job, report, read_error)
-    if outcome.report is not None and outcome.report.verdict in (Verdict.UNTESTED,
-                                                                 Verdict.INCOMPLETE) and \
+    if outcome.report is not None and outcome.report.verdict.unverified and \
             outcome.exit_code == EXIT_OK and ci_mode:
         # One verdict everywhere: a CI step whose report fails must fail too.
         outcome.exit_code = EXIT_UNTESTED
