@@ -17,7 +17,7 @@ from typing import Any
 from ddpdoctor.runtime import env, on_behalf, stderr_tail, user_code
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
-from ddpdoctor.runtime.writer import MAX_SITES, Site, TraceWriter
+from ddpdoctor.runtime.writer import MAX_SITES, CallSite, TraceWriter
 from ddpdoctor.trace import redact, schema
 from ddpdoctor.trace.ddp_sites import BUCKET, UNUSED_PARAMS
 
@@ -66,7 +66,7 @@ class Recorder:
         self._early: list[dict] = []
         # (site, bucketed) by the static fields of a collective and the places of its caller's
         # frames (StackLabeler.places): one lookup per collective once a call site is known.
-        self._sites: dict[tuple, tuple[Site, bool]] = {}
+        self._sites: dict[tuple, tuple[CallSite, bool]] = {}
         self._ddp_count = 0
         self._closed = False
         self.exit_code: int | None = None
@@ -202,7 +202,7 @@ class Recorder:
 
     def _site(self, writer: TraceWriter, group: str, op: str, tensors: tuple, reduce_op: Any,
               root: int | None, peer: int | None, frame: Any,
-              meta: tuple = (), behalf: tuple | None = None) -> tuple[Site, bool]:
+              meta: tuple = (), behalf: tuple | None = None) -> tuple[CallSite, bool]:
         """The site of a collective called from ``frame``, labelled, and whether each of its
         calls counts as the next gradient bucket of the iteration. ``behalf``: (label, name,
         stack) of the user's call a framework issues it for (:mod:`on_behalf`), which gives

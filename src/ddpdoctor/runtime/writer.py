@@ -41,7 +41,7 @@ from ddpdoctor.trace.basics import numel
 _get_ident = threading.get_ident
 
 
-class Site:
+class CallSite:
     """What repeats from call to call at one place: a collective's static fields (group, op,
     label, tensors, call stack, ...) and their encoding in the trace line, made once."""
 
@@ -61,12 +61,12 @@ class Site:
 
 class CollectiveRecord:
     """A collective still running, as :meth:`TraceWriter.pending` shows it: its per-call
-    fields, and its :class:`Site` for the rest (read through as attributes)."""
+    fields, and its :class:`CallSite` for the rest (read through as attributes)."""
 
     __slots__ = ("id", "seq", "p2p_seq", "iteration", "bucket", "t", "site", "work")
 
     def __init__(self, cid: int, seq: int | None, p2p_seq: int | None, iteration: int,
-                 bucket: int | None, t: float, site: Site) -> None:
+                 bucket: int | None, t: float, site: CallSite) -> None:
         self.id, self.seq, self.p2p_seq, self.iteration = cid, seq, p2p_seq, iteration
         self.bucket, self.t, self.site = bucket, t, site
         # ISSUING until the backend returned a Work; then the Work; a state string on error.
@@ -196,10 +196,10 @@ class TraceWriter:
         self._issued_log: list[Any] = []
         self._folded: set[int] = set()  # ids in the log folded into a run (capped trace)
         self._open: dict[int, tuple] = {}
-        self._open_sites: dict[int, Site] = {}
+        self._open_sites: dict[int, CallSite] = {}
         self._settled_id = 0  # the last id written when the writer thread last looked
         self._stacks: dict[tuple, int] = {}
-        self._sites: dict[tuple, Site] = {}
+        self._sites: dict[tuple, CallSite] = {}
         self._site_records = 0  # site records written (their ids: 0, 1, ...)
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
@@ -219,8 +219,8 @@ class TraceWriter:
     # -- caller side -------------------------------------------------------------------------
     def site(self, group: str, op: str, label: str, api: str | None, tensors: tuple,
              reduce_op: Any, root: int | None, peer: int | None, stack: tuple,
-             meta: tuple = ()) -> Site:
-        """The :class:`Site` of these static fields: the same object for the same fields (its
+             meta: tuple = ()) -> CallSite:
+        """The :class:`CallSite` of these static fields: the same object for the same fields (its
         line encoded once). ``tensors``: ((shape, dtype), ...); ``stack``: the labeler's cached
         tuple for a call stack (same places, same object); ``meta``: ((field, value), ...) of
         the fields that decide a match beyond the tensors (split sizes, a tag)."""
@@ -232,11 +232,11 @@ class TraceWriter:
             if site is None:
                 if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
                     self._sites.clear()
-                site = self._sites[key] = Site(group, op, label, api, tensors, reduce_op, root,
+                site = self._sites[key] = CallSite(group, op, label, api, tensors, reduce_op, root,
                                                peer, stack, meta)
             return site
 
-    def write_at(self, site: Site, seq: int | None, p2p_seq: int | None, bucket: int | None,
+    def write_at(self, site: CallSite, seq: int | None, p2p_seq: int | None, bucket: int | None,
                  iteration: int, t: float) -> int:
         """Number a collective of ``site`` and write its line now, before it is issued; its
         id, under which the caller stores the ``Work`` in :attr:`works`."""
@@ -303,7 +303,7 @@ class TraceWriter:
             out = []
             quiet = _quiet_check()
             log = self._issued_log
-            entries: list[tuple[int, Sequence[Any], Site]] = [
+            entries: list[tuple[int, Sequence[Any], CallSite]] = [
                 (cid, fields, self._open_sites[cid]) for cid, fields in self._open.items()]
             entries += [(log[i], log[i + 1:i + _SITE], log[i + _SITE])
                         for i in range(0, len(log), _ISSUED_FIELDS)]
@@ -445,7 +445,7 @@ class TraceWriter:
         self._block.progressed(self._next_id, self.completed, iteration, last_op, issued_at,
                                dict(self._issued_seq), listed, len(self._open))
 
-    def _block_record(self, cid: int, fields: Sequence[Any], site: Site) -> str:
+    def _block_record(self, cid: int, fields: Sequence[Any], site: CallSite) -> str:
         """A collective still running as its progress block lists it: a ``collective`` record
         with its static part inline and its call stack as ``frames``."""
         t, seq, p2p_seq, iteration, bucket = fields
@@ -459,7 +459,7 @@ class TraceWriter:
                 f'"iteration": {iteration}{extra}, "t": {t:.6f}, {site.block}}}')
 
     # -- encoding (caller's thread, under the lock) ------------------------------------------
-    def _encode_static(self, site: Site, lines: list[str]) -> str:
+    def _encode_static(self, site: CallSite, lines: list[str]) -> str:
         """What ``site``'s lines end with: ``"site": N``, after its ``site`` record (and its
         call stack's record before that, when new) appended to ``lines``."""
         site_id = self._site_records
@@ -468,7 +468,7 @@ class TraceWriter:
                      f'{self._static_fields(site, lines)}}}')
         return f'"{schema.SITE_REF}": {site_id}'
 
-    def _static_fields(self, site: Site, lines: list[str]) -> str:
+    def _static_fields(self, site: CallSite, lines: list[str]) -> str:
         """The static part of ``site`` as JSON fields (no braces); its call stack's record
         appended to ``lines`` first, when new."""
         stack_id = self._stacks.get(site.stack)
@@ -479,7 +479,7 @@ class TraceWriter:
         return json.dumps(self._static_dict(site, stack_id))[1:-1]
 
     @staticmethod
-    def _static_dict(site: Site, stack_id: int | None) -> dict[str, Any]:
+    def _static_dict(site: CallSite, stack_id: int | None) -> dict[str, Any]:
         """The static part of ``site``: its fields in the order trace/schema.py declares
         (``stack``, the id of its call stack's record, left out when None)."""
         shapes = [list(shape) for shape, _ in site.tensors]
