@@ -136,3 +136,30 @@ def test_the_launcher_bench_reads_cpu_and_the_rate_its_fake_ranks_achieved(
     fake.rank_main(0, 2, 200.0, 0.5, Started())  # type: ignore[attr-defined]
     assert cost.issued(tmp_path) == 100  # type: ignore[attr-defined]
     assert (tmp_path / "rank-0.jsonl.progress").exists()
+
+
+def test_the_whole_job_per_collective_figure_cancels_fixed_costs_in_any_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/per_op_whole_job.py: each arm's figure is (long job's CPU - short job's) over the
+    collectives between them, per rank, whatever order a round runs its jobs in."""
+    bench = _bench_module("per_op_whole_job")
+    overhead = bench.overhead
+    ran: list[tuple[str, int]] = []
+
+    def fake_job(kind: str, script: Path, args: list[str]) -> object:
+        n = int(args[args.index("--ops") + 1])
+        ran.append((kind, n))
+        per_op = 100e-6 if kind == overhead.PLAIN else 110e-6  # CPU-s per collective, 2 ranks
+        start = 3.0 if kind == overhead.PLAIN else 4.5  # a fixed cost the difference cancels
+        return overhead.JobResult([], start + n * per_op, wall_s=1.0, others_cpu_s=0.0)
+
+    monkeypatch.setattr(overhead, "job", fake_job)
+    orders = set()
+    for flip in range(4):
+        ran.clear()
+        a, b, others = bench.run_round((overhead.PLAIN, overhead.DOCTOR), 1000, 11000, flip)
+        assert a == pytest.approx(50.0) and b == pytest.approx(55.0) and others == 0.0
+        assert sorted(ran) == sorted({(k, n) for k in (overhead.PLAIN, overhead.DOCTOR)
+                                      for n in (1000, 11000)})
+        orders.add(tuple(ran))
+    assert len(orders) == 4  # each arm, short and long, first in turn
