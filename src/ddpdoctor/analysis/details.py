@@ -144,7 +144,7 @@ def elsewhere_detail(state: RankState) -> RankDetail:
     if state.status in (RankStatus.MISSING, RankStatus.REMOTE):
         d.state = "no trace" if state.status == RankStatus.MISSING else "other node"
         return d
-    if state.status in (RankStatus.EXCEPTION, RankStatus.FAILED, RankStatus.KILLED):
+    if state.status.crashed:
         d.state = state.status
         d.site = state.crash_site
         return d
