@@ -163,3 +163,22 @@ def test_the_whole_job_per_collective_figure_cancels_fixed_costs_in_any_order(
                                       for n in (1000, 11000)})
         orders.add(tuple(ran))
     assert len(orders) == 4  # each arm, short and long, first in turn
+
+
+def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
+    """bench/breakdown.py and bench/parts_alone.py replace parts of the recording by name (run
+    by hand, never by CI): a renamed part would make them time the wrong thing."""
+    from ddpdoctor.runtime import pg_wrapper
+    from ddpdoctor.runtime.labels import StackLabeler
+    from ddpdoctor.runtime.recorder import Recorder
+    from ddpdoctor.runtime.trace_file import TraceFile
+    from ddpdoctor.runtime.writer import TraceWriter
+
+    for owner, name in [(Recorder, "record"), (TraceWriter, "write_at"),
+                        (StackLabeler, "places"), (pg_wrapper._Issuer, "issue")]:
+        assert callable(getattr(owner, name)), f"{owner.__name__}.{name}"
+    assert "calls" in pg_wrapper._Issuer.__slots__
+    assert {"_issuer", "_issue"} <= set(  # instance attributes the constructor sets
+        pg_wrapper.RecordingProcessGroup.__init__.__code__.co_names)
+    assert isinstance(pg_wrapper.RecordingProcessGroup._enabled, property)
+    assert "fast_write" in TraceFile.__init__.__code__.co_names
