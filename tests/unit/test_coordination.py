@@ -144,7 +144,7 @@ def test_a_digest_read_from_another_node_leaves_out_what_is_malformed() -> None:
     assert d.idle is None and d.issued == {"0": digest.Issued(9, 2)}
     assert d.pending == (digest.PendingEntry("0", 9, "ab", 0, 3, "all_reduce"),)
     assert d.ended == (digest.Ended(5, "finished"),)
-    assert digest.Digest.from_wire([1, 2]) is None
+    assert digest.Digest.from_wire([1, 2]) is None and digest.Digest.from_wire(None) is None
     assert digest.Digest.from_wire({"ranks": "many"}) is None
 
 
@@ -193,6 +193,19 @@ def test_digests_climb_the_tree_and_the_verdict_comes_down(tmp_path: Path,
                for c in nodes)
     steps = 6
     assert all(c.traffic.ops <= 3 + digest.FANOUT + 1 + 2 * steps for c in nodes)
+
+
+def test_a_child_whose_digest_cannot_be_read_makes_its_subtree_unknown(
+        store_port: int) -> None:
+    root = Coordinator(_client(store_port), "garbled", 2, node=0, interval=0.05)
+    root.setup()
+    store = _client(store_port)()
+    store.set(root._digest_key(1), b"{not json")
+    local = digest.merge(digest.Digest(nodes=1, ranks=1, world=2, live=1, waiting=1,
+                                       blocked=1, quiet=0.0, wait=0.0), [])
+    root.update(local)
+    root.step()
+    assert root.update(local).unknown == 1
 
 
 def test_a_child_that_stops_publishing_makes_its_subtree_unknown(store_port: int,

@@ -193,9 +193,10 @@ class Coordinator:
                 for kid, raw in zip(kids, values):
                     old = self._children.get(kid)
                     if raw and (old is None or old[0] != raw):
-                        value = _parse(raw) or {}
+                        # Unreadable: None, which makes the child's subtree unknown.
+                        value = _parse(raw)
                         self._children[kid] = (raw, now, digest.Digest.from_wire(value),
-                                               bool(value.get("final")))
+                                               bool(value and value.get("final")))
                 if not self.root and values[-1]:
                     self._verdict = _parse(values[-1])
         if not self._send_verdict(store) and not self.root:
