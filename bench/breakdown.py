@@ -56,11 +56,11 @@ def main() -> None:
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
     targets = {"write": (writer._file, "fast_write"), "collective": (writer, "write_at"),
-               "describe": (labeler, "places")}
+               "describe": (labeler, "place_id")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
     stubs = {"write": len, "collective": lambda *args: None,
-             "describe": lambda frame: ((), None, 0)}
+             "describe": lambda frame: 0}
     off = {"plain": set(), "direct": set(), "wrapper": set(), "floor": set(),
            "record": {"collective", "describe"},
            "describe": {"collective"}, "encode": {"write"}, "full": set()}

@@ -63,12 +63,12 @@ def main() -> None:
     recorder.record = lambda *a: None
     cost["issue"] = per_call(group.allreduce)
     recorder.record = record
-    write_at, places = writer.write_at, labeler.places
+    write_at, place_id = writer.write_at, labeler.place_id
     writer.write_at = lambda *a: 1
-    key = places(sys._getframe())
-    labeler.places = lambda frame: key
+    key = place_id(sys._getframe())
+    labeler.place_id = lambda frame: key
     cost["site"] = per_call(group.allreduce)
-    labeler.places = places
+    labeler.place_id = place_id
     cost["walk"] = per_call(group.allreduce)
     writer.write_at = write_at
     cost["line"] = per_call(group.allreduce)

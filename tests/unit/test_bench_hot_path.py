@@ -175,7 +175,7 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     from ddpdoctor.runtime.writer import TraceWriter
 
     for owner, name in [(Recorder, "record"), (TraceWriter, "write_at"),
-                        (StackLabeler, "places"), (pg_wrapper._Issuer, "issue")]:
+                        (StackLabeler, "place_id"), (pg_wrapper._Issuer, "issue")]:
         assert callable(getattr(owner, name)), f"{owner.__name__}.{name}"
     assert "calls" in pg_wrapper._Issuer.__slots__
     assert {"_issuer", "_issue"} <= set(  # instance attributes the constructor sets

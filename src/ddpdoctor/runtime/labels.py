@@ -11,6 +11,7 @@ caller's code is, a long module included. Standard library only.
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import os
 import threading
@@ -28,12 +29,30 @@ STACK_DEPTH = 6
 # led into the library is then in the record.
 MAX_LIBRARY_FRAMES = 64
 MAX_CACHED_STACKS = 4096
+MAX_PLACES = 65536  # frames in the tree of call paths (place_id), at most: ~20 MB
 _LIBRARY_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 _NO_RULE = ()
 
 
 _GENERATED = ("<frozen", "<eval_with_key>")
+
+
+class _Place:
+    """A frame's place in :class:`StackLabeler`'s tree of the call paths seen: its code (kept
+    alive, so compared by identity), the places of the frames out from it by their instruction
+    offset (``outer``), another code at the same offset (``other``), and the id of the call
+    path that ends here: ``stop`` when :meth:`StackLabeler.places` stops at this frame whatever
+    lies beyond, ``top`` when it stopped because no frame lies beyond."""
+
+    __slots__ = ("code", "outer", "other", "stop", "top")
+
+    def __init__(self, code: CodeType, other: _Place | None) -> None:
+        self.code = code
+        self.outer: dict[int, _Place] = {}
+        self.other = other
+        self.stop: int | None = None
+        self.top: int | None = None
 
 
 class StackLabeler:
@@ -55,6 +74,10 @@ class StackLabeler:
         self._stacks: dict[tuple[int, ...], tuple] = {}
         # (label, api, stack) by the places of the internal frames and the user's above them.
         self._described: dict[tuple[int, ...], tuple[str, str | None, tuple]] = {}
+        # The call paths seen, as a tree of _Place from the innermost frame out (place_id).
+        self._tree: dict[int, _Place] = {}
+        self._tree_size = 0  # _Place objects in it
+        self._path_ids = itertools.count()
 
     def _classify(self, code: CodeType) -> tuple:
         """``()`` for user code, else (rules, api, backward) for an internal code object."""
@@ -111,6 +134,58 @@ class StackLabeler:
             described = self._described[key] = self._label(frame, internal) + (
                 self._stack_from(user, key[2 * internal:]),)
         return described
+
+    def place_id(self, frame: FrameType) -> int:
+        """A number for the places of ``frame`` and the frames out from it (what
+        :meth:`places` keys), never given to other places: once a call path is known, the
+        same number each time it is seen again. On the hot path of every collective: a known
+        call path is followed through a tree of them, each frame's code and instruction
+        compared, at less than half the cost of building and hashing the key
+        (bench/RESULTS.md, session 37)."""
+        outer = self._tree
+        f: FrameType | None = frame
+        while f is not None:
+            place = outer.get(f.f_lasti)
+            code = f.f_code
+            while place is not None and place.code is not code:
+                place = place.other
+            if place is None:
+                break
+            if place.stop is not None:
+                return place.stop
+            f = f.f_back
+            if f is None:
+                if place.top is not None:
+                    return place.top
+                break
+            outer = place.outer
+        return self._new_path(frame)
+
+    def _new_path(self, frame: FrameType) -> int:
+        """Add the call path from ``frame`` out, as :meth:`places` walks it, to the tree."""
+        walked = len(self.places(frame)[0]) // 2
+        if self._tree_size + walked > MAX_PLACES:  # a program that never repeats a call path
+            self._tree.clear()
+            self._tree_size = 0
+        outer, place = self._tree, None
+        f: FrameType | None = frame
+        for _ in range(walked):
+            assert f is not None  # places() walked this many frames
+            code, offset = f.f_code, f.f_lasti
+            first = place = outer.get(offset)
+            while place is not None and place.code is not code:
+                place = place.other
+            if place is None:
+                place = outer[offset] = _Place(code, first)
+                self._tree_size += 1
+            outer, f = place.outer, f.f_back
+        assert place is not None  # the caller's own frame at least
+        path = next(self._path_ids)
+        if f is None:
+            place.top = path
+        else:
+            place.stop = path
+        return path
 
     def places(self, frame: FrameType) -> tuple[tuple[int, ...], FrameType | None, int]:
         """(key, user frame, n): the places of the ``n`` internal frames (torch's,

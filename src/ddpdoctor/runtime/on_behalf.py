@@ -28,13 +28,22 @@ WATCHED = tuple(f"{package}.trainer.connectors.logger_connector.result"
                 for package in ("pytorch_lightning", "lightning.pytorch"))
 _SITE = "_ddpdoctor_log_stack"  # attribute of a _ResultMetric: where self.log first logged it
 
-_local = threading.local()
+class _PerThread(threading.local):
+    """What each thread is doing for a framework. Class defaults, not ``getattr(..., None)``:
+    a missing attribute of a thread-local raises inside getattr (0.35 µs against 0.04), and
+    :func:`current` runs for every collective."""
+
+    call: tuple[str, str, tuple] | None = None  # the metric being synced (current)
+    logged: tuple[str, tuple] | None = None  # (name, stack) of the self.log call running
+
+
+_local = _PerThread()
 
 
 def current() -> tuple[str, str, tuple] | None:
     """(label, metric name, stack of the user's call) while the calling thread syncs a
     framework metric on the user's behalf, else None."""
-    return getattr(_local, "call", None)
+    return _local.call
 
 
 def patch_lightning(module_name: str, stack_of: Callable[[Any], tuple]) -> None:
@@ -74,11 +83,11 @@ def _marking(real: Callable[..., Any], label: str) -> Callable[..., Any]:
         name = str(getattr(self.meta, "name", "?"))
         stack = getattr(self, _SITE, None)
         if stack is None:  # the first update, inside the self.log call that logged it
-            logged = getattr(_local, "logged", None)
+            logged = _local.logged
             if logged is not None and logged[0] == name:
                 stack = logged[1]
                 setattr(self, _SITE, stack)
-        if stack is None or getattr(_local, "call", None) is not None:
+        if stack is None or _local.call is not None:
             return real(self, *args, **kwargs)
         _local.call = (label, name, stack)
         try:

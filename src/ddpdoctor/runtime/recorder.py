@@ -65,7 +65,7 @@ class Recorder:
         self.watchdog: Watchdog | None = None
         self._early: list[dict] = []
         # (site, bucketed) by the static fields of a collective and the places of its caller's
-        # frames (StackLabeler.places): one lookup per collective once a call site is known.
+        # frames (StackLabeler.place_id): one lookup per collective once a call site is known.
         self._sites: dict[tuple, tuple[CallSite, bool]] = {}
         self._ddp_count = 0
         self._closed = False
@@ -184,7 +184,7 @@ class Recorder:
             site, bucketed = self._site(writer, group, op, tensors, reduce_op, root, peer, None,
                                         meta, behalf)
         else:
-            key = (group, op, reduce_op, root, peer, tensors, self.labeler.places(frame)[0],
+            key = (group, op, reduce_op, root, peer, tensors, self.labeler.place_id(frame),
                    meta, behalf)
             known = self._sites.get(key)
             if known is None:
