@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
+import pytest
+
 from ddpdoctor.launch.monitor import MORE, JobProgress, _Block
+from ddpdoctor.runtime.progress import ProgressBlock
 from ddpdoctor.runtime.writer import TraceWriter
 from ddpdoctor.trace import progress_block, schema
 
@@ -194,3 +198,44 @@ def test_an_activity_record_written_after_the_rank_issued_is_fresh_whenever_the_
     assert job.ranks[0].fresh_activity() is not None
     job.close()
     w.close()
+
+
+def test_the_folder_is_listed_again_only_when_it_changed(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """A poll lists the log folder only when its mtime moved (or is recent, or the last
+    listing is RELIST_SECONDS old); a block that appears is found at the next poll all the
+    same."""
+    from ddpdoctor.launch import monitor
+
+    listings: list[str] = []
+    real_scandir = os.scandir
+
+    def counting(path: object) -> object:
+        listings.append(str(path))
+        return real_scandir(path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(monitor.os, "scandir", counting)
+    clock = [time.time()]
+    monkeypatch.setattr(monitor.time, "time", lambda: clock[0])
+    first = ProgressBlock(str(tmp_path / "rank-0.jsonl"), schema.header(0, "r", 0))
+    first.progressed(1, 1, 1, "all_reduce (user)", None, {"0": 1}, [], 0)
+    old = clock[0] - 60
+    os.utime(tmp_path, (old, old))
+    job = JobProgress(str(tmp_path))
+    job.poll()
+    job.poll()
+    assert len(listings) == 1 and set(job.ranks) == {0}  # unchanged folder: one listing
+    second = ProgressBlock(str(tmp_path / "rank-1.jsonl"), schema.header(1, "r", 0))
+    second.progressed(1, 1, 1, "all_reduce (user)", None, {"0": 1}, [], 0)
+    job.poll()
+    assert len(listings) == 2 and set(job.ranks) == {0, 1}  # a new file moved the mtime
+    os.utime(tmp_path, (old, old))
+    job.poll()  # the mtime moved (back): listed again
+    job.poll()
+    assert len(listings) == 3
+    clock[0] += monitor.RELIST_SECONDS
+    job.poll()  # nothing changed, but the last listing is old: listed again
+    assert len(listings) == 4
+    first.close()
+    second.close()

@@ -54,7 +54,14 @@ class HelpCommand(TyperCommand):
 
 
 def say(message: str) -> None:
-    """One status line on stderr, never wrapped (logs and tests grep for it)."""
+    """One status line on stderr, never wrapped (logs and tests grep for it). Written as it is
+    where stderr is no terminal: rich's rendering (highlighting included) cost the launcher
+    ~10 ms of CPU for each status line of a job run without one (bench/RESULTS.md, session
+    37)."""
+    if not err.is_terminal:
+        err.file.write(f"ddpdoctor: {message}\n")
+        err.file.flush()
+        return
     err.print(f"ddpdoctor: {message}", markup=False, soft_wrap=True)
 
 

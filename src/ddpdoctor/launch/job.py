@@ -77,13 +77,15 @@ class _Signals:
 FIRST_STATUS = 1.5  # seconds before the first progress update
 
 
-# Seconds between two reads of the traces. A poll costs ~1 ms of ddpdoctor's CPU (more with
-# many collectives a second): at the slow rate its own process stays under 1 CPU-second per
-# minute of the job (bench/whole_job.py). It polls fast once some rank is blocked, or has a
-# collective pending and has issued none for WAITED seconds (a DDP rank has one pending most
-# of the time, and the rank's writer reports completions only every half second), so that a
-# provable deadlock is still called within 2 s (bench/run.py, e).
-POLL_RUNNING = 0.5
+# Seconds between two reads of the ranks' progress blocks. On a 2-core VM a process that
+# wakes after half a second of sleep pays ~0.7 ms of CPU for the wake-up alone (cold caches),
+# and an idle poll of 8 ranks ~3 ms in all: once a second keeps the launcher near 0.25
+# CPU-seconds per minute of the job (bench/launcher_cost.py). It polls fast once some rank is
+# blocked, or has a collective pending and has issued none for WAITED seconds (a DDP rank has
+# one pending most of the time, and the rank's writer reports completions only every half
+# second), so that a provable deadlock is still called within 2 s and a stuck rank at its
+# timeout (bench/hang_latency.py).
+POLL_RUNNING = 1.0
 POLL_WAITING = 0.1
 WAITED = 0.3
 

@@ -1,8 +1,8 @@
 """Live progress of a running job, read from the ranks' progress blocks.
 
 Each rank keeps a small block next to its trace that says how far it got
-(:mod:`ddpdoctor.trace.progress_block`); the launcher reads every block with one read a poll
-and parses only those that changed, so its cost follows the number of ranks, not of
+(:mod:`ddpdoctor.trace.progress_block`); the launcher reads every block's head a poll
+and reads and parses only those that changed, so its cost follows the number of ranks, not of
 collectives. From them it keeps, per rank, the collectives it issued and has not completed,
 how far it got in each group, what it does while it issues no collective (the watchdog's
 ``activity`` records) and when it last made progress: a
@@ -16,8 +16,10 @@ store (:mod:`ddpdoctor.launch.coordination`).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -40,7 +42,10 @@ from ddpdoctor.trace.schema import Stop
 PIDS_READ = 16384  # bytes of a trace's start that hold its process_start record
 
 BLOCK_GLOB = schema.TRACE_GLOB + progress_block.SUFFIX
+_is_block = re.compile(fnmatch.translate(BLOCK_GLOB)).match
 MORE = -2  # the key of the collectives a block counts beyond those it lists
+RELIST_SECONDS = 10.0  # the log folder is listed again at least this often (JobProgress._names)
+FRESH_MTIME = 2.0  # and at every poll while its mtime is this recent (a change in the same tick)
 
 
 class _Block:
@@ -111,21 +116,46 @@ class JobProgress:
         self.started = time.time()
         self._deadlock_since: float | None = None
         self.reason = ""  # why the last verdict fired, in words
+        self._listing: set[str] = set()  # the folder's names (_names)
+        self._listed = (-1.0, -1.0)  # the folder's mtime when listed, and when that was
 
     # -- reading -----------------------------------------------------------------------------
     def poll(self, now: float | None = None) -> None:
         now = now or time.time()
-        for path in self.logdir.glob(BLOCK_GLOB):
-            block = self._blocks.get(path.name)
+        names = self._names()
+        for name in sorted(filter(_is_block, names)):
+            block = self._blocks.get(name)
             if block is None:
-                block = self._blocks[path.name] = _Block(path)
+                block = self._blocks[name] = _Block(self.logdir / name)
             if block.rank is not None and self._current.get(block.rank) is block:
                 prog = self.ranks[block.rank]
-                if not prog.cut and os.path.exists(schema.cut_marker(str(block.trace))):
+                if not prog.cut and schema.cut_marker(block.trace.name) in names:
                     prog.cut = True
             state = block.read()
             if state is not None:
                 self._apply(block, state, now)
+
+    def _names(self) -> set[str]:
+        """The names in the log folder: the blocks and the cut markers alike. Listed again
+        only when the folder changed (its mtime; and while that is :data:`FRESH_MTIME`
+        recent, since a second change in the same clock tick leaves it as it was) or
+        :data:`RELIST_SECONDS` after the last listing: on a 2-core VM a listing after the
+        launcher's second of sleep costs 1.5-3.5 ms of CPU, a ``stat`` 0.2-0.4
+        (bench/RESULTS.md, session 37)."""
+        try:
+            mtime = os.stat(self.logdir).st_mtime
+        except OSError:
+            return set()
+        clock = time.time()
+        if mtime != self._listed[0] or clock - mtime < FRESH_MTIME or \
+                clock - self._listed[1] >= RELIST_SECONDS:
+            try:
+                with os.scandir(self.logdir) as entries:
+                    self._listing = {entry.name for entry in entries}
+            except OSError:
+                return set()
+            self._listed = (mtime, clock)
+        return self._listing
 
     def _apply(self, block: _Block, state: dict[str, Any], now: float) -> None:
         rank = state["rank"]

@@ -3,10 +3,10 @@
 Next to each trace the rank keeps ``<trace>.progress``, rewritten in place (one ``pwrite``)
 whenever what it says changes: by the writer thread when collectives were issued or completed
 (at most every ``writer.DONE_SECONDS``), and at once for the rare records (a group made, an
-activity record, an exception, the exit). The launcher's monitor reads every rank's block with
-one read a poll, whatever the rate of collectives, and parses it only when its generation
-changed; it reads the traces themselves only to diagnose. The trace stays the record: a block
-says how far its rank got, never what it did.
+activity record, an exception, the exit). The launcher's monitor reads every rank's block
+head a poll, whatever the rate of collectives, and reads and parses the rest only when its
+generation changed; it reads the traces themselves only to diagnose. The trace stays the
+record: a block says how far its rank got, never what it did.
 
 Layout: a 20-byte head, ``<4s H H I I I>`` little-endian (:data:`MAGIC`, :data:`VERSION`, 0,
 generation, payload length, CRC-32 of the payload), then the payload, a JSON object (below).
@@ -47,7 +47,6 @@ VERSION = 1
 SUFFIX = ".progress"
 MAX_LISTED = 16  # pending collectives a block lists, oldest first
 _HEAD = struct.Struct("<4sHHIII")
-_READ_BYTES = 16 * 1024  # one read covers a block of this size; a longer one takes two
 MAX_BYTES = 4 * 1024 * 1024  # a longer payload is damage, not a block
 
 
@@ -82,8 +81,8 @@ def read(fd: int, known: int | None = None) -> tuple[int, bytes] | None:
     """(generation, payload) of the block open on ``fd``; None while it is not whole (being
     written, or never written), or when its generation is ``known`` (nothing new: the
     payload is not read further)."""
-    try:
-        data = os.pread(fd, _READ_BYTES, 0)
+    try:  # the head alone first: most polls find the generation they know
+        data = os.pread(fd, _HEAD.size, 0)
     except OSError:
         return None
     head = decode_head(data)
