@@ -8,10 +8,11 @@ import os
 from pathlib import Path
 
 from ddpdoctor.analysis.hang_rules import SETTLE
-from ddpdoctor.launch.job import WAITED, _someone_waits
+from ddpdoctor.launch.job import _someone_waits
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.runtime.progress import ProgressBlock
 from ddpdoctor.trace import schema
+from ddpdoctor.trace.progress_block import WAITED
 from ddpdoctor.trace.schema import Stop
 
 HANG, DEADLOCK, STUCK = Stop.HANG, Stop.DEADLOCK, Stop.STUCK

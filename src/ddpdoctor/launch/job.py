@@ -30,9 +30,12 @@ from ddpdoctor.launch.command import build_command, build_env, run_id
 from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.monitor import JobProgress
 from ddpdoctor.launch.options import RunOptions
+from ddpdoctor.launch.wake import Wake
+from ddpdoctor.runtime import env as rank_env
 from ddpdoctor.runtime.env import Launcher
 from ddpdoctor.runtime.stderr_tail import pseudo_terminal
 from ddpdoctor.trace import handshake, padding, schema
+from ddpdoctor.trace.progress_block import WAITED
 from ddpdoctor.trace.schema import Stop
 
 
@@ -78,35 +81,47 @@ FIRST_STATUS = 1.5  # seconds before the first progress update
 
 
 # Seconds between two reads of the ranks' progress blocks. On a 2-core VM a process that
-# wakes after half a second of sleep pays ~0.7 ms of CPU for the wake-up alone (cold caches),
-# and an idle poll of 8 ranks ~3 ms in all: once a second keeps the launcher near 0.25
-# CPU-seconds per minute of the job (bench/launcher_cost.py). It polls fast once some rank is
-# blocked, or has a collective pending and has issued none for WAITED seconds (a DDP rank has
-# one pending most of the time, and the rank's writer reports completions only every half
-# second), so that a provable deadlock is still called within 2 s and a stuck rank at its
-# timeout (bench/hang_latency.py).
+# wakes after a second of sleep pays milliseconds of CPU for a poll with its caches cold
+# (bench/RESULTS.md, session 37), so the launcher sleeps long while every rank makes
+# progress: the ranks wake it when one starts to wait (launch/wake.py), and it then polls
+# fast while some rank is blocked, or has a collective pending and has issued none for
+# WAITED seconds, so that a provable deadlock is called within 2 s and a stuck rank at its
+# timeout (bench/hang_latency.py). Without that FIFO, and on several nodes (whose digests
+# the others read), it polls at POLL_RUNNING.
+POLL_IDLE = 2.0
 POLL_RUNNING = 1.0
 POLL_WAITING = 0.1
-WAITED = 0.3
 
 
 class _JobEnd:
     """A sleep between two polls that ends as soon as the job's process does, so the report
-    follows at once: ``select`` on a pidfd where Linux has one (no wake-ups in between; Popen's
-    own wait polls up to 20 times a second), else ``Popen.wait``."""
+    follows at once, or a rank wakes the launcher (``wake``): ``select`` on a pidfd where
+    Linux has one (no wake-ups in between; Popen's own wait polls up to 20 times a second),
+    else ``Popen.wait``."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
+    def __init__(self, proc: subprocess.Popen, wake: Wake | None = None) -> None:
         self._proc = proc
         self._fd: int | None = None
+        self._wake = wake
         try:
             self._fd = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
             return
         self._closer = weakref.finalize(self, os.close, self._fd)
 
+    @property
+    def wakes(self) -> bool:
+        """Whether a rank that starts to wait ends the sleep."""
+        return self._fd is not None and self._wake is not None
+
     def wait(self, seconds: float) -> None:
         if self._fd is not None:
-            select.select([self._fd], [], [], seconds)
+            if self._wake is None:
+                select.select([self._fd], [], [], seconds)
+                return
+            ready, _, _ = select.select([self._fd, self._wake.fd], [], [], seconds)
+            if self._wake.fd in ready:
+                self._wake.drain()
             return
         try:
             self._proc.wait(seconds)
@@ -201,6 +216,9 @@ def run_job(opts: RunOptions, logdir: Path,
     cmd = build_command(opts)
     run = run_id(opts)
     environ = build_env(opts, logdir, run)
+    wake = Wake.create()
+    if wake is not None:
+        environ[rank_env.WAKE] = wake.path
     coord = coordination.for_job(opts.torchrun, run) if opts.launcher == Launcher.TORCHRUN else None
     proctree.become_subreaper()
     progress = JobProgress(str(logdir))
@@ -218,6 +236,8 @@ def run_job(opts: RunOptions, logdir: Path,
             if master is not None and out is not None:
                 os.close(master)
                 os.close(out)
+            if wake is not None:
+                wake.close()
             raise UsageError(f"cannot start {cmd[0]}: {exc.strerror}") from None
         pumps = []
         if master is not None and out is not None and on_output is not None:
@@ -226,10 +246,12 @@ def run_job(opts: RunOptions, logdir: Path,
         if coord is not None:
             coord.start()
         next_status = started + min(FIRST_STATUS, opts.status_every)
-        job_end = _JobEnd(proc)
+        job_end = _JobEnd(proc, wake)
         barrier = _ExitBarrier(logdir, proc.pid, coord) if coord is not None else None
+        running = POLL_IDLE if job_end.wakes and result.nnodes == 1 else POLL_RUNNING
+        running = min(running, opts.status_every)  # the live view's redraws
         while proc.poll() is None:
-            job_end.wait(POLL_WAITING if _someone_waits(progress, time.time()) else POLL_RUNNING)
+            job_end.wait(POLL_WAITING if _someone_waits(progress, time.time()) else running)
             now = time.time()
             progress.poll(now)
             if signals.received is not None:
@@ -261,6 +283,8 @@ def run_job(opts: RunOptions, logdir: Path,
                 on_status(progress, "status")
                 next_status = now + opts.status_every
         job_end.close()
+        if wake is not None:
+            wake.close()
         if coord is not None and not result.hang:
             progress.poll()
             coord.finish(node_digest(progress.ranks, time.time()))

@@ -18,6 +18,7 @@ LAUNCHER_PID = "DDPDOCTOR_LAUNCHER_PID"  # ddpdoctor's pid: its direct child is 
 FLIGHT_RECORDER = "DDPDOCTOR_FLIGHT_RECORDER"  # "1": PyTorch's flight recorder, not ddpdoctor's
 RECORD_NCCL = "DDPDOCTOR_RECORD_NCCL"  # "1": wrap NCCL groups too (checked on one GPU)
 TOP_PID = "DDPDOCTOR_TOP_PID"  # the job's top process: the workers it spawns die with it
+WAKE = "DDPDOCTOR_WAKE"  # the launcher's FIFO: a rank that starts to wait writes a byte to it
 TRACE_WRITE = "DDPDOCTOR_TRACE_WRITE"  # "1": write traces with pwrite, not through a mapping
 # "1": each DDP gradient bucket recorded as it enters the recording group, not once per
 # backward (runtime/ddp_buckets.py); for comparisons

@@ -113,7 +113,8 @@ class Recorder:
                     self.logdir, schema.trace_filename(rank, self.attempt, round_))):
                 round_ += 1
             self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt,
-                                                          round_), rank)
+                                                          round_), rank,
+                                      wake=os.environ.get(env.WAKE))
             self.writer.put(self._process_start(rank, world_size, backend))
             for rec in self._early:
                 self.writer.put(rec)

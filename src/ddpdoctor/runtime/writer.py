@@ -32,6 +32,7 @@ from typing import Any
 
 from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.hot_lock import HotLock
+from ddpdoctor.runtime.launcher_wake import LauncherWake
 from ddpdoctor.runtime.progress import ProgressBlock
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.runtime.trace_file import TraceFile
@@ -171,8 +172,9 @@ class TraceWriter:
     """Appends one rank's records to its JSON Lines file, collectives before they run."""
 
     def __init__(self, path: str, header: dict, rank: int, interval: float = DONE_SECONDS,
-                 max_bytes: int | None = None) -> None:
-        """``max_bytes``: the size cap (default: ``DDPDOCTOR_MAX_TRACE_MB``; None: no cap)."""
+                 max_bytes: int | None = None, wake: str | None = None) -> None:
+        """``max_bytes``: the size cap (default: ``DDPDOCTOR_MAX_TRACE_MB``; None: no cap);
+        ``wake``: the launcher's FIFO, written to when the rank starts to wait."""
         if max_bytes is None:
             max_bytes = cap_from_env()
         self._cap = Compressor(max_bytes) if max_bytes is not None else None
@@ -210,6 +212,8 @@ class TraceWriter:
         # sequence number issued, which the writer thread keeps up to date for it.
         self._block = ProgressBlock(path, header)
         self._issued_seq: dict[str, int] = {}
+        self._wake = LauncherWake(wake) if wake else None
+        self._woke_for = 0  # the collective whose wait last woke the launcher
         self._file = TraceFile(path)
         self._first_pos = self._file.pos
         self._write(json.dumps(header) + "\n")
@@ -333,6 +337,8 @@ class TraceWriter:
                     self._block.note(rec)
             self._closed = True
             self._block.close()
+            if self._wake is not None:
+                self._wake.close()
             if not self.failed:
                 self._file.close()
 
@@ -429,6 +435,11 @@ class TraceWriter:
             self._write("\n".join(lines) + "\n")
         if settled or log:
             self._tell_block(log)
+        if self._wake is not None and opened:
+            oldest = next(iter(opened))
+            if oldest != self._woke_for and now - opened[oldest][0] >= progress_block.WAITED:
+                self._woke_for = oldest  # once per wait: the launcher polls fast meanwhile
+                self._wake.wake()
 
     def _tell_block(self, log: list[Any]) -> None:
         """The progress block's news after a look: the last collective written (when ``log``,

@@ -46,6 +46,9 @@ MAGIC = b"DDPP"
 VERSION = 1
 SUFFIX = ".progress"
 MAX_LISTED = 16  # pending collectives a block lists, oldest first
+# Seconds a collective runs, with none issued since, before its rank counts as waiting: the
+# launcher then polls fast (launch/job.py), and the rank's writer wakes it (launch/wake.py).
+WAITED = 0.3
 _HEAD = struct.Struct("<4sHHIII")
 MAX_BYTES = 4 * 1024 * 1024  # a longer payload is damage, not a block
 
