@@ -5,6 +5,7 @@ timeout + 1 s, not a second later)."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Any
 
@@ -85,3 +86,42 @@ def test_every_threads_frame_is_read_with_the_collector_paused_and_left_as_it_wa
         sys._current_frames = real  # type: ignore[assignment]
     assert seen == [False, False] and gc.isenabled()
     assert threading.get_ident() in frames
+
+
+class _LookedAt(_Writer):
+    """A writer whose looks are counted, as the watchdog's thread makes them."""
+
+    interval = 0.2
+
+    def __init__(self) -> None:
+        self.looks: list[float] = []
+
+    def look(self) -> None:
+        self.looks.append(time.monotonic())
+
+
+def test_the_watchdogs_thread_makes_the_writers_looks_busy_or_quiet_and_stops_at_close(
+        tmp_path: Any) -> None:
+    """A rank's trace writer has no thread of its own: the watchdog's wake-ups make its looks,
+    about every ``interval`` whether the rank issues collectives (the watchdog then wakes
+    every QUIET_SECONDS at most) or is quiet (every POLL_SECONDS); the thread ends once the
+    rank is closed."""
+    rec = _Recorder()
+    rec.writer = _LookedAt()
+    rec.started = rec.last_issue = time.time()
+    dog = Watchdog(rec, str(tmp_path), 0)
+    deadline = time.time() + 2.0
+    while time.time() < deadline:  # busy: a collective every 20 ms
+        rec.last_issue = time.time()
+        time.sleep(0.02)
+    busy = len(rec.writer.looks)
+    time.sleep(1.5)  # quiet
+    quiet = len(rec.writer.looks) - busy
+    rec.closed = True
+    dog._thread.join(2)
+    assert not dog._thread.is_alive()
+    gaps = [b - a for a, b in zip(rec.writer.looks, rec.writer.looks[1:])]
+    assert 2 <= busy <= 2.0 / (0.2 - POLL_SECONDS / 2) + 1
+    assert 3 <= quiet <= 1.5 / (0.2 - POLL_SECONDS / 2) + 1
+    assert min(gaps) >= 0.2 - POLL_SECONDS / 2 - 0.01
+    assert max(gaps) <= QUIET_SECONDS + 0.2 + 0.2  # a wake-up after the look was due

@@ -4,7 +4,7 @@ On a rank whose ranks and gloo threads share few CPUs, acquiring and releasing e
 uncontended ``threading.Lock`` cost the training thread 2–3 µs per collective (measured in a
 2-rank job on 2 vCPUs, against 0.5 µs for two calls of a trivial builtin). The trace writer's
 lock is taken for every collective by the thread that issues them and rarely by anyone else
-(the writer thread every 0.5 s, the watchdog, rare records), so that one thread, the *hot*
+(the writer's looks every 0.5 s, the watchdog, rare records), so that one thread, the *hot*
 thread, gets a path with no lock at all:
 
     if get_ident() == lock.hot and not lock.busy:   # HotLock.fast_enter

@@ -114,7 +114,7 @@ class Recorder:
                 round_ += 1
             self.writer = TraceWriter(path, schema.header(rank, self.run_id, self.attempt,
                                                           round_), rank,
-                                      wake=os.environ.get(env.WAKE))
+                                      wake=os.environ.get(env.WAKE), thread=False)
             self.writer.put(self._process_start(rank, world_size, backend))
             for rec in self._early:
                 self.writer.put(rec)

@@ -12,7 +12,7 @@ closed. A rank killed before it closes its trace leaves up to :data:`~ddpdoctor.
 PAD_MAX` NUL bytes after its last line; readers stop there. Where a window cannot be
 allocated or mapped (a file size limit, a full disk, a file system without shared mappings),
 or with ``DDPDOCTOR_TRACE_WRITE=1``, the file is trimmed and written with ``pwrite`` from
-then on. The writer thread faults in, ahead of the data, the pages the next lines will be
+then on. The writer's looks fault in, ahead of the data, the pages the next lines will be
 stored into (:meth:`TraceFile.prefault`): a page's first store otherwise costs the thread
 that issues the collectives a page fault (7-8 µs on a busy 2-core VM, one in ~14 collectives).
 Standard library only.

@@ -2,7 +2,10 @@
 
 A daemon thread in every rank wakes every :data:`POLL_SECONDS` while the rank is quiet, and
 no sooner than the moment it would turn quiet while it issues collectives (a wake-up costs a
-busy rank far more CPU than the check it makes). While the rank issues no
+busy rank far more CPU than the check it makes). The same wake-ups make the trace writer's
+looks (:meth:`~ddpdoctor.runtime.writer.TraceWriter.look`, due every ``interval``): a thread of
+its own would wake twice a second more, at ~1-2 ms of CPU each on a busy 2-core VM (bench/
+RESULTS.md, session 38). While the rank issues no
 collective for :data:`QUIET_SECONDS`, it writes an ``activity`` record every
 :data:`ACTIVITY_SECONDS`: where the main thread is (its innermost frames of user code) and how
 much CPU it has used. That is how the launcher tells a rank *busy* outside collectives (a
@@ -163,21 +166,32 @@ class Watchdog:
         self._thread.start()
 
     def _run(self) -> None:
-        while not handshake.requested(self._logdir):
-            if self._recorder.closed:
-                return  # the exit record is written: nothing more to say or to answer
+        answered = False
+        next_look = 0.0
+        while not self._recorder.closed:  # the exit record is written: nothing more to do
+            if not answered and handshake.requested(self._logdir):
+                answered = True
+                try:
+                    self.dump()
+                finally:
+                    handshake.acknowledge(self._logdir, self._rank)
             # An active rank cannot be hung: sleep until it would have been quiet long enough.
             quiet_at = max(self._recorder.last_issue, self._recorder.started) + QUIET_SECONDS
             time.sleep(min(QUIET_SECONDS, max(POLL_SECONDS, quiet_at - time.time())))
             now = time.time()
+            writer = self._recorder.writer
+            if writer is not None and now >= next_look:
+                next_look = now + writer.interval - POLL_SECONDS / 2  # the wake-up nearest
+                try:
+                    writer.look()
+                except Exception:  # a broken writer cuts its own trace
+                    pass
+            if answered:
+                continue  # the evidence is given: completions only, until the job is stopped
             try:
                 self._activity(now)
             except Exception:  # what the rank is doing is enrichment; never stop the watch
                 pass
-        try:
-            self.dump()
-        finally:
-            handshake.acknowledge(self._logdir, self._rank)
 
     def _activity(self, now: float) -> None:
         quiet_since = max(self._recorder.last_issue, self._recorder.started)

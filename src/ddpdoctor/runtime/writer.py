@@ -8,8 +8,10 @@ Stored data lives in the kernel's page cache, so whatever way the rank dies afte
 exception, ``os._exit``, SIGABRT from gloo, SIGSEGV, SIGKILL — the collective it was in, and
 every one before it, can be read.
 
-Completion is the one thing known later. A daemon thread polls the ``Work`` of every collective
-still running every ``interval`` seconds and, when some completed or were issued, writes one
+Completion is the one thing known later. Every ``interval`` seconds a look (:meth:`TraceWriter.
+look`, made by the writer's own daemon thread, or in a rank by its watchdog's thread, whose
+wake-ups then serve both) polls the ``Work`` of every collective still running and, when some
+completed or were issued, writes one
 ``done`` record for all of them: every collective up to ``upto`` has completed except the ids
 it lists as ``pending`` (failures get a ``state`` record each), and the issue times of the
 collectives written since the last one (``issued``). The collective line itself carries no
@@ -93,13 +95,16 @@ MAX_PENDING_LISTED = 1024  # ids a ``done`` record lists as still running, at mo
 MAX_SITES = 65536  # sites kept for reuse, at most
 
 
-# How often the writer thread wakes to record completions. A wake-up in a busy rank costs far
+# How often the writer looks to record completions. A wake-up in a busy rank costs far
 # more than its own work: ~300 µs of CPU on a 2-core VM, its code cold after the training
 # loop's (bench/RESULTS.md, session 23: the CNN job's writer thread used 1.6 ms of CPU per
 # second at 0.2 s, 0.9 at 0.5 s, 0.6 at 1 s, whatever it found to do). Hang detection works in
-# seconds; the timeline's completion times are this coarse.
+# seconds; the timeline's completion times are this coarse. In a rank the watchdog's thread,
+# which wakes every 0.3 s while the rank is busy anyway, makes the looks: a thread of the
+# writer's own cost two wake-ups a second more (session 38, the small-op loop: the two threads
+# 5.3 µs of CPU per collective, the one 3.9).
 DONE_SECONDS = 0.5
-PREFAULT_BYTES = 64 * 1024  # the least the writer thread faults in ahead of the data
+PREFAULT_BYTES = 64 * 1024  # the least a look faults in ahead of the data
 
 
 # How a completed Work says whether it failed. ``Work.is_success()`` is torch's cheapest answer
@@ -172,9 +177,12 @@ class TraceWriter:
     """Appends one rank's records to its JSON Lines file, collectives before they run."""
 
     def __init__(self, path: str, header: dict, rank: int, interval: float = DONE_SECONDS,
-                 max_bytes: int | None = None, wake: str | None = None) -> None:
+                 max_bytes: int | None = None, wake: str | None = None,
+                 thread: bool = True) -> None:
         """``max_bytes``: the size cap (default: ``DDPDOCTOR_MAX_TRACE_MB``; None: no cap);
-        ``wake``: the launcher's FIFO, written to when the rank starts to wait."""
+        ``wake``: the launcher's FIFO, written to when the rank starts to wait; ``thread``:
+        a daemon thread of its own makes the looks (False: the owner calls :meth:`look`
+        every ``interval``)."""
         if max_bytes is None:
             max_bytes = cap_from_env()
         self._cap = Compressor(max_bytes) if max_bytes is not None else None
@@ -216,9 +224,10 @@ class TraceWriter:
         self._woke_for = 0  # the collective whose wait last woke the launcher
         self._file = TraceFile(path)
         self._first_pos = self._file.pos
+        self._looked_at = self._first_pos  # where the data ended at the last look
         self._write(json.dumps(header) + "\n")
-        self._thread = threading.Thread(target=self._run, name="ddpdoctor-writer", daemon=True)
-        self._thread.start()
+        if thread:
+            threading.Thread(target=self._run, name="ddpdoctor-writer", daemon=True).start()
 
     # -- caller side -------------------------------------------------------------------------
     def site(self, group: str, op: str, label: str, api: str | None, tensors: tuple,
@@ -342,17 +351,21 @@ class TraceWriter:
             if not self.failed:
                 self._file.close()
 
-    # -- completions (writer thread) ---------------------------------------------------------
+    # -- completions (the thread that looks) -------------------------------------------------
     def _run(self) -> None:
-        written = 0
         while not self._stop.wait(self.interval):
-            with self._lock:
-                if self._closed:
-                    continue
-                self._settle()
-                last, written = written, self.bytes_written
-            # The pages the next interval's lines will likely need, twice over.
-            self._file.prefault(max(PREFAULT_BYTES, 2 * (written - last)))
+            self.look()
+
+    def look(self) -> None:
+        """Record what completed since the last look (see :meth:`_settle`) and fault in the
+        pages the next lines will need. Any thread; a closed writer does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._settle()
+            last, self._looked_at = self._looked_at, self._file.pos
+        # The pages the next interval's lines will likely need, twice over.
+        self._file.prefault(max(PREFAULT_BYTES, 2 * (self._looked_at - last)))
 
     def _settle(self, final: bool = False) -> None:
         """One ``done`` record when collectives completed since the last, a ``state`` record
