@@ -1,7 +1,8 @@
 """Small-op workload for the bench: a loop of ``all_reduce`` on one float32 on 2 gloo ranks, the
 case where a per-collective cost shows most. Each rank prints one line ``BENCH {json}``: the
-median µs per op, its process CPU µs per op (every thread: ddpdoctor's writer included) and
-the calling thread's CPU µs per op.
+median µs per op, its process CPU µs per op (every thread: ddpdoctor's included), the calling
+thread's CPU µs per op, and the process CPU split by thread (``split_us``: the training thread,
+ddpdoctor's threads, the rest: gloo's and torch's).
 
 ``--wrapper-ab`` (under ``ddpdoctor run``): blocks of all-reduces through ddpdoctor's recording
 group (its ``allreduce``: the record, the trace line, then gloo) alternate with blocks through
@@ -146,17 +147,22 @@ def main() -> None:
     for _ in range(200):
         dist.all_reduce(t)
     chunks, thread = [], []
-    cpu0 = time.process_time()
+    cpu0, main0, own0 = time.process_time(), time.thread_time(), _own_threads_cpu()
     for _ in range(10):
         t0, c0 = time.perf_counter(), time.thread_time()
         for _ in range(args.ops // 10):
             dist.all_reduce(t)
         thread.append((time.thread_time() - c0) / (args.ops // 10))
         chunks.append((time.perf_counter() - t0) / (args.ops // 10))
-    cpu = time.process_time() - cpu0
+    cpu, main = time.process_time() - cpu0, time.thread_time() - main0
+    own = _own_threads_cpu() - own0
+    n = args.ops // 10 * 10
     result = {"rank": dist.get_rank(), "op_us": statistics.median(chunks) * 1e6,
-              "cpu_us": cpu / (args.ops // 10 * 10) * 1e6,
-              "thread_us": statistics.median(thread) * 1e6}
+              "cpu_us": cpu / n * 1e6, "thread_us": statistics.median(thread) * 1e6,
+              # The loop's process CPU by thread: the training thread, ddpdoctor's threads,
+              # and the rest (gloo's threads, torch's).
+              "split_us": {"main": main / n * 1e6, "ddpdoctor": own / n * 1e6,
+                           "gloo": (cpu - main - own) / n * 1e6}}
     if args.wrapper_ab:
         result.update(wrapper_ab(t, args.ops))
     print("BENCH " + json.dumps(result), flush=True)

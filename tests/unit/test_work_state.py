@@ -166,3 +166,49 @@ def test_the_writer_tracks_what_runs_until_its_work_completes(tmp_path) -> None:
     assert done[0][schema.ISSUED] == [[1, 101.0, [0, 1_000_000, 2_000_000, 3_000_000]]]
     assert [(r["id"], r["state"]) for r in records if r["kind"] == schema.STATE] == \
         [(4, schema.FAILED)]
+
+
+def test_the_issuing_thread_releases_the_last_work_once_it_completed(
+        tmp_path, success_api: None) -> None:
+    """write_at releases the Work of the collective written before it when that completed
+    without error (a synchronous collective's always has): the look then counts it completed.
+    One still running, or failed, stays for the look, which records the failure."""
+    w = writer.TraceWriter(str(tmp_path / "rank-0.jsonl"), schema.header(0, "r", 0), 0,
+                           interval=3600, thread=False)
+    site = w.site("0", "all_reduce", "user", "all_reduce", (((4,), "torch.float32"),), "SUM",
+                  None, None, ())
+    first = w.write_at(site, 1, None, None, 0, 101.0)
+    w.works[first] = _Work()
+    second = w.write_at(site, 2, None, None, 0, 102.0)
+    assert w.works[first] == schema.COMPLETED
+    running = w.works[second] = _Work(completed=False)
+    third = w.write_at(site, 3, None, None, 0, 103.0)
+    assert w.works[second] is running
+    failing = w.works[third] = _Work(error=RuntimeError("peer closed"))
+    w.write_at(site, 4, None, None, 0, 104.0)  # its backend has not returned yet
+    assert w.works[third] is failing
+    assert [r.id for r in w.pending()] == [second, 4]
+    w.look()
+    assert w.completed == 2 and [r.id for r in w.pending()] == [second, 4]
+    w.close()
+    records = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["state"]) for r in records if r["kind"] == schema.STATE] == \
+        [(third, schema.FAILED)]
+
+
+def test_without_a_quiet_is_success_every_work_is_left_to_the_look(tmp_path) -> None:
+    saved = writer._is_success_quiet
+    writer.use_is_success(False)
+    try:
+        w = writer.TraceWriter(str(tmp_path / "rank-0.jsonl"), schema.header(0, "r", 0), 0,
+                               interval=3600, thread=False)
+        site = w.site("0", "barrier", "user", "barrier", (), None, None, None, ())
+        first = w.write_at(site, 1, None, None, 0, 101.0)
+        done = w.works[first] = _Work()
+        w.write_at(site, 2, None, None, 0, 102.0)
+        assert w.works[first] is done and done.futures == 0
+        w.look()
+        assert w.completed == 1 and first not in w.works
+        w.close()
+    finally:
+        writer.use_is_success(saved)

@@ -194,20 +194,21 @@ class TraceWriter:
         self.completed = 0  # collectives known to have completed
         # Each collective written: its id, issue time, per-call fields and site, appended to
         # a flat list by the thread that issues it (_ISSUED_FIELDS per collective) and taken
-        # by the writer thread at its next look, which keeps the fields of those still
-        # running in _open and _open_sites (by id, in issue order). The issuing thread stores
-        # only the Work (``works``: its id absent until the backend returned it; a state
-        # string on error). Nothing is made per collective that the garbage collector tracks
-        # and that lives on (a full collection is ~75 ms in a process that imported torch,
-        # and long-lived tracked objects make them frequent): the flat list holds numbers and
-        # the long-lived site, a tuple of numbers is untracked at the first collection, dict
-        # entries are no objects, and a Work is untracked.
+        # by the next look, which keeps the fields of those still running in _open and
+        # _open_sites (by id, in issue order). The issuing thread stores only the Work
+        # (``works``: its id absent until the backend returned it; a state string on error,
+        # or COMPLETED once write_at found it completed). Nothing is made per collective
+        # that the garbage collector tracks and that lives on (a full collection is ~75 ms
+        # in a process that imported torch, and long-lived tracked objects make them
+        # frequent): the flat list holds numbers and the long-lived site, a tuple of numbers
+        # is untracked at the first collection, dict entries are no objects, and a Work is
+        # untracked.
         self.works: dict[int, Any] = {}
         self._issued_log: list[Any] = []
         self._folded: set[int] = set()  # ids in the log folded into a run (capped trace)
         self._open: dict[int, tuple] = {}
         self._open_sites: dict[int, CallSite] = {}
-        self._settled_id = 0  # the last id written when the writer thread last looked
+        self._settled_id = 0  # the last id written at the last look
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, CallSite] = {}
         self._site_records = 0  # site records written (their ids: 0, 1, ...)
@@ -270,6 +271,20 @@ class TraceWriter:
             lines: list[str] = []
             if not site.text:
                 site.text = self._encode_static(site, lines)
+            # The Work of the collective written before this one, released here when it
+            # completed: a synchronous collective's (dist.all_reduce waits for it) always has.
+            # Kept for the next look instead, every Work of a small-op loop cost gloo's threads
+            # ~10 µs of CPU per collective more than plain torch's (bench/RESULTS.md, session
+            # 38); DDP's asynchronous bucket all-reduces still running stay for the look.
+            last = self._next_id
+            work = self.works.get(last)
+            if work is not None and _is_success_quiet and type(work) is not str:
+                try:
+                    if work.is_completed() and work.is_success():
+                        self.works[last] = schema.COMPLETED
+                except Exception:  # the look asks it again, its own way
+                    pass
+                work = None
             self._next_id += 1
             cid = self._next_id
             self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
@@ -404,6 +419,9 @@ class TraceWriter:
             if seq is not None:  # sequence numbers grow: the last is the highest
                 issued[log[i + _SITE].group] = seq
             work = pop(cid, ISSUING)
+            if work is schema.COMPLETED:  # released by write_at
+                settled += 1
+                continue
             try:  # the common case, as _work_state asks it
                 if quiet and work.is_completed() and work.is_success():
                     settled += 1

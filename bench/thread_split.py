@@ -1,0 +1,79 @@
+"""Where a collective's process CPU goes, thread by thread: the small-op loop (``small_ops.py``:
+one-element ``all_reduce`` on 2 gloo ranks, 20,000 per job) under plain torchrun and under
+``ddpdoctor run``, in alternating jobs.
+
+    python bench/thread_split.py [--rounds 6] [--ops 20000] [--before COMMIT] [--aa]
+
+Each rank measures its loop's process CPU and splits it: the training thread, ddpdoctor's own
+threads (by name), and the rest (gloo's threads, torch's). The table gives, per arm, the
+medians over ranks × jobs of each, in µs per collective, with their interquartile range, and
+each arm less plain. ``--before`` adds that commit's ddpdoctor (its ``src`` from ``git
+archive``, first on ``PYTHONPATH``) as an arm; ``--aa`` a second plain arm (the bench's own
+spread, same units). Figures from one run only are comparable: this 2-core VM's speed drifts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import overhead  # noqa: E402  (bench/ is no package)
+from launcher_cost import checkout  # noqa: E402
+
+PARTS = ("process", "main", "ddpdoctor", "gloo")
+
+
+def figures(result: overhead.JobResult) -> list[dict[str, float]]:
+    """Each rank's µs per collective by part."""
+    return [{"process": r["cpu_us"], **r["split_us"]} for r in result.ranks]
+
+
+def describe(values: list[float]) -> str:
+    low, high = overhead.interquartile(values)
+    return f"{statistics.median(values):.1f} ({low:.1f}–{high:.1f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--ops", type=int, default=20000)
+    parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
+    parser.add_argument("--aa", action="store_true", help="a second plain arm")
+    args = parser.parse_args()
+    arms: list[tuple[str, str, dict[str, str] | None]] = [
+        ("plain torchrun", overhead.PLAIN, None), ("ddpdoctor run", overhead.DOCTOR, None)]
+    before = checkout(args.before) if args.before else None
+    if before is not None:
+        arms.append((f"ddpdoctor run, {args.before[:8]}", overhead.DOCTOR,
+                     {"PYTHONPATH": str(before)}))
+    if args.aa:
+        arms.append(("plain torchrun (A/A)", overhead.PLAIN, None))
+    got: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in arms}
+    try:
+        for n in range(args.rounds):
+            print(f"round {n + 1} of {args.rounds}", file=sys.stderr, flush=True)
+            for name, kind, env in arms:
+                got[name] += figures(overhead.job(kind, overhead.SMALL_OPS,
+                                                  ["--ops", str(args.ops)], env=env))
+    finally:
+        if before is not None:
+            shutil.rmtree(before.parent, ignore_errors=True)
+    plain = got["plain torchrun"]
+    print(f"µs of CPU per collective, median (IQR) over {len(plain)} ranks × jobs; "
+          f"{args.ops} all_reduce per job")
+    print("| arm | " + " | ".join(PARTS) + " | process − plain |")
+    print("|---" * (len(PARTS) + 2) + "|")
+    base = statistics.median(r["process"] for r in plain)
+    for name, rows in got.items():
+        cells = [describe([r[p] for r in rows]) for p in PARTS]
+        added = statistics.median(r["process"] for r in rows) - base
+        print(f"| {name} | " + " | ".join(cells) + f" | {added:+.1f} |")
+
+
+if __name__ == "__main__":
+    main()
