@@ -182,3 +182,39 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
         pg_wrapper.RecordingProcessGroup.__init__.__code__.co_names)
     assert isinstance(pg_wrapper.RecordingProcessGroup._enabled, property)
     assert "fast_write" in TraceFile.__init__.__code__.co_names
+
+
+def test_the_thread_split_gives_each_arm_by_thread_and_against_plain(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/thread_split.py: per arm, the medians of each rank's process CPU per collective
+    and its split (training thread, ddpdoctor's threads, the rest), and the process figure
+    less plain's; the --before arm runs that commit's src first on PYTHONPATH."""
+    bench = _bench_module("thread_split")
+    overhead = bench.overhead
+    before = tmp_path / "src"
+    before.mkdir()
+    monkeypatch.setattr(bench, "checkout", lambda commit: before)
+    seen: list[tuple[str, object]] = []
+
+    def fake_job(kind: str, script: Path, args: list[str],
+                 env: dict[str, str] | None = None) -> object:
+        seen.append((kind, env))
+        added = 0.0 if kind == overhead.PLAIN else 12.0 if env else 10.0
+        ranks = [{"rank": r, "cpu_us": 100.0 + added + r,
+                  "split_us": {"main": 40.0 + added / 2, "ddpdoctor": added / 2,
+                               "gloo": 60.0 + r}} for r in (0, 1)]
+        return overhead.JobResult(ranks, 1.0)
+
+    monkeypatch.setattr(overhead, "job", fake_job)
+    monkeypatch.setattr(sys, "argv", ["thread_split.py", "--rounds", "2", "--before", "abc1234"])
+    bench.main()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert rows["plain torchrun"][-1].strip(" |") == "+0.0"
+    assert rows["ddpdoctor run"][-1].strip(" |") == "+10.0"
+    assert rows["ddpdoctor run, abc1234"][-1].strip(" |") == "+12.0"
+    assert rows["ddpdoctor run"][1].startswith("110.5 ") and \
+        rows["ddpdoctor run"][3].startswith("5.0 ")
+    assert seen.count((overhead.DOCTOR, {"PYTHONPATH": str(before)})) == 2
+    assert len(seen) == 6 and not before.exists()  # the extracted tree is removed
