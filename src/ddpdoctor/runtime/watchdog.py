@@ -173,6 +173,8 @@ class Watchdog:
                 answered = True
                 try:
                     self.dump()
+                except Exception as exc:  # this thread makes the writer's looks: it goes on
+                    self._recorder.warn(f"hang evidence failed: {type(exc).__name__}: {exc}")
                 finally:
                     handshake.acknowledge(self._logdir, self._rank)
             # An active rank cannot be hung: sleep until it would have been quiet long enough.

@@ -284,7 +284,6 @@ class TraceWriter:
                         self.works[last] = schema.COMPLETED
                 except Exception:  # the look asks it again, its own way
                     pass
-                work = None
             self._next_id += 1
             cid = self._next_id
             self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
