@@ -2,22 +2,25 @@
 ``all_reduce`` on 2 gloo ranks) run as whole jobs, plain torchrun against ``ddpdoctor run``.
 
     python bench/per_op_whole_job.py [--rounds 8] [--short 5000] [--long 50000] [--aa]
+                                     [--before COMMIT]
 
 A job's CPU is every process it started (``getrusage`` of the children: torchrun, the ranks,
 ddpdoctor's launcher), what ``time`` shows a user. Each arm runs the loop twice per round,
 ``--short`` and ``--long`` collectives; the difference of the two jobs' CPU over the
 difference of their collectives is that arm's CPU per collective, with start-up, teardown and
 the report cancelled out. Per rank: the job's figure over the ranks. The jobs of a round run in
-a new order each round (both arms first in turn, short and long alike), and the figure is the
-median of the per-round differences, ddpdoctor less plain, with their interquartile range.
-``--aa`` runs plain torchrun in both arms: the bench's own spread, same units. The trace of a
-long ddpdoctor job passes its default 16 MB size cap: from there on it keeps repeats as runs,
-as a user's long job does.
+a new order each round (each arm first in turn, short and long first in turn), and each arm's
+figure is the median of its per-round differences from plain torchrun's, with their
+interquartile range. ``--aa`` adds a second plain torchrun arm (the bench's own spread, in the
+same rounds); ``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``,
+first on ``PYTHONPATH``). The trace of a long ddpdoctor job passes its default 16 MB size cap:
+from there on it keeps repeats as runs, as a user's long job does.
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 from pathlib import Path
@@ -25,8 +28,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import overhead  # noqa: E402  (bench/ is no package)
+from launcher_cost import checkout  # noqa: E402
 
 NPROC = 2
+PLAIN = "plain torchrun"
+Arm = tuple[str, str, "dict[str, str] | None"]  # name, overhead's job kind, environment
 
 
 def per_op_us(short: overhead.JobResult, long: overhead.JobResult, ops: int) -> float:
@@ -34,19 +40,19 @@ def per_op_us(short: overhead.JobResult, long: overhead.JobResult, ops: int) -> 
     return (long.job_cpu_s - short.job_cpu_s) / ops / NPROC * 1e6
 
 
-def run_round(arms: tuple[str, str], short: int, long: int, flip: int,
-              ) -> tuple[float, float, float]:
-    """One round: both arms' short and long jobs, in an order set by ``flip``; (arm A's µs per
-    collective, arm B's, the most of the machine's other tenants' CPU in a job, in cores)."""
-    jobs = [(i, n) for i in (0, 1) for n in (short, long)]
-    if flip % 2:
-        jobs = jobs[2:] + jobs[:2]
-    if flip // 2 % 2:
-        jobs = [jobs[1], jobs[0], jobs[3], jobs[2]]
-    got = {(i, n): overhead.job(arms[i], overhead.SMALL_OPS, ["--ops", str(n)])
-           for i, n in jobs}
-    a, b = (per_op_us(got[(i, short)], got[(i, long)], long - short) for i in (0, 1))
-    return a, b, max(r.others_cores for r in got.values())
+def run_round(arms: list[Arm], short: int, long: int, flip: int,
+              ) -> tuple[dict[str, float], float]:
+    """One round: every arm's short and long jobs, in an order set by ``flip`` (the arms
+    rotated by it; short or long first, in turn); (µs per collective by arm, the most of the
+    machine's other tenants' CPU in a job, in cores)."""
+    turn = flip % len(arms)
+    order = arms[turn:] + arms[:turn]
+    sizes = (short, long) if flip // len(arms) % 2 == 0 else (long, short)
+    got = {(name, n): overhead.job(kind, overhead.SMALL_OPS, ["--ops", str(n)], env=env)
+           for name, kind, env in order for n in sizes}
+    per_arm = {name: per_op_us(got[(name, short)], got[(name, long)], long - short)
+               for name, _, _ in arms}
+    return per_arm, max(r.others_cores for r in got.values())
 
 
 def main() -> None:
@@ -54,27 +60,43 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--short", type=int, default=5000)
     parser.add_argument("--long", type=int, default=50000)
-    parser.add_argument("--aa", action="store_true", help="plain torchrun in both arms")
+    parser.add_argument("--aa", action="store_true", help="a second plain torchrun arm")
+    parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
     args = parser.parse_args()
     if args.long <= args.short or args.short < 10:
         parser.error("--long must be more than --short (at least 10)")
-    arms = (overhead.PLAIN, overhead.PLAIN if args.aa else overhead.DOCTOR)
-    rows = []
-    for r in range(args.rounds):
-        a, b, others = run_round(arms, args.short, args.long, r)
-        rows.append((a, b, others))
-        print(f"round {r + 1}: {arms[0]} {a:.1f} µs, {arms[1]} {b:.1f} µs, added {b - a:+.1f}"
-              f" (others {others:.2f} cores)", file=sys.stderr, flush=True)
-    added = [b - a for a, b, _ in rows]
-    lo, hi = overhead.interquartile(added)
-    name = "plain torchrun (A/A)" if args.aa else "ddpdoctor run"
-    print(f"\n| arm | CPU per collective per rank, whole job (µs) |\n|---|---|\n"
-          f"| plain torchrun | {statistics.median(a for a, _, _ in rows):.1f} |\n"
-          f"| {name} | {statistics.median(b for _, b, _ in rows):.1f} |\n"
-          f"| added (median of {len(rows)} per-round differences) | "
-          f"**{statistics.median(added):+.1f}** (IQR {lo:+.1f} to {hi:+.1f}; range "
-          f"{min(added):+.1f} to {max(added):+.1f}) |\n"
-          f"\nothers' CPU at most {max(o for _, _, o in rows):.2f} cores in a job")
+    arms: list[Arm] = [(PLAIN, overhead.PLAIN, None), ("ddpdoctor run", overhead.DOCTOR, None)]
+    before = checkout(args.before) if args.before else None
+    if before is not None:
+        arms.append((f"ddpdoctor run, {args.before[:8]}", overhead.DOCTOR,
+                     {"PYTHONPATH": str(before)}))
+    if args.aa:
+        arms.append(("plain torchrun (A/A)", overhead.PLAIN, None))
+    rows: list[dict[str, float]] = []
+    others = 0.0
+    try:
+        for r in range(args.rounds):
+            per_arm, busy = run_round(arms, args.short, args.long, r)
+            rows.append(per_arm)
+            others = max(others, busy)
+            print(f"round {r + 1}: " + ", ".join(f"{name} {us:.1f} µs" for name, us in
+                                                 per_arm.items()) + f" (others {busy:.2f} cores)",
+                  file=sys.stderr, flush=True)
+    finally:
+        if before is not None:
+            shutil.rmtree(before.parent, ignore_errors=True)
+    print("\n| arm | CPU per collective per rank, whole job (µs, median) | added: median of "
+          f"{len(rows)} per-round differences from plain | IQR | range |\n|---|---|---|---|---|")
+    for name, _, _ in arms:
+        own = statistics.median(row[name] for row in rows)
+        if name == PLAIN:
+            print(f"| {name} | {own:.1f} | — | — | — |")
+            continue
+        added = [row[name] - row[PLAIN] for row in rows]
+        lo, hi = overhead.interquartile(added)
+        print(f"| {name} | {own:.1f} | **{statistics.median(added):+.1f}** | {lo:+.1f} to "
+              f"{hi:+.1f} | {min(added):+.1f} to {max(added):+.1f} |")
+    print(f"\nothers' CPU at most {others:.2f} cores in a job")
 
 
 if __name__ == "__main__":

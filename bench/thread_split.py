@@ -7,9 +7,12 @@ one-element ``all_reduce`` on 2 gloo ranks, 20,000 per job) under plain torchrun
 Each rank measures its loop's process CPU and splits it: the training thread, ddpdoctor's own
 threads (by name), and the rest (gloo's threads, torch's). The table gives, per arm, the
 medians over ranks × jobs of each, in µs per collective, with their interquartile range, and
-each arm less plain. ``--before`` adds that commit's ddpdoctor (its ``src`` from ``git
-archive``, first on ``PYTHONPATH``) as an arm; ``--aa`` a second plain arm (the bench's own
-spread, same units). Figures from one run only are comparable: this 2-core VM's speed drifts.
+each arm less plain; then, paired by round (the arms' jobs of a round run back to back, in an
+order that turns each round), the median over rounds of each arm's mean over its ranks less
+plain's, for the process and the training thread, with their range. ``--before`` adds that
+commit's ddpdoctor (its ``src`` from ``git archive``, first on ``PYTHONPATH``) as an arm;
+``--aa`` a second plain arm (the bench's own spread, same units). Figures from one run only
+are comparable: this 2-core VM's speed drifts.
 """
 
 from __future__ import annotations
@@ -54,12 +57,16 @@ def main() -> None:
     if args.aa:
         arms.append(("plain torchrun (A/A)", overhead.PLAIN, None))
     got: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in arms}
+    rounds: list[dict[str, list[dict[str, float]]]] = []
     try:
         for n in range(args.rounds):
             print(f"round {n + 1} of {args.rounds}", file=sys.stderr, flush=True)
-            for name, kind, env in arms:
-                got[name] += figures(overhead.job(kind, overhead.SMALL_OPS,
-                                                  ["--ops", str(args.ops)], env=env))
+            rounds.append({})
+            for name, kind, env in arms[n % len(arms):] + arms[:n % len(arms)]:
+                rows = figures(overhead.job(kind, overhead.SMALL_OPS, ["--ops", str(args.ops)],
+                                            env=env))
+                got[name] += rows
+                rounds[-1][name] = rows
     finally:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
@@ -73,6 +80,17 @@ def main() -> None:
         cells = [describe([r[p] for r in rows]) for p in PARTS]
         added = statistics.median(r["process"] for r in rows) - base
         print(f"| {name} | " + " | ".join(cells) + f" | {added:+.1f} |")
+    print("\npaired by round: median over rounds of the arm's mean over its ranks less plain's "
+          "(range)")
+    print("| arm | process − plain | main − plain |\n|---|---|---|")
+    for name in list(got)[1:]:
+        cells = []
+        for part in ("process", "main"):
+            diffs = [statistics.mean(r[part] for r in one[name]) -
+                     statistics.mean(r[part] for r in one["plain torchrun"]) for one in rounds]
+            cells.append(f"{statistics.median(diffs):+.1f} ({min(diffs):+.1f} to "
+                         f"{max(diffs):+.1f})")
+        print(f"| {name}, paired | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -146,7 +146,8 @@ def test_the_whole_job_per_collective_figure_cancels_fixed_costs_in_any_order(
     overhead = bench.overhead
     ran: list[tuple[str, int]] = []
 
-    def fake_job(kind: str, script: Path, args: list[str]) -> object:
+    def fake_job(kind: str, script: Path, args: list[str],
+                 env: dict[str, str] | None = None) -> object:
         n = int(args[args.index("--ops") + 1])
         ran.append((kind, n))
         per_op = 100e-6 if kind == overhead.PLAIN else 110e-6  # CPU-s per collective, 2 ranks
@@ -154,15 +155,49 @@ def test_the_whole_job_per_collective_figure_cancels_fixed_costs_in_any_order(
         return overhead.JobResult([], start + n * per_op, wall_s=1.0, others_cpu_s=0.0)
 
     monkeypatch.setattr(overhead, "job", fake_job)
+    arms = [("a", overhead.PLAIN, None), ("b", overhead.DOCTOR, None)]
     orders = set()
     for flip in range(4):
         ran.clear()
-        a, b, others = bench.run_round((overhead.PLAIN, overhead.DOCTOR), 1000, 11000, flip)
-        assert a == pytest.approx(50.0) and b == pytest.approx(55.0) and others == 0.0
+        got, others = bench.run_round(arms, 1000, 11000, flip)
+        assert got == {"a": pytest.approx(50.0), "b": pytest.approx(55.0)} and others == 0.0
         assert sorted(ran) == sorted({(k, n) for k in (overhead.PLAIN, overhead.DOCTOR)
                                       for n in (1000, 11000)})
         orders.add(tuple(ran))
     assert len(orders) == 4  # each arm, short and long, first in turn
+
+
+def test_the_whole_job_figure_gives_each_arm_against_plain_in_the_same_rounds(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """bench/per_op_whole_job.py's table: per arm, the median of its per-round differences
+    from plain torchrun; --before runs that commit's src first on PYTHONPATH, --aa a second
+    plain arm."""
+    bench = _bench_module("per_op_whole_job")
+    overhead = bench.overhead
+    before = tmp_path / "src"
+    before.mkdir()
+    monkeypatch.setattr(bench, "checkout", lambda commit: before)
+    seen: list[tuple[str, object]] = []
+
+    def fake_job(kind: str, script: Path, args: list[str],
+                 env: dict[str, str] | None = None) -> object:
+        n = int(args[args.index("--ops") + 1])
+        seen.append((kind, env))
+        per_op = 100e-6 if kind == overhead.PLAIN else 112e-6 if env else 108e-6
+        return overhead.JobResult([], 2.0 + n * per_op, wall_s=1.0, others_cpu_s=0.0)
+
+    monkeypatch.setattr(overhead, "job", fake_job)
+    monkeypatch.setattr(sys, "argv", ["per_op_whole_job.py", "--rounds", "3", "--short", "1000",
+                                      "--long", "11000", "--before", "abc1234", "--aa"])
+    bench.main()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert rows["ddpdoctor run"][2] == "**+4.0**" and rows["ddpdoctor run"][1] == "54.0"
+    assert rows["ddpdoctor run, abc1234"][2] == "**+6.0**"
+    assert rows["plain torchrun (A/A)"][2] == "**+0.0**"
+    assert seen.count((overhead.DOCTOR, {"PYTHONPATH": str(before)})) == 6
+    assert len(seen) == 24 and not before.exists()  # the extracted tree is removed
 
 
 def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
@@ -216,5 +251,8 @@ def test_the_thread_split_gives_each_arm_by_thread_and_against_plain(
     assert rows["ddpdoctor run, abc1234"][-1].strip(" |") == "+12.0"
     assert rows["ddpdoctor run"][1].startswith("110.5 ") and \
         rows["ddpdoctor run"][3].startswith("5.0 ")
+    # Paired by round: each arm's mean over its ranks less plain's, for process and thread.
+    assert rows["ddpdoctor run, paired"][1:] == ["+10.0 (+10.0 to +10.0)",
+                                                 "+5.0 (+5.0 to +5.0) |"]
     assert seen.count((overhead.DOCTOR, {"PYTHONPATH": str(before)})) == 2
     assert len(seen) == 6 and not before.exists()  # the extracted tree is removed

@@ -36,6 +36,7 @@ from ddpdoctor.runtime.env import Launcher
 from ddpdoctor.runtime.stderr_tail import pseudo_terminal
 from ddpdoctor.trace import handshake, padding, schema
 from ddpdoctor.trace.progress_block import WAITED
+from ddpdoctor.trace.reader import write_ring_tails
 from ddpdoctor.trace.schema import Stop
 
 
@@ -317,6 +318,7 @@ def run_job(opts: RunOptions, logdir: Path,
                                   " (a rendezvous backend other than static or c10d)")
             + "; `ddpdoctor diff` with every node's log folder still compares the ranks")
     padding.trim(str(logdir))  # traces of ranks killed before they closed them
+    write_ring_tails(logdir)  # and the lines their writers had not written yet
     result.exit_code = 0 if result.released else proc.returncode
     result.duration = time.time() - started
     write_job_record(logdir, result)

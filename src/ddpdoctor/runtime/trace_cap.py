@@ -23,8 +23,8 @@ soon as the rank issues nothing for the writer's interval (a rank blocked in a c
 whenever the trace is flushed (hang evidence, exit): a rank killed outright within that
 interval of its last repeat loses those repeats, never a collective that broke the pattern.
 
-:meth:`Compressor.fold` runs on the caller's thread under the writer's lock (a few dict and
-list operations); the rest in the writer's thread. Standard library only.
+:meth:`Compressor.fold` runs where the writer formats its lines (its look, or the issuing
+thread when it must write them itself), under the writer's lock. Standard library only.
 """
 
 from __future__ import annotations

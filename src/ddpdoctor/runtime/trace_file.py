@@ -1,10 +1,11 @@
 """A rank's trace file, appended to through a shared mapping of it.
 
-A collective's line must be in the file before the collective is issued, so that it survives
-however the rank dies next (an exception, ``os._exit``, SIGABRT from gloo, SIGKILL). A store
-into a ``MAP_SHARED`` mapping of the file lands in the kernel's page cache just as an
-``os.write`` does, and survives the process the same way, without a system call per line
-(on a busy 2-core rank a ``write`` cost the training thread ~8 µs per collective).
+Whatever is stored survives however the rank dies next (an exception, ``os._exit``, SIGABRT
+from gloo, SIGKILL): a store into a ``MAP_SHARED`` mapping of the file lands in the kernel's
+page cache just as an ``os.write`` does, and survives the process the same way, without a
+system call per line (on a busy 2-core rank a ``write`` cost the training thread ~8 µs per
+collective). A collective's fields are in the rank's issue ring before it is issued
+(:mod:`ddpdoctor.trace.issue_ring`); its line follows here at the writer's next look.
 
 The file is extended a window at a time (``posix_fallocate``: the blocks are reserved, so a
 full disk shows as an error here, never as a SIGBUS on a store) and trimmed to its data when
@@ -31,9 +32,9 @@ from ddpdoctor.trace import schema
 WINDOW = schema.PAD_MAX  # bytes reserved and mapped at a time
 _GRAIN = mmap.ALLOCATIONGRANULARITY
 _PAGE = mmap.PAGESIZE
-# madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault pages in, writable, in one call, without
+# madvise(MADVPOPULATE_WRITE) (Linux 5.14): fault pages in, writable, in one call, without
 # changing what they hold. Python names it only when built against headers that have it.
-_POPULATE_WRITE: int | None = getattr(mmap, "MADV_POPULATE_WRITE", 23) \
+POPULATE_WRITE: int | None = getattr(mmap, "MADVPOPULATE_WRITE", 23) \
     if sys.platform.startswith("linux") else None
 
 
@@ -57,7 +58,7 @@ class TraceFile:
         self._mapped = os.environ.get(env.TRACE_WRITE) != "1"
         self.fast_write: Callable[[bytes], int] = _no_window
         self._faulted: tuple[mmap.mmap | None, int] = (None, 0)  # a mapping, faulted to here
-        self._populate = _POPULATE_WRITE
+        self._populate = POPULATE_WRITE
 
     @property
     def pos(self) -> int:

@@ -1,17 +1,21 @@
-"""Trace writer: each collective is on disk *before* it is issued; completions follow in bulk.
+"""Trace writer: each collective is kept *before* it is issued; lines, completions follow in bulk.
 
-The training thread encodes a collective's line (the part that repeats from iteration to
-iteration is written once per call site, as a ``site`` record that the lines name by its id)
-and stores it into a shared mapping of the trace file (:mod:`ddpdoctor.runtime.trace_file`)
-before the backend runs the collective.
+The training thread stores a collective's per-call fields into the rank's issue ring (a shared
+mapping of ``<trace>.ring``, :mod:`ddpdoctor.trace.issue_ring`) before the backend runs the
+collective; the part that repeats from call to call is written once per call site, as a
+``site`` record that the lines name by its id. The collective's line is formatted into the
+trace file (:mod:`ddpdoctor.runtime.trace_file`, also a shared mapping) at the next look, or
+before any other record is written, so the file keeps the issue order.
 Stored data lives in the kernel's page cache, so whatever way the rank dies afterwards — an
 exception, ``os._exit``, SIGABRT from gloo, SIGSEGV, SIGKILL — the collective it was in, and
-every one before it, can be read.
+every one before it, can be read: from the trace, and for those the look had not yet written,
+from the ring (the reader turns them into the lines the writer would have written).
 
 Completion is the one thing known later. Every ``interval`` seconds a look (:meth:`TraceWriter.
 look`, made by the writer's own daemon thread, or in a rank by its watchdog's thread, whose
-wake-ups then serve both) polls the ``Work`` of every collective still running and, when some
-completed or were issued, writes one
+wake-ups then serve both) writes the lines of the collectives issued since the last one,
+polls the ``Work`` of every collective still running and, when some completed or were issued,
+writes one
 ``done`` record for all of them: every collective up to ``upto`` has completed except the ids
 it lists as ``pending`` (failures get a ``state`` record each), and the issue times of the
 collectives written since the last one (``issued``). The collective line itself carries no
@@ -36,12 +40,17 @@ from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.hot_lock import HotLock
 from ddpdoctor.runtime.launcher_wake import LauncherWake
 from ddpdoctor.runtime.progress import ProgressBlock
+from ddpdoctor.runtime.ring_file import RingFile
 from ddpdoctor.runtime.trace_cap import Compressor, cap_from_env
 from ddpdoctor.runtime.trace_file import TraceFile
-from ddpdoctor.trace import progress_block, schema
+from ddpdoctor.trace import issue_ring, progress_block, schema
 from ddpdoctor.trace.basics import numel
 
 _get_ident = threading.get_ident
+_pack_slot = issue_ring.SLOT.pack_into
+_SLOT_BYTES = issue_ring.SLOT.size
+_RING_HEAD = issue_ring.HEAD.size
+_RING_MASK = issue_ring.SLOTS - 1
 
 
 class CallSite:
@@ -49,7 +58,7 @@ class CallSite:
     label, tensors, call stack, ...) and their encoding in the trace line, made once."""
 
     __slots__ = ("group", "op", "label", "api", "tensors", "reduce_op", "root", "peer", "stack",
-                 "meta", "text", "block")
+                 "meta", "text", "sid", "block")
 
     def __init__(self, group: str, op: str, label: str, api: str | None,
                  tensors: Sequence[tuple[Any, Any]], reduce_op: Any, root: int | None,
@@ -59,6 +68,7 @@ class CallSite:
         self.stack = stack
         self.meta = meta  # ((field, value), ...): sends, recvs, row, tag (schema version 7)
         self.text = ""  # how its lines name its site record (the writer fills it in)
+        self.sid = -1  # the id of its site record, once written
         self.block = ""  # its static part in a progress block (the writer thread fills it in)
 
 
@@ -224,6 +234,17 @@ class TraceWriter:
         self._wake = LauncherWake(wake) if wake else None
         self._woke_for = 0  # the collective whose wait last woke the launcher
         self._file = TraceFile(path)
+        # The issue ring (trace/issue_ring.py): the issuing thread stores a collective's
+        # fields there, and its line is formatted at the next look (or before any other
+        # record). Without one, each line is written as its collective is issued.
+        self._ring: RingFile | None = None
+        try:
+            self._ring = RingFile(path)
+        except OSError:
+            pass
+        self._ring_map = self._ring.map if self._ring is not None else None
+        self._drained = 0  # how much of _issued_log has its lines written
+        self._lined = 0  # the last id whose line is written (or folded into a run)
         self._first_pos = self._file.pos
         self._looked_at = self._first_pos  # where the data ended at the last look
         self._write(json.dumps(header) + "\n")
@@ -268,9 +289,11 @@ class TraceWriter:
             lock.__enter__()
             lock.make_hot()
         try:
-            lines: list[str] = []
-            if not site.text:
+            if not site.text:  # a new site: its record after the lines issued before it
+                self._drain()
+                lines: list[str] = []
                 site.text = self._encode_static(site, lines)
+                self._write("\n".join(lines) + "\n")
             # The Work of the collective written before this one, released here when it
             # completed: a synchronous collective's (dist.all_reduce waits for it) always has.
             # Kept for the next look instead, every Work of a small-op loop cost gloo's threads
@@ -284,33 +307,18 @@ class TraceWriter:
                         self.works[last] = schema.COMPLETED
                 except Exception:  # the look asks it again, its own way
                     pass
-            self._next_id += 1
-            cid = self._next_id
+            self._next_id = cid = last + 1
             self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
-            if seq is not None:
-                cap = self._cap
-                if cap is not None and cap.active and \
-                        cap.fold(site.group, cid, seq, iteration, bucket, t, site.text, lines):
-                    self._folded.add(cid)  # in a run, which has its time
-                    if lines:
-                        self._write("\n".join(lines) + "\n")
-                    return cid
-            extra = ""
-            if p2p_seq is not None:
-                extra = f', "p2p_seq": {p2p_seq}'
-            if bucket is not None:
-                extra += f', "bucket": {bucket}'
-            # No "state": the line is written before the collective runs, so it is pending
-            # (format 9). The layout is the one trace/schema.py declares (COLLECTIVE_HEAD,
-            # SITE_REF, ...): the reader's fast path depends on it byte for byte.
-            line = (f'{{"id": {cid}, "kind": "collective", '
-                    f'"seq": {"null" if seq is None else seq}, '
-                    f'"iteration": {iteration}, {site.text}{extra}}}\n')
-            data = ("\n".join(lines) + "\n" + line if lines else line).encode()  # ASCII JSON
-            try:
-                self._file.fast_write(data)
-            except ValueError:  # a new window, or no mapping, or the trace closed or cut
-                self._write_bytes(data)
+            ring = self._ring_map
+            if ring is not None and cid - self._lined < _RING_MASK:
+                # The fields stored, the line left to the look: formatting it here cost the
+                # small-op loop's training thread ~3 µs a collective (bench/RESULTS.md,
+                # session 39). The layout is trace/issue_ring.py's.
+                _pack_slot(ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD, cid, t,
+                           seq or 0, p2p_seq or 0, iteration,
+                           0 if bucket is None else bucket + 1, site.sid, cid)
+            else:  # no ring, or it would wrap before the look: the lines now
+                self._drain()
             return cid
         finally:
             if fast:
@@ -321,6 +329,7 @@ class TraceWriter:
     def put(self, record: dict) -> None:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
         with self._lock:
+            self._drain()
             self._write(json.dumps(record) + "\n")
             self._block.note(record)
 
@@ -360,6 +369,8 @@ class TraceWriter:
                     self._block.note(rec)
             self._closed = True
             self._block.close()
+            if self._ring is not None:
+                self._ring.close()
             if self._wake is not None:
                 self._wake.close()
             if not self.failed:
@@ -384,6 +395,7 @@ class TraceWriter:
     def _settle(self, final: bool = False) -> None:
         """One ``done`` record when collectives completed since the last, a ``state`` record
         per failure; close the runs of a capped trace when the rank has gone quiet."""
+        self._drain()
         lines: list[str] = []
         now = time.time()
         cap = self._cap
@@ -391,6 +403,7 @@ class TraceWriter:
             cap.begin(now, self.bytes_written, lines)
         works, opened, sites = self.works, self._open, self._open_sites
         log, self._issued_log = self._issued_log, []
+        self._drained = 0
         folded = self._folded
         if folded:
             self._folded = set()
@@ -499,11 +512,38 @@ class TraceWriter:
         return (f'{{"id": {cid}, "kind": "collective", "seq": {json.dumps(seq)}, '
                 f'"iteration": {iteration}{extra}, "t": {t:.6f}, {site.block}}}')
 
-    # -- encoding (caller's thread, under the lock) ------------------------------------------
+    # -- encoding (under the lock) -----------------------------------------------------------
+    def _drain(self) -> None:
+        """Write the lines of the collectives issued since the last drain, in issue order (a
+        capped trace folds repeats into runs here), and tell the ring how far they go."""
+        log = self._issued_log
+        start = self._drained
+        if start == len(log):
+            return
+        self._drained = len(log)
+        lines: list[str] = []
+        cap = self._cap
+        folding = cap is not None and cap.active
+        line = issue_ring.collective_line
+        cid = self._lined
+        for i in range(start, len(log), _ISSUED_FIELDS):
+            cid, t, seq, p2p_seq, iteration, bucket, site = log[i:i + _ISSUED_FIELDS]
+            if folding and seq is not None and \
+                    cap.fold(site.group, cid, seq, iteration, bucket, t,  # type: ignore[union-attr]
+                             site.text, lines):
+                self._folded.add(cid)  # in a run, which has its time
+                continue
+            lines.append(line(cid, seq, iteration, site.sid, p2p_seq, bucket))
+        if lines:
+            self._write("\n".join(lines) + "\n")
+        self._lined = cid
+        if self._ring is not None:
+            self._ring.lined(cid)
+
     def _encode_static(self, site: CallSite, lines: list[str]) -> str:
         """What ``site``'s lines end with: ``"site": N``, after its ``site`` record (and its
         call stack's record before that, when new) appended to ``lines``."""
-        site_id = self._site_records
+        site.sid = site_id = self._site_records
         self._site_records += 1
         lines.append(f'{{"kind": "{schema.SITE}", "id": {site_id}, '
                      f'{self._static_fields(site, lines)}}}')

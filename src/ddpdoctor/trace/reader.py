@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from ddpdoctor.trace import flight_recorder, padding, parallel, schema, shared_ref
+from ddpdoctor.trace import flight_recorder, issue_ring, padding, parallel, schema, shared_ref
 from ddpdoctor.trace.compact import NotCompact, read_compact
 from ddpdoctor.trace.identical import Membership, Shared, expand_member, read_shared
 from ddpdoctor.trace.model import RankTrace, Run, is_internal_file
@@ -50,7 +50,8 @@ class NoTraces(TraceError):
 
 
 # Files of a log folder that are ddpdoctor's own, never flight-recorder dumps.
-_OWN_FILES = re.compile(r"^((rank|remote)-.*\.jsonl(\.cut)?|exits-\d+\.json|job\.json|hang-.*"
+_OWN_FILES = re.compile(r"^((rank|remote)-.*\.jsonl(\.cut|\.ring)?|exits-\d+\.json|job\.json"
+                        r"|hang-.*"
                         r"|fault-\d+\.txt|stderr-\d+\.txt|agent-\d+"
                         r"|\.write-test|\.lock)$")
 
@@ -162,7 +163,66 @@ def _regular(path: Path) -> None:
 def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
     """Read one rank's trace file (``pool`` lets ranks with identical collective sequences
     share one copy of it, and read identical ranks' files by comparing bytes). A member file
-    (format 8) is read through the file of its folder that holds its collective lines."""
+    (format 8) is read through the file of its folder that holds its collective lines; a
+    rank killed before its writer wrote its last collectives' lines is read with those its
+    issue ring holds (:mod:`~ddpdoctor.trace.issue_ring`)."""
+    trace = _read_file(path, pool)
+    tail = _ring_tail(path, trace)
+    if not tail:
+        return trace
+    try:
+        ref = shared_ref.of_file(str(path))
+        if ref is not None:
+            data = expand_member(str(path), ref)
+        else:
+            with open(path, "rb") as fh:
+                data = padding.open_data(fh).read()
+    except BadMember as exc:
+        raise TraceError(str(exc)) from None
+    except OSError as exc:
+        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
+    out = _read_records(path, io.BytesIO(_before_cut(data) + tail))
+    out.truncated = trace.truncated
+    return out
+
+
+def _ring_tail(path: Path, trace: RankTrace) -> bytes:
+    """The lines, newline-ended, of the collectives ``trace``'s rank left only in its issue
+    ring (it was killed before its writer's look wrote them); nothing for a closed trace."""
+    if trace.exit is not None or trace.version < issue_ring.SINCE_VERSION:
+        return b""  # a closed trace holds every line
+    last = trace.collectives[-1].id if trace.collectives else 0
+    lines = issue_ring.tail_lines(str(path), last if isinstance(last, int) else 0)
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def _before_cut(data: bytes) -> bytes:
+    """``data`` without a last line cut off mid-write (the ring holds it whole, if it was a
+    collective's)."""
+    return data[:data.rfind(b"\n") + 1]
+
+
+def write_ring_tails(folder: Path) -> None:
+    """Append to the trace of each rank killed before its writer's look the lines its issue
+    ring holds, and delete every ring: the files are then plain JSON Lines (the launcher
+    does this once the job's processes have ended, after trimming their padding). A ring
+    whose trace cannot be read stays, for a later reader."""
+    for ring in folder.glob(schema.TRACE_GLOB + issue_ring.SUFFIX):
+        path = ring.with_name(ring.name[:-len(issue_ring.SUFFIX)])
+        try:
+            tail = _ring_tail(path, _read_file(path, None))
+            if tail:
+                with open(path, "r+b") as fh:
+                    fh.truncate(len(_before_cut(padding.open_data(fh).read())))
+                    fh.seek(0, os.SEEK_END)
+                    fh.write(tail)
+            ring.unlink()
+        except (TraceError, OSError):
+            continue
+
+
+def _read_file(path: Path, pool: Shared | None) -> RankTrace:
+    """:func:`read_rank` of the trace file alone."""
     _regular(path)
     ref = shared_ref.of_file(str(path))
     if ref is not None and pool is None:
@@ -176,12 +236,13 @@ def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
                 trace = _read_fast(path, pool)
             except NeedsClass:
                 trace = None
-        if trace is not None:
-            return trace
-        if ref is not None:
-            return _read_records(path, io.BytesIO(expand_member(str(path), ref)))
-        with open(path, "rb") as fh:
-            return _read_records(path, padding.open_data(fh))
+        if trace is None:
+            if ref is not None:
+                trace = _read_records(path, io.BytesIO(expand_member(str(path), ref)))
+            else:
+                with open(path, "rb") as fh:
+                    trace = _read_records(path, padding.open_data(fh))
+        return trace
     except BadMember as exc:
         raise TraceError(str(exc)) from None
     except OSError as exc:

@@ -42,7 +42,12 @@ FORMAT = "ddpdoctor-trace"
 #    record's ``issued`` runs are [first id, first time, [µs after it, ...]]. Collective
 #    lines that carry their static part inline and issue times in full (versions 4 to 8)
 #    are read as before.
-VERSION = 9
+# 10: a collective's line is formatted by the writer's look, at most ``DONE_SECONDS`` after
+#    the collective was issued (and before any other record): the issuing thread stores its
+#    per-call fields in the rank's issue ring, ``<trace>.ring`` (trace/issue_ring.py), which
+#    readers turn into the lines of a rank killed before its look. The lines of version 9.
+#    Version 9 is read as before.
+VERSION = 10
 # The most NUL bytes a trace may end with (the writer's mapping window): more, and the file is
 # damaged, not padded.
 PAD_MAX = 256 * 1024

@@ -1,0 +1,102 @@
+"""A rank's issue ring: its latest collectives' per-call fields, where a killed rank leaves them.
+
+Next to each trace the rank keeps ``<trace>.ring``, a file it maps and stores into: before it
+issues a collective, the issuing thread packs the collective's per-call fields into the next
+of :data:`SLOTS` fixed-size slots (a few stores, no line formatted); the writer's look
+formats their lines into the trace later, at most every ``writer.DONE_SECONDS`` (and at once
+before any other record, so the trace's order is the issue order). A rank killed before a
+look leaves in the ring what its trace lacks; :func:`tail_lines` gives readers those
+collectives as the lines the writer would have written. The writer removes the file when it
+closes the trace (every line written).
+
+Layout, little-endian: a 64-byte head ``<8s H H I q 40x>`` (:data:`MAGIC`, :data:`VERSION`,
+slot size, slot count, ``lined``: the last id whose line is in the trace, then reserved),
+then the slots. Slot ``id % SLOTS`` holds ``<q d q q q q q q>``: id, issue time, seq, p2p_seq,
+iteration, bucket, site, id again. ``seq`` and ``p2p_seq`` are stored as is with 0 for none
+(both count from 1), ``bucket`` plus one (0: none), ``site`` the id of the trace's ``site``
+record. A slot whose two ids differ was being written when the rank died: it and every later
+id are left out. Standard library only: the rank side runs inside every training process.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterator
+
+from ddpdoctor.trace import schema
+
+MAGIC = b"DDPRING\x00"
+VERSION = 1
+SUFFIX = ".ring"
+SLOTS = 8192  # a power of two; the writer formats lines itself before the ring wraps
+HEAD = struct.Struct("<8sHHIq40x")
+SLOT = struct.Struct("<qdqqqqqq")
+LINED_AT = 16  # the head's ``lined`` field: its offset
+SINCE_VERSION = 10  # the first trace format whose writer keeps a ring
+
+
+def path_of(trace_path: str) -> str:
+    """The ring of the rank writing ``trace_path``."""
+    return trace_path + SUFFIX
+
+
+def size() -> int:
+    """Bytes of a ring file."""
+    return HEAD.size + SLOTS * SLOT.size
+
+
+def collective_line(cid: int, seq: int | None, iteration: int, site: int,
+                    p2p_seq: int | None, bucket: int | None) -> str:
+    """A collective's line as the writer writes it (format 9 on: schema's COLLECTIVE_HEAD,
+    SITE_REF, then ``p2p_seq`` and ``bucket`` when present), without its newline."""
+    extra = ""
+    if p2p_seq is not None:
+        extra = f', "p2p_seq": {p2p_seq}'
+    if bucket is not None:
+        extra += f', "bucket": {bucket}'
+    return (f'{{"id": {cid}, "kind": "{schema.COLLECTIVE}", '
+            f'"seq": {"null" if seq is None else seq}, '
+            f'"iteration": {iteration}, "{schema.SITE_REF}": {site}{extra}}}')
+
+
+def _slots(data: bytes, after: int) -> Iterator[tuple[int, ...]]:
+    """The whole slots of ``data`` (a ring file's bytes) with ids above ``after``."""
+    for offset in range(HEAD.size, len(data) - SLOT.size + 1, SLOT.size):
+        fields = SLOT.unpack_from(data, offset)
+        if fields[0] > after and fields[0] == fields[-1]:
+            yield fields
+
+
+def tail_lines(trace_path: str, after: int) -> list[str]:
+    """The lines of the collectives the ring of ``trace_path`` holds beyond the trace:
+    consecutive ids from ``after + 1`` (and past the ring's own ``lined``), in issue order;
+    none when there is no ring, or it is no ring of this format."""
+    try:
+        with open(path_of(trace_path), "rb") as fh:
+            data = fh.read(size() + 1)
+    except OSError:
+        return []
+    if len(data) < HEAD.size:
+        return []
+    magic, version, slot_size, slots, lined = HEAD.unpack_from(data)
+    if magic != MAGIC or version != VERSION or slot_size != SLOT.size or slots != SLOTS:
+        return []
+    start = max(after, lined)
+    found = {fields[0]: fields for fields in _slots(data, start)}
+    out = []
+    cid = start + 1
+    while cid in found:  # a gap: a slot torn, or overwritten since
+        _, _t, seq, p2p_seq, iteration, bucket, site, _ = found[cid]
+        out.append(collective_line(cid, seq or None, iteration, site, p2p_seq or None,
+                                   bucket - 1 if bucket else None))
+        cid += 1
+    return out
+
+
+def remove(trace_path: str) -> None:
+    """Delete the ring of ``trace_path`` (its trace holds every line); nothing if none."""
+    try:
+        os.unlink(path_of(trace_path))
+    except OSError:
+        pass
