@@ -14,28 +14,23 @@ INCOMPLETE by design: the variants number collectives whose lines they do not wr
 
 The ``floor`` variant is no part of ddpdoctor: the least any recording in Python can do on
 the calling thread (the group's Python method entered, a number, the caller's code and
-instruction as a key, one append to a list), then the backend; what a design that formats
-and writes lines elsewhere, or never, could at best cost in this job. Nor is ``ring``: all of
-ddpdoctor's recording but the line, with the per-call fields packed into a mapped ring instead
-(what a design that writes the line from another thread, keeping a killed rank's last
-collectives in a mapped file, would cost the calling thread).
+instruction as a key, one append to a list), then the backend; what a design that looks up
+sites and keeps fields elsewhere, or never, could at best cost in this job. (Since session 39
+the calling thread formats no line: it stores the fields into the issue ring, which the
+``full`` variant includes.)
 """
 
 import argparse
 import itertools
 import json
-import mmap
 import statistics
-import struct
 import sys
 import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
 from ddpdoctor.runtime.pg_wrapper import group_of
-from ddpdoctor.trace import schema
 
 # (variant, what it adds to the one before)
 VARIANTS = [
@@ -45,35 +40,9 @@ VARIANTS = [
     ("floor", "the least a Python recording can do: number, caller key, one append"),
     ("record", "numbering, shapes, reduce op, caller frame"),
     ("describe", "the labels and call stack read off the frames"),
-    ("encode", "the site looked up, the record, its line formatted (write stubbed)"),
-    ("full", "the line stored into the trace: everything ddpdoctor does"),
-    ("ring", "no part of ddpdoctor: full, with a binary record packed into a mapped ring "
-             "instead of the line (what writing the line off the calling thread could save)"),
+    ("full", "the previous Work released, the fields stored into the issue ring: everything "
+             "ddpdoctor does"),
 ]
-
-
-def _ring_writer(works: dict) -> Callable[..., int]:
-    """A stand-in for ``TraceWriter.write_at`` (the ``ring`` variant): the previous Work
-    released as write_at does, then the per-call fields packed into a mapped ring of 4,096
-    slots, no line. Its ids (from 10**9) are none the writer uses; their Works stay in
-    ``works`` as COMPLETED once released."""
-    ring = mmap.mmap(-1, 4096 * 48)
-    pack = struct.Struct("<qdqqqqq").pack_into
-    last_id = [10**9]
-
-    def write(site: object, seq: int | None, p2p_seq: int | None, bucket: int | None,
-              iteration: int, t: float) -> int:
-        last = last_id[0]
-        work = works.get(last)
-        if work is not None and type(work) is not str and work.is_completed() and \
-                work.is_success():
-            works[last] = schema.COMPLETED
-        last_id[0] = cid = last + 1
-        pack(ring, (cid & 4095) * 48, cid, t, -1 if seq is None else seq,
-             -1 if p2p_seq is None else p2p_seq, iteration, -1 if bucket is None else bucket, 0)
-        return cid
-
-    return write
 
 
 def main() -> None:
@@ -88,16 +57,12 @@ def main() -> None:
     writer, labeler = recorder.writer, recorder.labeler
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
-    targets = {"write": (writer._file, "fast_write"), "collective": (writer, "write_at"),
-               "describe": (labeler, "place_id")}
+    targets = {"collective": (writer, "write_at"), "describe": (labeler, "place_id")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
-    stubs = {"write": len, "collective": lambda *args: None,
-             "describe": lambda frame: 0}
+    stubs = {"collective": lambda *args: None, "describe": lambda frame: 0}
     off = {"plain": set(), "direct": set(), "wrapper": set(), "floor": set(),
-           "record": {"collective", "describe"},
-           "describe": {"collective"}, "encode": {"write"}, "full": set(), "ring": {"collective"}}
-    ring_write = _ring_writer(writer.works)
+           "record": {"collective", "describe"}, "describe": {"collective"}, "full": set()}
 
     issue = group._issue
     log: list = []
@@ -114,8 +79,7 @@ def main() -> None:
         group._enabled = variant != "wrapper"  # plain and direct do not pass the group
         group._issue = floor if variant == "floor" else issue
         for name, (obj, attr) in targets.items():
-            stub = ring_write if variant == "ring" and name == "collective" else stubs[name]
-            setattr(obj, attr, stub if name in off[variant] else originals[name])
+            setattr(obj, attr, stubs[name] if name in off[variant] else originals[name])
 
     t, opts = torch.ones(1), dist.AllreduceOptions()
 

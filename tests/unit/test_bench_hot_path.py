@@ -206,7 +206,6 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     from ddpdoctor.runtime import pg_wrapper
     from ddpdoctor.runtime.labels import StackLabeler
     from ddpdoctor.runtime.recorder import Recorder
-    from ddpdoctor.runtime.trace_file import TraceFile
     from ddpdoctor.runtime.writer import TraceWriter
 
     for owner, name in [(Recorder, "record"), (TraceWriter, "write_at"),
@@ -216,7 +215,6 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     assert {"_issuer", "_issue"} <= set(  # instance attributes the constructor sets
         pg_wrapper.RecordingProcessGroup.__init__.__code__.co_names)
     assert isinstance(pg_wrapper.RecordingProcessGroup._enabled, property)
-    assert "fast_write" in TraceFile.__init__.__code__.co_names
 
 
 def test_the_thread_split_gives_each_arm_by_thread_and_against_plain(

@@ -48,6 +48,7 @@ from ddpdoctor.trace.basics import numel
 
 _get_ident = threading.get_ident
 _pack_slot = issue_ring.SLOT.pack_into
+_unpack_slot = issue_ring.SLOT.unpack_from
 _SLOT_BYTES = issue_ring.SLOT.size
 _RING_HEAD = issue_ring.HEAD.size
 _RING_MASK = issue_ring.SLOTS - 1
@@ -202,8 +203,9 @@ class TraceWriter:
         self.failed = False  # a write failed: the trace is cut from there on
         self._next_id = 0
         self.completed = 0  # collectives known to have completed
-        # Each collective written: its id, issue time, per-call fields and site, appended to
-        # a flat list by the thread that issues it (_ISSUED_FIELDS per collective) and taken
+        # Each collective written: its id, issue time, per-call fields and site, in a flat
+        # list (_ISSUED_FIELDS per collective), read back from the issue ring by the look
+        # (:meth:`_collect`; appended by the issuing thread where there is no ring) and taken
         # by the next look, which keeps the fields of those still running in _open and
         # _open_sites (by id, in issue order). The issuing thread stores only the Work
         # (``works``: its id absent until the backend returned it; a state string on error,
@@ -243,6 +245,8 @@ class TraceWriter:
         except OSError:
             pass
         self._ring_map = self._ring.map if self._ring is not None else None
+        self._site_list: list[CallSite] = []  # by site record id, for the ring's slots
+        self._collected = 0  # the last id whose fields are in _issued_log
         self._drained = 0  # how much of _issued_log has its lines written
         self._lined = 0  # the last id whose line is written (or folded into a run)
         self._first_pos = self._file.pos
@@ -308,16 +312,19 @@ class TraceWriter:
                 except Exception:  # the look asks it again, its own way
                     pass
             self._next_id = cid = last + 1
-            self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
             ring = self._ring_map
-            if ring is not None and cid - self._lined < _RING_MASK:
-                # The fields stored, the line left to the look: formatting it here cost the
-                # small-op loop's training thread ~3 µs a collective (bench/RESULTS.md,
-                # session 39). The layout is trace/issue_ring.py's.
+            if ring is not None and cid - self._collected < _RING_MASK:
+                # The fields stored, all else left to the look (which reads them back into
+                # the issue log): formatting the line here cost the small-op loop's training
+                # thread ~4 µs a collective (bench/RESULTS.md, session 39). The layout is
+                # trace/issue_ring.py's.
                 _pack_slot(ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD, cid, t,
                            seq or 0, p2p_seq or 0, iteration,
                            0 if bucket is None else bucket + 1, site.sid, cid)
             else:  # no ring, or it would wrap before the look: the lines now
+                self._collect(cid - 1)
+                self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
+                self._collected = cid
                 self._drain()
             return cid
         finally:
@@ -338,6 +345,7 @@ class TraceWriter:
         with self._lock:
             out = []
             quiet = _quiet_check()
+            self._collect(self._next_id)
             log = self._issued_log
             entries: list[tuple[int, Sequence[Any], CallSite]] = [
                 (cid, fields, self._open_sites[cid]) for cid, fields in self._open.items()]
@@ -369,6 +377,7 @@ class TraceWriter:
                     self._block.note(rec)
             self._closed = True
             self._block.close()
+            self._ring_map = None  # a late collective: its line, to nowhere
             if self._ring is not None:
                 self._ring.close()
             if self._wake is not None:
@@ -513,9 +522,25 @@ class TraceWriter:
                 f'"iteration": {iteration}{extra}, "t": {t:.6f}, {site.block}}}')
 
     # -- encoding (under the lock) -----------------------------------------------------------
+    def _collect(self, upto: int) -> None:
+        """Read the fields of the collectives up to id ``upto`` that the ring holds into the
+        issue log."""
+        ring = self._ring_map
+        first = self._collected + 1
+        if ring is None or first > upto:
+            return
+        log, sites = self._issued_log, self._site_list
+        for cid in range(first, upto + 1):
+            _, t, seq, p2p_seq, iteration, bucket, sid, _ = _unpack_slot(
+                ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD)
+            log += (cid, t, seq or None, p2p_seq or None, iteration,
+                    bucket - 1 if bucket else None, sites[sid])
+        self._collected = upto
+
     def _drain(self) -> None:
         """Write the lines of the collectives issued since the last drain, in issue order (a
         capped trace folds repeats into runs here), and tell the ring how far they go."""
+        self._collect(self._next_id)
         log = self._issued_log
         start = self._drained
         if start == len(log):
@@ -545,6 +570,7 @@ class TraceWriter:
         call stack's record before that, when new) appended to ``lines``."""
         site.sid = site_id = self._site_records
         self._site_records += 1
+        self._site_list.append(site)
         lines.append(f'{{"kind": "{schema.SITE}", "id": {site_id}, '
                      f'{self._static_fields(site, lines)}}}')
         return f'"{schema.SITE_REF}": {site_id}'
