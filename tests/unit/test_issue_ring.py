@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddpdoctor.runtime.writer import TraceWriter
-from ddpdoctor.trace import issue_ring, padding, schema
+from ddpdoctor.trace import detail, issue_ring, padding, schema
 from ddpdoctor.trace.reader import load_run, read_rank, write_ring_tails
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,3 +166,13 @@ def test_without_a_ring_each_line_is_written_as_its_collective_is_issued(
     assert not os.path.exists(issue_ring.path_of(str(path)))
     w.close()
     assert [c.seq for c in read_rank(path).collectives] == [1, 2, 3]
+
+
+def test_the_detail_sent_to_other_nodes_holds_the_lines_only_the_ring_has(tmp_path: Path) -> None:
+    path = tmp_path / "rank-3.jsonl"
+    w = _writer(path)
+    _issue(w, range(1, 4))
+    assert b'"kind": "collective"' not in path.read_bytes()
+    lines = [json.loads(line) for line in detail.extract(path).splitlines()]
+    assert [rec["id"] for rec in lines if rec["kind"] == "collective"] == [1, 2, 3]
+    assert lines[0]["partial"] is True

@@ -18,7 +18,7 @@ import os
 from collections import deque
 from pathlib import Path
 
-from ddpdoctor.trace import padding, schema
+from ddpdoctor.trace import schema
 
 KEEP = 8  # collectives kept per group
 MAX_BYTES = 256 * 1024  # a detail larger than this loses its largest end records first
@@ -27,9 +27,14 @@ _END = {schema.HANG, schema.EXCEPTION, schema.EXIT, schema.WARNING, schema.THREA
 
 
 def extract(path: Path, keep: int = KEEP) -> bytes:
-    """The detail of the rank whose trace is ``path``: trace lines, the header first."""
-    with open(path, "rb") as fh:
-        data = padding.open_data(fh).read()
+    """The detail of the rank whose trace is ``path``: trace lines, the header first (those
+    of a rank killed before its writer wrote them taken from its issue ring)."""
+    from ddpdoctor.trace.reader import TraceError, trace_data  # the reader reads details too
+
+    try:
+        data = trace_data(path)
+    except TraceError as exc:
+        raise ValueError(str(exc)) from None
     head, _, body = data.partition(b"\n")
     header = json.loads(head)
     if not isinstance(header, dict) or header.get("kind") != schema.HEADER:

@@ -170,6 +170,20 @@ def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
     tail = _ring_tail(path, trace)
     if not tail:
         return trace
+    out = _read_records(path, io.BytesIO(_with_tail(path, tail)))
+    out.truncated = trace.truncated
+    return out
+
+
+def trace_data(path: Path) -> bytes:
+    """The bytes of the trace at ``path`` as :func:`read_rank` reads them: its data (a member
+    file's lines filled in, no padding), and the lines its issue ring adds for a rank killed
+    before its writer wrote them. Raises :class:`TraceError` for a file that is no trace."""
+    return _with_tail(path, _ring_tail(path, _read_file(path, None)))
+
+
+def _with_tail(path: Path, tail: bytes) -> bytes:
+    """The trace's data, and ``tail`` (lines from its issue ring) after its last whole line."""
     try:
         ref = shared_ref.of_file(str(path))
         if ref is not None:
@@ -181,9 +195,7 @@ def read_rank(path: Path, pool: Shared | None = None) -> RankTrace:
         raise TraceError(str(exc)) from None
     except OSError as exc:
         raise TraceError(f"cannot read {path}: {exc.strerror}") from None
-    out = _read_records(path, io.BytesIO(_before_cut(data) + tail))
-    out.truncated = trace.truncated
-    return out
+    return _before_cut(data) + tail if tail else data
 
 
 def _ring_tail(path: Path, trace: RankTrace) -> bytes:
