@@ -46,6 +46,22 @@ TAG_ENV = "DDPDOCTOR_BENCH_TAG"
 PLAIN, DOCTOR, DETAIL = "plain", "ddpdoctor", "detail"
 # plain torchrun with PyTorch's flight recorder off (torch 2.13 keeps 2,000 entries by default)
 NO_FR = "plain, no flight recorder"
+# An arm of a bench that compares whole jobs: its name in the table, its kind of job (above),
+# its environment.
+Arm = tuple[str, str, "dict[str, str] | None"]
+PLAIN_ARM = "plain torchrun"
+
+
+def arms(before: Path | None, commit: str | None, aa: bool) -> list[Arm]:
+    """Plain torchrun and ddpdoctor run; with ``before`` (the ``src`` of ``commit``),
+    that commit's ddpdoctor, first on ``PYTHONPATH``; with ``aa``, a second plain arm (the
+    bench's own spread)."""
+    out: list[Arm] = [(PLAIN_ARM, PLAIN, None), ("ddpdoctor run", DOCTOR, None)]
+    if before is not None:
+        out.append((f"ddpdoctor run, {(commit or '')[:8]}", DOCTOR, {"PYTHONPATH": str(before)}))
+    if aa:
+        out.append((f"{PLAIN_ARM} (A/A)", PLAIN, None))
+    return out
 
 
 class _Future:

@@ -31,8 +31,7 @@ import overhead  # noqa: E402  (bench/ is no package)
 from launcher_cost import checkout  # noqa: E402
 
 NPROC = 2
-PLAIN = "plain torchrun"
-Arm = tuple[str, str, "dict[str, str] | None"]  # name, overhead's job kind, environment
+PLAIN = overhead.PLAIN_ARM
 
 
 def per_op_us(short: overhead.JobResult, long: overhead.JobResult, ops: int) -> float:
@@ -40,7 +39,7 @@ def per_op_us(short: overhead.JobResult, long: overhead.JobResult, ops: int) -> 
     return (long.job_cpu_s - short.job_cpu_s) / ops / NPROC * 1e6
 
 
-def run_round(arms: list[Arm], short: int, long: int, flip: int,
+def run_round(arms: list[overhead.Arm], short: int, long: int, flip: int,
               ) -> tuple[dict[str, float], float]:
     """One round: every arm's short and long jobs, in an order set by ``flip`` (the arms
     rotated by it; short or long first, in turn); (µs per collective by arm, the most of the
@@ -65,13 +64,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.long <= args.short or args.short < 10:
         parser.error("--long must be more than --short (at least 10)")
-    arms: list[Arm] = [(PLAIN, overhead.PLAIN, None), ("ddpdoctor run", overhead.DOCTOR, None)]
     before = checkout(args.before) if args.before else None
-    if before is not None:
-        arms.append((f"ddpdoctor run, {args.before[:8]}", overhead.DOCTOR,
-                     {"PYTHONPATH": str(before)}))
-    if args.aa:
-        arms.append(("plain torchrun (A/A)", overhead.PLAIN, None))
+    arms = overhead.arms(before, args.before, args.aa)
     rows: list[dict[str, float]] = []
     others = 0.0
     try:

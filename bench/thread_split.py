@@ -48,14 +48,8 @@ def main() -> None:
     parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
     parser.add_argument("--aa", action="store_true", help="a second plain arm")
     args = parser.parse_args()
-    arms: list[tuple[str, str, dict[str, str] | None]] = [
-        ("plain torchrun", overhead.PLAIN, None), ("ddpdoctor run", overhead.DOCTOR, None)]
     before = checkout(args.before) if args.before else None
-    if before is not None:
-        arms.append((f"ddpdoctor run, {args.before[:8]}", overhead.DOCTOR,
-                     {"PYTHONPATH": str(before)}))
-    if args.aa:
-        arms.append(("plain torchrun (A/A)", overhead.PLAIN, None))
+    arms = overhead.arms(before, args.before, args.aa)
     got: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in arms}
     rounds: list[dict[str, list[dict[str, float]]]] = []
     try:
@@ -70,7 +64,7 @@ def main() -> None:
     finally:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
-    plain = got["plain torchrun"]
+    plain = got[overhead.PLAIN_ARM]
     print(f"µs of CPU per collective, median (IQR) over {len(plain)} ranks × jobs; "
           f"{args.ops} all_reduce per job")
     print("| arm | " + " | ".join(PARTS) + " | process − plain |")
@@ -87,7 +81,7 @@ def main() -> None:
         cells = []
         for part in ("process", "main"):
             diffs = [statistics.mean(r[part] for r in one[name]) -
-                     statistics.mean(r[part] for r in one["plain torchrun"]) for one in rounds]
+                     statistics.mean(r[part] for r in one[overhead.PLAIN_ARM]) for one in rounds]
             cells.append(f"{statistics.median(diffs):+.1f} ({min(diffs):+.1f} to "
                          f"{max(diffs):+.1f})")
         print(f"| {name}, paired | " + " | ".join(cells) + " |")

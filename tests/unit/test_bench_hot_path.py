@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,26 @@ def _bench_module(name: str) -> object:
         return module
     finally:
         sys.path.remove(str(BENCH))
+
+
+def _arms_bench(name: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                cost: Callable[[str, dict[str, str] | None, int], object],
+                ) -> tuple[Any, Path, list[tuple[str, object]]]:
+    """bench/<name>.py with its --before checkout made in ``tmp_path`` and every job faked by
+    ``cost(kind, env, collectives)``: (the module, that checkout, each job's (kind, env))."""
+    bench: Any = _bench_module(name)
+    before = tmp_path / "src"
+    before.mkdir()
+    monkeypatch.setattr(bench, "checkout", lambda commit: before)
+    seen: list[tuple[str, object]] = []
+
+    def fake_job(kind: str, script: Path, args: list[str],
+                 env: dict[str, str] | None = None) -> object:
+        seen.append((kind, env))
+        return cost(kind, env, int(args[args.index("--ops") + 1]))
+
+    monkeypatch.setattr(bench.overhead, "job", fake_job)
+    return bench, before, seen
 
 
 def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_range() -> None:
@@ -173,21 +195,14 @@ def test_the_whole_job_figure_gives_each_arm_against_plain_in_the_same_rounds(
     """bench/per_op_whole_job.py's table: per arm, the median of its per-round differences
     from plain torchrun; --before runs that commit's src first on PYTHONPATH, --aa a second
     plain arm."""
-    bench = _bench_module("per_op_whole_job")
-    overhead = bench.overhead
-    before = tmp_path / "src"
-    before.mkdir()
-    monkeypatch.setattr(bench, "checkout", lambda commit: before)
-    seen: list[tuple[str, object]] = []
+    overhead: Any = _bench_module("per_op_whole_job").overhead
 
-    def fake_job(kind: str, script: Path, args: list[str],
-                 env: dict[str, str] | None = None) -> object:
-        n = int(args[args.index("--ops") + 1])
-        seen.append((kind, env))
+    def cost(kind: str, env: dict[str, str] | None, n: int) -> object:
         per_op = 100e-6 if kind == overhead.PLAIN else 112e-6 if env else 108e-6
         return overhead.JobResult([], 2.0 + n * per_op, wall_s=1.0, others_cpu_s=0.0)
 
-    monkeypatch.setattr(overhead, "job", fake_job)
+    bench, before, seen = _arms_bench("per_op_whole_job", monkeypatch, tmp_path, cost)
+    overhead = bench.overhead
     monkeypatch.setattr(sys, "argv", ["per_op_whole_job.py", "--rounds", "3", "--short", "1000",
                                       "--long", "11000", "--before", "abc1234", "--aa"])
     bench.main()
@@ -223,23 +238,17 @@ def test_the_thread_split_gives_each_arm_by_thread_and_against_plain(
     """bench/thread_split.py: per arm, the medians of each rank's process CPU per collective
     and its split (training thread, ddpdoctor's threads, the rest), and the process figure
     less plain's; the --before arm runs that commit's src first on PYTHONPATH."""
-    bench = _bench_module("thread_split")
-    overhead = bench.overhead
-    before = tmp_path / "src"
-    before.mkdir()
-    monkeypatch.setattr(bench, "checkout", lambda commit: before)
-    seen: list[tuple[str, object]] = []
+    overhead: Any = _bench_module("thread_split").overhead
 
-    def fake_job(kind: str, script: Path, args: list[str],
-                 env: dict[str, str] | None = None) -> object:
-        seen.append((kind, env))
+    def cost(kind: str, env: dict[str, str] | None, n: int) -> object:
         added = 0.0 if kind == overhead.PLAIN else 12.0 if env else 10.0
         ranks = [{"rank": r, "cpu_us": 100.0 + added + r,
                   "split_us": {"main": 40.0 + added / 2, "ddpdoctor": added / 2,
                                "gloo": 60.0 + r}} for r in (0, 1)]
         return overhead.JobResult(ranks, 1.0)
 
-    monkeypatch.setattr(overhead, "job", fake_job)
+    bench, before, seen = _arms_bench("thread_split", monkeypatch, tmp_path, cost)
+    overhead = bench.overhead
     monkeypatch.setattr(sys, "argv", ["thread_split.py", "--rounds", "2", "--before", "abc1234"])
     bench.main()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
