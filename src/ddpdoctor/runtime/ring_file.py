@@ -30,7 +30,7 @@ class RingFile:
         try:
             os.posix_fallocate(fd, 0, size)
             self.map: mmap.mmap | None = mmap.mmap(fd, size)
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, AttributeError) as exc:  # no posix_fallocate: not Linux
             os.close(fd)
             issue_ring.remove(trace_path)
             raise OSError(f"cannot map {self.path}: {exc}") from None

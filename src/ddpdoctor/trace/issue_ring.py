@@ -29,7 +29,9 @@ from ddpdoctor.trace import schema
 MAGIC = b"DDPRING\x00"
 VERSION = 1
 SUFFIX = ".ring"
-SLOTS = 8192  # a power of two; the writer formats lines itself before the ring wraps
+# A power of two. The writer formats the lines itself before the ring would wrap: 32,768 hold a
+# second of a loop at 32,000 collectives a second, two looks' worth (2 MB of file per rank).
+SLOTS = 32768
 HEAD = struct.Struct("<8sHHIq40x")
 SLOT = struct.Struct("<qdqqqqqq")
 LINED_AT = 16  # the head's ``lined`` field: its offset
