@@ -176,3 +176,20 @@ def test_the_detail_sent_to_other_nodes_holds_the_lines_only_the_ring_has(tmp_pa
     lines = [json.loads(line) for line in detail.extract(path).splitlines()]
     assert [rec["id"] for rec in lines if rec["kind"] == "collective"] == [1, 2, 3]
     assert lines[0]["partial"] is True
+
+
+def test_a_ring_is_read_with_the_slot_count_its_head_gives(tmp_path: Path) -> None:
+    # A ring another ddpdoctor made with fewer slots: ids at id % 16.
+    path = tmp_path / "rank-0.jsonl"
+    w = _writer(path)
+    _issue(w, range(1, 4))
+    ring = Path(issue_ring.path_of(str(path)))
+    data = ring.read_bytes()
+    small = bytearray(issue_ring.HEAD.pack(issue_ring.MAGIC, issue_ring.VERSION,
+                                           issue_ring.SLOT.size, 16, 0))
+    small += bytes(16 * issue_ring.SLOT.size)
+    for cid in (1, 2, 3):
+        at = issue_ring.HEAD.size + cid * issue_ring.SLOT.size
+        small[at:at + issue_ring.SLOT.size] = data[at:at + issue_ring.SLOT.size]
+    ring.write_bytes(bytes(small))
+    assert [c.id for c in read_rank(path).collectives] == [1, 2, 3]

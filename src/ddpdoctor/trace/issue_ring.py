@@ -32,6 +32,7 @@ SUFFIX = ".ring"
 # A power of two. The writer formats the lines itself before the ring would wrap: 32,768 hold a
 # second of a loop at 32,000 collectives a second, two looks' worth (2 MB of file per rank).
 SLOTS = 32768
+MAX_SLOTS = 1 << 20  # a head that claims more is damage
 HEAD = struct.Struct("<8sHHIq40x")
 SLOT = struct.Struct("<qdqqqqqq")
 LINED_AT = 16  # the head's ``lined`` field: its offset
@@ -76,13 +77,15 @@ def tail_lines(trace_path: str, after: int) -> list[str]:
     none when there is no ring, or it is no ring of this format."""
     try:
         with open(path_of(trace_path), "rb") as fh:
-            data = fh.read(size() + 1)
+            data = fh.read(HEAD.size)
+            if len(data) < HEAD.size:
+                return []
+            magic, version, slot_size, slots, lined = HEAD.unpack(data)
+            if magic != MAGIC or version != VERSION or slot_size != SLOT.size or \
+                    not 0 < slots <= MAX_SLOTS:
+                return []
+            data += fh.read(slots * SLOT.size)  # the count its writer made it with
     except OSError:
-        return []
-    if len(data) < HEAD.size:
-        return []
-    magic, version, slot_size, slots, lined = HEAD.unpack_from(data)
-    if magic != MAGIC or version != VERSION or slot_size != SLOT.size or slots != SLOTS:
         return []
     start = max(after, lined)
     found = {fields[0]: fields for fields in _slots(data, start)}
