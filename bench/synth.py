@@ -96,7 +96,7 @@ def static_json(op: Op, stack_id: int) -> str:
 
 
 def site_line(site_id: int, static: str) -> str:
-    """A site record (format 9), exactly as ``TraceWriter._encode_static`` writes it."""
+    """A site record (format 9), exactly as ``TraceWriter._write_site`` writes it."""
     return f'{{"kind": "{schema.SITE}", "id": {site_id}, {static}}}'
 
 

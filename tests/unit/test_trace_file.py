@@ -136,7 +136,7 @@ def test_collective_lines_across_window_edges_are_whole_and_in_the_declared_layo
             (f', "bucket": {bucket}' if bucket is not None else "")
         expected.append(f'{{"id": {cid}, "kind": "collective", '
                         f'"seq": {"null" if seq is None else seq}, "iteration": {n // 10}, '
-                        f'{site.text}{extra}}}')
+                        f'"site": {site.sid}{extra}}}')
     w.close()
     lines = [line for line in path.read_text().splitlines() if '"collective"' in line]
     assert lines == expected

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Hashable
 from typing import Any
 
 from ddpdoctor.runtime import env
@@ -77,16 +78,16 @@ class _Group:
         self.iterations: list[int] = [0] * WINDOW
         self.buckets: list[int | None] = [None] * WINDOW
         self.top = 0  # highest seq noted
-        self.last: dict[str, int] = {}  # static part -> latest seq with it
+        self.last: dict[Hashable, int] = {}  # static part -> latest seq with it
         self.run: _Run | None = None
 
-    def note(self, seq: int, static: str, iteration: int, bucket: int | None) -> None:
+    def note(self, seq: int, static: Hashable, iteration: int, bucket: int | None) -> None:
         i = seq % WINDOW
         self.statics[i], self.iterations[i], self.buckets[i] = static, iteration, bucket
         self.last[static] = seq
         self.top = seq
 
-    def same(self, pos: int, static: str, iteration: int, bucket: int | None,
+    def same(self, pos: int, static: Hashable, iteration: int, bucket: int | None,
              delta: int) -> bool:
         """Whether the collective at ``pos`` has this static part, bucket and iteration offset."""
         if pos < 1 or self.top - pos >= WINDOW:
@@ -123,11 +124,12 @@ class Compressor:
             self.close_all(lines)
 
     def fold(self, group: str, cid: int, seq: int, iteration: Any, bucket: int | None,
-             t: float, static: str, lines: list[str]) -> bool:
-        """True when collective ``cid`` (of ``group``, issued at ``t``) joins a run and needs
-        no line of its own. Below the cap nothing is folded and nothing remembered (the caller
-        need not call this): positions are noted from the cap on, so the first round of a
-        pattern after it is written in full."""
+             t: float, static: Hashable, lines: list[str]) -> bool:
+        """True when collective ``cid`` (of ``group``, issued at ``t``, its static part named
+        by ``static``: the writer's site id) joins a run and needs no line of its own. Below
+        the cap nothing is folded and nothing remembered (the caller need not call this):
+        positions are noted from the cap on, so the first round of a pattern after it is
+        written in full."""
         if not self.active:
             return False
         g = self.groups.get(group)

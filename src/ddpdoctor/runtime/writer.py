@@ -59,7 +59,7 @@ class CallSite:
     label, tensors, call stack, ...) and their encoding in the trace line, made once."""
 
     __slots__ = ("group", "op", "label", "api", "tensors", "reduce_op", "root", "peer", "stack",
-                 "meta", "text", "sid", "block")
+                 "meta", "sid", "block")
 
     def __init__(self, group: str, op: str, label: str, api: str | None,
                  tensors: Sequence[tuple[Any, Any]], reduce_op: Any, root: int | None,
@@ -68,8 +68,7 @@ class CallSite:
         self.tensors, self.reduce_op, self.root, self.peer = tensors, reduce_op, root, peer
         self.stack = stack
         self.meta = meta  # ((field, value), ...): sends, recvs, row, tag (schema version 7)
-        self.text = ""  # how its lines name its site record (the writer fills it in)
-        self.sid = -1  # the id of its site record, once written
+        self.sid = -1  # the id of its site record, which its lines name, once written
         self.block = ""  # its static part in a progress block (the writer thread fills it in)
 
 
@@ -223,7 +222,6 @@ class TraceWriter:
         self._settled_id = 0  # the last id written at the last look
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, CallSite] = {}
-        self._site_records = 0  # site records written (their ids: 0, 1, ...)
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
         self._lock = HotLock()
@@ -245,10 +243,9 @@ class TraceWriter:
         except OSError:
             pass
         self._ring_map = self._ring.map if self._ring is not None else None
-        self._site_list: list[CallSite] = []  # by site record id, for the ring's slots
+        self._site_list: list[CallSite] = []  # the sites written, by their records' ids
         self._collected = 0  # the last id whose fields are in _issued_log
-        self._drained = 0  # how much of _issued_log has its lines written
-        self._lined = 0  # the last id whose line is written (or folded into a run)
+        self._drained = 0  # how much of _issued_log has its lines written (or folded)
         self._first_pos = self._file.pos
         self._looked_at = self._first_pos  # where the data ended at the last look
         self._write(json.dumps(header) + "\n")
@@ -293,11 +290,9 @@ class TraceWriter:
             lock.__enter__()
             lock.make_hot()
         try:
-            if not site.text:  # a new site: its record after the lines issued before it
+            if site.sid < 0:  # a new site: its record after the lines issued before it
                 self._drain()
-                lines: list[str] = []
-                site.text = self._encode_static(site, lines)
-                self._write("\n".join(lines) + "\n")
+                self._write_site(site)
             # The Work of the collective written before this one, released here when it
             # completed: a synchronous collective's (dist.all_reduce waits for it) always has.
             # Kept for the next look instead, every Work of a small-op loop cost gloo's threads
@@ -550,30 +545,29 @@ class TraceWriter:
         cap = self._cap
         folding = cap is not None and cap.active
         line = issue_ring.collective_line
-        cid = self._lined
+        cid = 0
         for i in range(start, len(log), _ISSUED_FIELDS):
             cid, t, seq, p2p_seq, iteration, bucket, site = log[i:i + _ISSUED_FIELDS]
             if folding and seq is not None and \
                     cap.fold(site.group, cid, seq, iteration, bucket, t,  # type: ignore[union-attr]
-                             site.text, lines):
+                             site.sid, lines):
                 self._folded.add(cid)  # in a run, which has its time
                 continue
             lines.append(line(cid, seq, iteration, site.sid, p2p_seq, bucket))
         if lines:
             self._write("\n".join(lines) + "\n")
-        self._lined = cid
         if self._ring is not None:
             self._ring.lined(cid)
 
-    def _encode_static(self, site: CallSite, lines: list[str]) -> str:
-        """What ``site``'s lines end with: ``"site": N``, after its ``site`` record (and its
-        call stack's record before that, when new) appended to ``lines``."""
-        site.sid = site_id = self._site_records
-        self._site_records += 1
+    def _write_site(self, site: CallSite) -> None:
+        """Write ``site``'s ``site`` record (its call stack's record before it, when new) and
+        give the site its id, which its lines name (``"site": N``)."""
+        site.sid = len(self._site_list)
         self._site_list.append(site)
-        lines.append(f'{{"kind": "{schema.SITE}", "id": {site_id}, '
+        lines: list[str] = []
+        lines.append(f'{{"kind": "{schema.SITE}", "id": {site.sid}, '
                      f'{self._static_fields(site, lines)}}}')
-        return f'"{schema.SITE_REF}": {site_id}'
+        self._write("\n".join(lines) + "\n")
 
     def _static_fields(self, site: CallSite, lines: list[str]) -> str:
         """The static part of ``site`` as JSON fields (no braces); its call stack's record

@@ -2,7 +2,7 @@
 
 A long job writes tens of thousands of collective lines per rank that differ only in their
 ids (format 3: and times): the part the writer caches (group, op, label, tensors, stack; see
-``TraceWriter._encode_static``; from format 9 a ``site`` record that the lines name) repeats.
+``TraceWriter._write_site``; from format 9 a ``site`` record that the lines name) repeats.
 :func:`read_compact` therefore reads a trace file written in the writer's exact layout without
 decoding every line: each collective line is reduced to its tail, the bytes from its
 ``"state"`` field (format 9: its ``"site"`` field) to its end, which are interned (one dict
