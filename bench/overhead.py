@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import resource
@@ -376,6 +377,30 @@ def interquartile(values: list[float]) -> tuple[float, float]:
         return r[0], r[-1]
     q = statistics.quantiles(r, n=4)
     return q[0], q[2]
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free confidence interval of the median of ``values`` (order statistics:
+    the k-th least and greatest, k the largest with P(Binomial(n, ½) < k) ≤ (1 − level) / 2);
+    None when too few values allow one at ``level`` (under 6 at 95 %)."""
+    r, n = sorted(values), len(values)
+    tail, k, below = (1 - level) / 2, 0, 0.0
+    while k < n and below + math.comb(n, k) / 2 ** n <= tail:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return None
+    return r[k - 1], r[n - k]
+
+
+def against_target(interval: tuple[float, float] | None, target: float) -> str:
+    """Whether a median's interval shows a figure at most ``target``: met (the whole interval at
+    or under it), not met (the whole interval over it), else not resolved."""
+    if interval is None:
+        return "too few rounds to tell"
+    if interval[1] <= target:
+        return "met"
+    return "not met" if interval[0] > target else "not resolved"
 
 
 @dataclass

@@ -2,7 +2,7 @@
 ``all_reduce`` on 2 gloo ranks) run as whole jobs, plain torchrun against ``ddpdoctor run``.
 
     python bench/per_op_whole_job.py [--rounds 8] [--short 5000] [--long 50000] [--aa]
-                                     [--before COMMIT]
+                                     [--before COMMIT] [--target 8]
 
 A job's CPU is every process it started (``getrusage`` of the children: torchrun, the ranks,
 ddpdoctor's launcher), what ``time`` shows a user. Each arm runs the loop twice per round,
@@ -11,8 +11,10 @@ difference of their collectives is that arm's CPU per collective, with start-up,
 the report cancelled out. Per rank: the job's figure over the ranks. The jobs of a round run in
 a new order each round (each arm first in turn, short and long first in turn), and each arm's
 figure is the median of its per-round differences from plain torchrun's, with their
-interquartile range. ``--aa`` adds a second plain torchrun arm (the bench's own spread, in the
-same rounds); ``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``,
+interquartile range and a 95 % interval of the median (order statistics, no assumed
+distribution): an arm meets ``--target`` when that whole interval lies at or under it.
+``--aa`` adds a second plain torchrun arm (the bench's own spread, in the same rounds);
+``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``,
 first on ``PYTHONPATH``). The trace of a long ddpdoctor job passes its default 16 MB size cap:
 from there on it keeps repeats as runs, as a user's long job does.
 """
@@ -61,6 +63,8 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=50000)
     parser.add_argument("--aa", action="store_true", help="a second plain torchrun arm")
     parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
+    parser.add_argument("--target", type=float, default=8.0,
+                        help="µs per collective an arm may add (issue 56: 8)")
     args = parser.parse_args()
     if args.long <= args.short or args.short < 10:
         parser.error("--long must be more than --short (at least 10)")
@@ -80,17 +84,24 @@ def main() -> None:
         if before is not None:
             shutil.rmtree(before.parent, ignore_errors=True)
     print("\n| arm | CPU per collective per rank, whole job (µs, median) | added: median of "
-          f"{len(rows)} per-round differences from plain | IQR | range |\n|---|---|---|---|---|")
+          f"{len(rows)} per-round differences from plain | 95 % interval of that median | "
+          "IQR | range |\n|---|---|---|---|---|---|")
+    verdicts = []
     for name, _, _ in arms:
         own = statistics.median(row[name] for row in rows)
         if name == PLAIN:
-            print(f"| {name} | {own:.1f} | — | — | — |")
+            print(f"| {name} | {own:.1f} | — | — | — | — |")
             continue
         added = [row[name] - row[PLAIN] for row in rows]
         lo, hi = overhead.interquartile(added)
-        print(f"| {name} | {own:.1f} | **{statistics.median(added):+.1f}** | {lo:+.1f} to "
-              f"{hi:+.1f} | {min(added):+.1f} to {max(added):+.1f} |")
+        interval = overhead.median_interval(added)
+        within = "—" if interval is None else f"{interval[0]:+.1f} to {interval[1]:+.1f}"
+        print(f"| {name} | {own:.1f} | **{statistics.median(added):+.1f}** | {within} | "
+              f"{lo:+.1f} to {hi:+.1f} | {min(added):+.1f} to {max(added):+.1f} |")
+        verdicts.append(f"{name}: {overhead.against_target(interval, args.target)}")
     print(f"\nothers' CPU at most {others:.2f} cores in a job")
+    print(f"added ≤ {args.target:+.1f} µs (the whole 95 % interval under it): "
+          + "; ".join(verdicts))
 
 
 if __name__ == "__main__":

@@ -206,13 +206,33 @@ def test_the_whole_job_figure_gives_each_arm_against_plain_in_the_same_rounds(
     monkeypatch.setattr(sys, "argv", ["per_op_whole_job.py", "--rounds", "3", "--short", "1000",
                                       "--long", "11000", "--before", "abc1234", "--aa"])
     bench.main()
+    out = capsys.readouterr().out
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
-            for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+            for line in out.splitlines() if line.startswith("| ")}
     assert rows["ddpdoctor run"][2] == "**+4.0**" and rows["ddpdoctor run"][1] == "54.0"
     assert rows["ddpdoctor run, abc1234"][2] == "**+6.0**"
     assert rows["plain torchrun (A/A)"][2] == "**+0.0**"
+    assert rows["ddpdoctor run"][3] == "—"  # 3 rounds allow no 95 % interval
+    assert "ddpdoctor run: too few rounds to tell" in out
     assert seen.count((overhead.DOCTOR, {"PYTHONPATH": str(before)})) == 6
     assert len(seen) == 24 and not before.exists()  # the extracted tree is removed
+
+
+def test_the_median_interval_is_the_binomial_order_statistics_and_decides_a_target() -> None:
+    """bench/overhead.py: a 95 % interval of a median from n rounds is the k-th least and
+    greatest values (n = 12: the 3rd and the 10th; n = 40: the 14th and the 27th); under 6
+    rounds there is none; a target is met only when the whole interval is at or under it."""
+    overhead: Any = _bench_module("per_op_whole_job").overhead
+    values = [float(v) for v in range(40, 0, -1)]  # 40..1, unsorted on purpose
+    assert overhead.median_interval(values[-12:]) == (3.0, 10.0)
+    assert overhead.median_interval(values) == (14.0, 27.0)
+    assert overhead.median_interval(values[-6:]) == (1.0, 6.0)
+    assert overhead.median_interval(values[-5:]) is None
+    assert overhead.median_interval(values[-5:], level=0.9) == (1.0, 5.0)
+    assert overhead.against_target((3.0, 8.0), 8.0) == "met"
+    assert overhead.against_target((3.0, 8.5), 8.0) == "not resolved"
+    assert overhead.against_target((8.1, 12.0), 8.0) == "not met"
+    assert overhead.against_target(None, 8.0) == "too few rounds to tell"
 
 
 def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
