@@ -21,16 +21,19 @@ the calling thread formats no line: it stores the fields into the issue ring, wh
 """
 
 import argparse
-import itertools
 import json
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from ddpdoctor.runtime.pg_wrapper import group_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hot_path_floor import floor_issue  # noqa: E402  (bench/ is no package)
 
 # (variant, what it adds to the one before)
 VARIANTS = [
@@ -64,16 +67,7 @@ def main() -> None:
     off = {"plain": set(), "direct": set(), "wrapper": set(), "floor": set(),
            "record": {"collective", "describe"}, "describe": {"collective"}, "full": set()}
 
-    issue = group._issue
-    log: list = []
-    getframe, backend, numbers = sys._getframe, inner.allreduce, itertools.count()
-
-    def floor(op, method, args, tensors, reduce_op, root, peer, p2p, meta=()):
-        caller = getframe(2)
-        log.append((next(numbers), op, id(caller.f_code), caller.f_lasti))
-        if len(log) > 4096:
-            log.clear()
-        return backend(*args)
+    issue, floor = group._issue, floor_issue(group)
 
     def use(variant: str) -> None:
         group._enabled = variant != "wrapper"  # plain and direct do not pass the group

@@ -40,6 +40,9 @@ from pathlib import Path
 
 from ddpdoctor.launch.command import free_port
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hot_path_floor  # noqa: E402  (bench/ is no package)
+
 HERE = Path(__file__).resolve().parent
 CNN = HERE / "cnn_job.py"
 SMALL_OPS = HERE / "small_ops.py"
@@ -53,13 +56,17 @@ Arm = tuple[str, str, "dict[str, str] | None"]
 PLAIN_ARM = "plain torchrun"
 
 
-def arms(before: Path | None, commit: str | None, aa: bool) -> list[Arm]:
+def arms(before: Path | None, commit: str | None, aa: bool, floors: bool = False) -> list[Arm]:
     """Plain torchrun and ddpdoctor run; with ``before`` (the ``src`` of ``commit``),
-    that commit's ddpdoctor, first on ``PYTHONPATH``; with ``aa``, a second plain arm (the
-    bench's own spread)."""
+    that commit's ddpdoctor, first on ``PYTHONPATH``; with ``floors``, ddpdoctor run with the
+    small-op loop's recording switched off and cut to the floor (``hot_path_floor.py``); with
+    ``aa``, a second plain arm (the bench's own spread)."""
     out: list[Arm] = [(PLAIN_ARM, PLAIN, None), ("ddpdoctor run", DOCTOR, None)]
     if before is not None:
         out.append((f"ddpdoctor run, {(commit or '')[:8]}", DOCTOR, {"PYTHONPATH": str(before)}))
+    if floors:
+        out += [(f"ddpdoctor run, hot path {variant}", DOCTOR,
+                 {hot_path_floor.VARIANT_ENV: variant}) for variant in ("off", "floor")]
     if aa:
         out.append((f"{PLAIN_ARM} (A/A)", PLAIN, None))
     return out

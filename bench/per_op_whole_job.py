@@ -2,7 +2,7 @@
 ``all_reduce`` on 2 gloo ranks) run as whole jobs, plain torchrun against ``ddpdoctor run``.
 
     python bench/per_op_whole_job.py [--rounds 8] [--short 5000] [--long 50000] [--aa]
-                                     [--before COMMIT] [--target 8]
+                                     [--before COMMIT] [--floors] [--target 8]
 
 A job's CPU is every process it started (``getrusage`` of the children: torchrun, the ranks,
 ddpdoctor's launcher), what ``time`` shows a user. Each arm runs the loop twice per round,
@@ -14,9 +14,12 @@ figure is the median of its per-round differences from plain torchrun's, with th
 interquartile range and a 95 % interval of the median (order statistics, no assumed
 distribution): an arm meets ``--target`` when that whole interval lies at or under it.
 ``--aa`` adds a second plain torchrun arm (the bench's own spread, in the same rounds);
-``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``,
-first on ``PYTHONPATH``). The trace of a long ddpdoctor job passes its default 16 MB size cap:
-from there on it keeps repeats as runs, as a user's long job does.
+``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``, first on
+``PYTHONPATH``); ``--floors`` adds ``ddpdoctor run`` with its recording group switched off
+(its Python entry and forwarding alone) and with the recording cut to the least any Python
+recording can do (``hot_path_floor.py``): what a leaner recording could reach (their traces
+lack the loop's collectives). The trace of a long ddpdoctor job passes its default 16 MB size
+cap: from there on it keeps repeats as runs, as a user's long job does.
 """
 
 from __future__ import annotations
@@ -63,13 +66,15 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=50000)
     parser.add_argument("--aa", action="store_true", help="a second plain torchrun arm")
     parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
+    parser.add_argument("--floors", action="store_true",
+                        help="ddpdoctor arms with the recording off and cut to its floor")
     parser.add_argument("--target", type=float, default=8.0,
                         help="µs per collective an arm may add (issue 56: 8)")
     args = parser.parse_args()
     if args.long <= args.short or args.short < 10:
         parser.error("--long must be more than --short (at least 10)")
     before = checkout(args.before) if args.before else None
-    arms = overhead.arms(before, args.before, args.aa)
+    arms = overhead.arms(before, args.before, args.aa, args.floors)
     rows: list[dict[str, float]] = []
     others = 0.0
     try:

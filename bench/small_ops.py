@@ -13,16 +13,26 @@ thread's CPU µs per op of each, and the CPU of ddpdoctor's own threads per reco
 (measured after the alternation, over a loop that records without pause): the cost of
 recording measured while both ranks run (on this 2-core machine several times the
 single-process microbenchmark's), free of the spread between whole jobs.
+
+``DDPDOCTOR_BENCH_HOT_PATH`` (under ``ddpdoctor run``): ``off`` or ``floor`` switches the
+recording group to a stand-in (``hot_path_floor.py``) before the loop, for whole-job arms that
+ask what a leaner recording would cost.
 """
 
 import argparse
 import json
+import os
 import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hot_path_floor  # noqa: E402  (bench/ is no package)
 
 
 def _own_threads_cpu() -> float:
@@ -143,6 +153,9 @@ def main() -> None:
     parser.add_argument("--wrapper-ab", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
+    variant = os.environ.get(hot_path_floor.VARIANT_ENV)
+    if variant:
+        hot_path_floor.use(variant)
     t = torch.ones(1)
     for _ in range(200):
         dist.all_reduce(t)

@@ -235,6 +235,42 @@ def test_the_median_interval_is_the_binomial_order_statistics_and_decides_a_targ
     assert overhead.against_target(None, 8.0) == "too few rounds to tell"
 
 
+def test_the_floor_arms_run_ddpdoctor_with_a_stand_in_hot_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/hot_path_floor.py: --floors adds two ddpdoctor arms naming a variant in the
+    environment; the floor keeps one entry per call and returns the backend's own result; an
+    unknown variant stops the job with a message."""
+    floors: Any = _bench_module("hot_path_floor")
+    overhead: Any = _bench_module("per_op_whole_job").overhead
+    got = overhead.arms(None, None, aa=True, floors=True)
+    assert [(kind, env) for _, kind, env in got[2:4]] == [
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "off"}),
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "floor"})]
+    assert got[-1][1] == overhead.PLAIN and len(got) == 5
+
+    class Backend:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def allreduce(self, *args: object) -> str:
+            self.calls.append(args)
+            return "work"
+
+    class Group:
+        _inner = Backend()
+
+    issue = floors.floor_issue(Group)
+
+    def user_step() -> object:  # frame 2 for the floor, as torch's all_reduce would be
+        return (lambda: issue("all_reduce", "allreduce", ("t", "o"), None, None, None, None,
+                              False))()
+
+    assert [user_step() for _ in range(3)] == ["work"] * 3
+    assert Group._inner.calls == [("t", "o")] * 3
+    with pytest.raises(SystemExit, match="unknown hot-path variant 'fast'"):
+        floors.use("fast")
+
+
 def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     """bench/breakdown.py and bench/parts_alone.py replace parts of the recording by name (run
     by hand, never by CI): a renamed part would make them time the wrong thing."""
