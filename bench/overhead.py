@@ -40,10 +40,10 @@ from pathlib import Path
 
 from ddpdoctor.launch.command import free_port
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 import hot_path_floor  # noqa: E402  (bench/ is no package)
 
-HERE = Path(__file__).resolve().parent
 CNN = HERE / "cnn_job.py"
 SMALL_OPS = HERE / "small_ops.py"
 TAG_ENV = "DDPDOCTOR_BENCH_TAG"

@@ -56,7 +56,8 @@ _RING_MASK = issue_ring.SLOTS - 1
 
 class CallSite:
     """What repeats from call to call at one place: a collective's static fields (group, op,
-    label, tensors, call stack, ...) and their encoding in the trace line, made once."""
+    label, tensors, call stack, ...), written once as a ``site`` record that its lines name by
+    id."""
 
     __slots__ = ("group", "op", "label", "api", "tensors", "reduce_op", "root", "peer", "stack",
                  "meta", "sid", "block")
