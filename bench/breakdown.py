@@ -5,12 +5,14 @@ Run it under ddpdoctor (it needs the recording process group)::
     ddpdoctor run --nproc-per-node 2 bench/breakdown.py
 
 Blocks of 200 ``all_reduce`` of one float32 alternate between variants, each with one more
-part of the recording switched on, 15 rounds; each rank prints one ``BREAKDOWN {json}`` line:
-the median caller-thread CPU µs per op of each variant. The difference between two neighbours
-is what that part costs *in the job*: on this 2-core VM every part costs 4-5 times its
-single-process price (``bench/run.py`` item a), because both ranks' threads share the cores and
-the main thread comes back from each ``wait()`` to cold caches. The job's own diagnosis is
-INCOMPLETE by design: the variants number collectives whose lines they do not write.
+part of the recording switched on, 15 rounds (each round starts one variant later: a block
+runs faster after some variants than after others); each rank prints one ``BREAKDOWN
+{json}`` line: the median caller-thread CPU µs per op of each variant. The difference between
+two neighbours is what that part costs *in the job*: on this 2-core VM every part costs 3-5
+times its single-process price (``bench/run.py`` item a), because both ranks' threads share
+the cores and the main thread comes back from each ``wait()`` to cold caches. The job's own
+diagnosis is INCOMPLETE by design: the variants number collectives whose lines they do not
+write.
 
 The ``floor`` variant is no part of ddpdoctor: the least any recording in Python can do on
 the calling thread (the group's Python method entered, a number, the caller's code and
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.runtime import writer as writer_module
 from ddpdoctor.runtime.pg_wrapper import group_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,10 +44,11 @@ VARIANTS = [
     ("direct", "gloo's binding called directly"),
     ("wrapper", "the recording group forwarding, recording off"),
     ("floor", "the least a Python recording can do: number, caller key, one append"),
-    ("record", "numbering, shapes, reduce op, caller frame"),
-    ("describe", "the labels and call stack read off the frames"),
-    ("full", "the previous Work released, the fields stored into the issue ring: everything "
-             "ddpdoctor does"),
+    ("issue", "numbering, shapes, reduce op, caller frame"),
+    ("record", "the site's key and lookup, the issue time"),
+    ("describe", "the call path walked (the labels and call stack read off the frames)"),
+    ("unreleased", "the fields stored into the issue ring, the Work kept for the look"),
+    ("full", "the previous Work released where it completed: everything ddpdoctor does"),
 ]
 
 
@@ -58,14 +62,18 @@ def main() -> None:
     if inner is None or recorder is None or recorder.writer is None:
         raise SystemExit("run this under ddpdoctor run: the recording group is not in place")
     writer, labeler = recorder.writer, recorder.labeler
+    release = writer_module._is_success_quiet  # write_at releases completed Works
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
-    targets = {"collective": (writer, "write_at"), "describe": (labeler, "place_id")}
+    targets = {"collective": (writer, "write_at"), "describe": (labeler, "place_id"),
+               "record": (recorder, "record")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
-    stubs = {"collective": lambda *args: None, "describe": lambda frame: 0}
+    stubs = {"collective": lambda *args: None, "describe": lambda frame: 0,
+             "record": lambda *args: None}
     off = {"plain": set(), "direct": set(), "wrapper": set(), "floor": set(),
-           "record": {"collective", "describe"}, "describe": {"collective"}, "full": set()}
+           "issue": {"record"}, "record": {"collective", "describe"},
+           "describe": {"collective"}, "unreleased": set(), "full": set()}
 
     issue, floor = group._issue, floor_issue(group)
 
@@ -74,6 +82,7 @@ def main() -> None:
         group._issue = floor if variant == "floor" else issue
         for name, (obj, attr) in targets.items():
             setattr(obj, attr, stubs[name] if name in off[variant] else originals[name])
+        writer_module.use_is_success(release and variant != "unreleased")
 
     t, opts = torch.ones(1), dist.AllreduceOptions()
 
@@ -88,8 +97,9 @@ def main() -> None:
     for _ in range(300):
         group.allreduce([t], opts).wait()
     samples: dict[str, list[float]] = {v: [] for v, _ in VARIANTS}
-    for _ in range(rounds):
-        for variant, _ in VARIANTS:
+    names = [v for v, _ in VARIANTS]
+    for r in range(rounds):
+        for variant in names[r % len(names):] + names[:r % len(names)]:
             use(variant)
             samples[variant].append(block(calls.get(variant, group.allreduce)))
     use("full")

@@ -286,6 +286,8 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     assert {"_issuer", "_issue"} <= set(  # instance attributes the constructor sets
         pg_wrapper.RecordingProcessGroup.__init__.__code__.co_names)
     assert isinstance(pg_wrapper.RecordingProcessGroup._enabled, property)
+    from ddpdoctor.runtime import writer
+    assert isinstance(writer._is_success_quiet, bool) and callable(writer.use_is_success)
 
 
 def test_the_thread_split_gives_each_arm_by_thread_and_against_plain(

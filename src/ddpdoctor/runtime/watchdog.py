@@ -135,15 +135,22 @@ def main_thread_cpu() -> float | None:
 
 _COLLECTIVE_FILES = (os.sep.join(("torch", "distributed", "")),
                      os.sep.join(("torch", "autograd", "graph.py")))
+_IMPORTING = "<frozen importlib."  # the import system's frames (importlib._bootstrap, ...)
 
 
 def in_collective(frame: Any) -> bool:
     """Whether the main thread is inside torch.distributed (a collective, a barrier, a DDP
     call) or a backward pass: with no CPU use, a rank whose backend ddpdoctor does not record
-    is then waiting in a collective."""
+    is then waiting in a collective. An import in progress is no call: torch.distributed's
+    modules running their top-level code while ``import torch`` loads them, or any module
+    loading inside a torch.distributed function."""
     while frame is not None:
-        if any(part in frame.f_code.co_filename for part in _COLLECTIVE_FILES):
-            return True
+        code = frame.f_code
+        name = code.co_filename
+        if name.startswith(_IMPORTING):
+            return False
+        if any(part in name for part in _COLLECTIVE_FILES):
+            return code.co_name != "<module>"
         frame = frame.f_back
     return False
 
