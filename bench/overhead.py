@@ -59,14 +59,15 @@ PLAIN_ARM = "plain torchrun"
 def arms(before: Path | None, commit: str | None, aa: bool, floors: bool = False) -> list[Arm]:
     """Plain torchrun and ddpdoctor run; with ``before`` (the ``src`` of ``commit``),
     that commit's ddpdoctor, first on ``PYTHONPATH``; with ``floors``, ddpdoctor run with the
-    small-op loop's recording switched off and cut to the floor (``hot_path_floor.py``); with
+    small-op loop's recording switched off, cut to the floor, and gathered into one function
+    (``hot_path_floor.py``); with
     ``aa``, a second plain arm (the bench's own spread)."""
     out: list[Arm] = [(PLAIN_ARM, PLAIN, None), ("ddpdoctor run", DOCTOR, None)]
     if before is not None:
         out.append((f"ddpdoctor run, {(commit or '')[:8]}", DOCTOR, {"PYTHONPATH": str(before)}))
     if floors:
         out += [(f"ddpdoctor run, hot path {variant}", DOCTOR,
-                 {hot_path_floor.VARIANT_ENV: variant}) for variant in ("off", "floor")]
+                 {hot_path_floor.VARIANT_ENV: variant}) for variant in ("off", "floor", "lean")]
     if aa:
         out.append((f"{PLAIN_ARM} (A/A)", PLAIN, None))
     return out

@@ -16,9 +16,10 @@ distribution): an arm meets ``--target`` when that whole interval lies at or und
 ``--aa`` adds a second plain torchrun arm (the bench's own spread, in the same rounds);
 ``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``, first on
 ``PYTHONPATH``); ``--floors`` adds ``ddpdoctor run`` with its recording group switched off
-(its Python entry and forwarding alone) and with the recording cut to the least any Python
-recording can do (``hot_path_floor.py``): what a leaner recording could reach (their traces
-lack the loop's collectives). The trace of a long ddpdoctor job passes its default 16 MB size
+(its Python entry and forwarding alone), with the recording cut to the least any Python
+recording can do, and with its per-collective work gathered into one function with its own
+state (``hot_path_floor.py``): what a leaner recording could reach (their traces lack the
+loop's collectives). The trace of a long ddpdoctor job passes its default 16 MB size
 cap: from there on it keeps repeats as runs, as a user's long job does.
 """
 
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--aa", action="store_true", help="a second plain torchrun arm")
     parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
     parser.add_argument("--floors", action="store_true",
-                        help="ddpdoctor arms with the recording off and cut to its floor")
+                        help="ddpdoctor arms with the recording off, at its floor, and lean")
     parser.add_argument("--target", type=float, default=8.0,
                         help="µs per collective an arm may add (issue 56: 8)")
     args = parser.parse_args()

@@ -13,7 +13,8 @@ order that turns each round), the median over rounds of each arm's mean over its
 plain's, for the process and the training thread, with their range. ``--before`` adds that
 commit's ddpdoctor (its ``src`` from ``git archive``, first on ``PYTHONPATH``) as an arm;
 ``--aa`` a second plain arm (the bench's own spread, same units); ``--floors`` ddpdoctor
-with its recording switched off and cut to its floor (``hot_path_floor.py``). Figures from
+with its recording switched off, cut to its floor, and gathered into one function
+(``hot_path_floor.py``). Figures from
 one run only are comparable: this 2-core VM's speed drifts.
 """
 
@@ -50,7 +51,7 @@ def main() -> None:
     parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
     parser.add_argument("--aa", action="store_true", help="a second plain arm")
     parser.add_argument("--floors", action="store_true",
-                        help="ddpdoctor arms with the recording off and cut to its floor")
+                        help="ddpdoctor arms with the recording off, at its floor, and lean")
     args = parser.parse_args()
     before = checkout(args.before) if args.before else None
     arms = overhead.arms(before, args.before, args.aa, args.floors)

@@ -237,16 +237,17 @@ def test_the_median_interval_is_the_binomial_order_statistics_and_decides_a_targ
 
 def test_the_floor_arms_run_ddpdoctor_with_a_stand_in_hot_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/hot_path_floor.py: --floors adds two ddpdoctor arms naming a variant in the
+    """bench/hot_path_floor.py: --floors adds three ddpdoctor arms naming a variant in the
     environment; the floor keeps one entry per call and returns the backend's own result; an
     unknown variant stops the job with a message."""
     floors: Any = _bench_module("hot_path_floor")
     overhead: Any = _bench_module("per_op_whole_job").overhead
     got = overhead.arms(None, None, aa=True, floors=True)
-    assert [(kind, env) for _, kind, env in got[2:4]] == [
+    assert [(kind, env) for _, kind, env in got[2:5]] == [
         (overhead.DOCTOR, {floors.VARIANT_ENV: "off"}),
-        (overhead.DOCTOR, {floors.VARIANT_ENV: "floor"})]
-    assert got[-1][1] == overhead.PLAIN and len(got) == 5
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "floor"}),
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "lean"})]
+    assert got[-1][1] == overhead.PLAIN and len(got) == 6
 
     class Backend:
         def __init__(self) -> None:
@@ -321,3 +322,97 @@ def test_the_thread_split_gives_each_arm_by_thread_and_against_plain(
                                                  "+5.0 (+5.0 to +5.0) |"]
     assert seen.count((overhead.DOCTOR, {"PYTHONPATH": str(before)})) == 2
     assert len(seen) == 6 and not before.exists()  # the extracted tree is removed
+
+
+def test_the_lean_stand_in_walks_the_callers_path_and_returns_the_backends_work() -> None:
+    """bench/hot_path_floor.py's lean variant: the recording's work per collective in one
+    function; it asks the labeler for the caller's path (frame 2, as torch's all_reduce is),
+    asks the previous Work whether it completed, and returns the backend's own Work."""
+    import torch
+
+    floors: Any = _bench_module("hot_path_floor")
+
+    class Work:
+        asked = 0
+
+        def is_completed(self) -> bool:
+            Work.asked += 1
+            return True
+
+        def is_success(self) -> bool:
+            return True
+
+    class Backend:
+        def __init__(self) -> None:
+            self.calls: list[tuple] = []
+
+        def allreduce(self, *args: object) -> Work:
+            self.calls.append(args)
+            return Work()
+
+    class Labeler:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def place_id(self, frame: Any) -> int:
+            self.seen.append(frame.f_code.co_name)
+            return 7
+
+    class Recorder:
+        labeler = Labeler()
+
+    class Group:
+        _inner = Backend()
+        _recorder = Recorder()
+
+    issue = floors.lean_issue(Group)
+    tensor = torch.ones(2)
+
+    def user_step() -> object:
+        def all_reduce() -> object:  # frame 1 is the group's method in the job
+            return (lambda: issue("all_reduce", "allreduce", ([tensor], "o"), [tensor],
+                                  "sum", None, None, False))()
+        return all_reduce()
+
+    works = [user_step() for _ in range(3)]
+    assert all(isinstance(w, Work) for w in works) and len(set(map(id, works))) == 3
+    assert Group._inner.calls == [([tensor], "o")] * 3
+    assert Recorder.labeler.seen == ["all_reduce"] * 3
+    assert Work.asked == 2  # the first and second Works, when the next collective came
+
+
+def test_the_inline_stand_in_writes_the_trace_ddpdoctor_writes(tmp_path: Path) -> None:
+    """bench/hot_path_floor.py's inline variant (record and write_at written out in one
+    function) must write what ddpdoctor writes, or its whole-job arm would time less work:
+    the same loop through each, on a real one-process gloo group, reads back the same."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
+    from ddpdoctor.runtime.recorder import Recorder
+    from ddpdoctor.trace.reader import read_rank
+
+    floors: Any = _bench_module("hot_path_floor")
+
+    def run(folder: Path, inline: bool) -> list[tuple]:
+        folder.mkdir()
+        recorder = Recorder(str(folder), "run")
+        recorder.start(0, 1, "gloo")
+        gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
+        pg = RecordingProcessGroup(gloo, None, 0, 1, "0", recorder)
+        if inline:
+            pg._issue = floors.inline_issue(pg)
+        opts = dist.AllreduceOptions()
+        for n in (1, 1, 3, 1):  # a second site after two calls of the first
+            pg.allreduce([torch.ones(n)], opts).wait()
+        pg.barrier().wait()
+        recorder.close()
+        path = next(folder.glob("rank-0*.jsonl"))
+        return [(c.id, c.seq, c.op, c.shapes, c.state, c.label, c.iteration,
+                 [(f.function, f.line) for f in c.stack])
+                for c in read_rank(path).collectives]
+
+    own, inline = run(tmp_path / "own", False), run(tmp_path / "inline", True)
+    assert len(own) == 5 and own == inline
