@@ -103,7 +103,9 @@ def lean_issue(group: Any) -> Callable[..., Any]:
 def inline_issue(group: Any) -> Callable[..., Any]:
     """A replacement for ``group._issue`` (same arguments): ddpdoctor's own ``_Issuer.issue``,
     ``Recorder.record`` and ``TraceWriter.write_at`` as one function (see the module's
-    docstring); the same records, the same trace."""
+    docstring); the same records, the same trace. A copy by design: the unit test
+    ``test_the_inline_stand_in_writes_the_trace_ddpdoctor_writes`` reads its trace back equal
+    to ddpdoctor's, so a change of the real path that this copy misses fails there."""
     import threading
 
     from ddpdoctor.runtime import on_behalf
