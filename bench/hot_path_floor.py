@@ -14,7 +14,7 @@ as it is (its trace complete), with ``Recorder.record`` and ``TraceWriter.write_
 out inside the one function: what the function boundaries alone cost. ``use(variant)``
 switches the
 default group of a job under ``ddpdoctor run`` to one of :data:`VARIANTS`; a whole-job bench
-names the variant in :data:`VARIANT_ENV` (``overhead.arms(..., floors=True)``).
+names the variant in :data:`VARIANT_ENV` (``--hot-paths``, ``overhead.arms``).
 """
 
 from __future__ import annotations

@@ -54,20 +54,37 @@ NO_FR = "plain, no flight recorder"
 # its environment.
 Arm = tuple[str, str, "dict[str, str] | None"]
 PLAIN_ARM = "plain torchrun"
+DOCTOR_ARM = "ddpdoctor run"
 
 
-def arms(before: Path | None, commit: str | None, aa: bool, floors: bool = False) -> list[Arm]:
+HOT_PATHS_HELP = ("ddpdoctor arms whose small-op loop runs on stand-ins of the recording, "
+                  "comma-separated: " + ", ".join(
+                      f"{name} ({what})" for name, what in hot_path_floor.VARIANTS.items()
+                      if name != "full"))
+
+
+def hot_paths(text: str) -> list[str]:
+    """``--hot-paths``: the stand-ins named (``hot_path_floor.VARIANTS``), in order."""
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [n for n in names if n not in hot_path_floor.VARIANTS or n == "full"]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(
+            f"unknown hot path {', '.join(unknown) or text!r}: one or more of "
+            + ", ".join(n for n in hot_path_floor.VARIANTS if n != "full"))
+    return names
+
+
+def arms(before: Path | None, commit: str | None, aa: bool,
+         stand_ins: list[str] | tuple[str, ...] = ()) -> list[Arm]:
     """Plain torchrun and ddpdoctor run; with ``before`` (the ``src`` of ``commit``),
-    that commit's ddpdoctor, first on ``PYTHONPATH``; with ``floors``, ddpdoctor run with the
-    small-op loop's recording switched off, cut to the floor, and gathered into one function
-    (``hot_path_floor.py``); with
+    that commit's ddpdoctor, first on ``PYTHONPATH``; per name in ``stand_ins``, ddpdoctor run
+    with the small-op loop's recording replaced by that stand-in (``hot_path_floor.py``); with
     ``aa``, a second plain arm (the bench's own spread)."""
-    out: list[Arm] = [(PLAIN_ARM, PLAIN, None), ("ddpdoctor run", DOCTOR, None)]
+    out: list[Arm] = [(PLAIN_ARM, PLAIN, None), (DOCTOR_ARM, DOCTOR, None)]
     if before is not None:
         out.append((f"ddpdoctor run, {(commit or '')[:8]}", DOCTOR, {"PYTHONPATH": str(before)}))
-    if floors:
-        out += [(f"ddpdoctor run, hot path {variant}", DOCTOR,
-                 {hot_path_floor.VARIANT_ENV: variant}) for variant in ("off", "floor", "lean")]
+    out += [(f"ddpdoctor run, hot path {variant}", DOCTOR,
+             {hot_path_floor.VARIANT_ENV: variant}) for variant in stand_ins]
     if aa:
         out.append((f"{PLAIN_ARM} (A/A)", PLAIN, None))
     return out

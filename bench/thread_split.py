@@ -3,7 +3,7 @@ one-element ``all_reduce`` on 2 gloo ranks, 20,000 per job) under plain torchrun
 ``ddpdoctor run``, in alternating jobs.
 
     python bench/thread_split.py [--rounds 6] [--ops 20000] [--before COMMIT] [--aa]
-                                  [--floors]
+                                  [--hot-paths NAMES]
 
 Each rank measures its loop's process CPU and splits it: the training thread, ddpdoctor's own
 threads (by name), and the rest (gloo's threads, torch's). The table gives, per arm, the
@@ -12,10 +12,10 @@ each arm less plain; then, paired by round (the arms' jobs of a round run back t
 order that turns each round), the median over rounds of each arm's mean over its ranks less
 plain's, for the process and the training thread, with their range. ``--before`` adds that
 commit's ddpdoctor (its ``src`` from ``git archive``, first on ``PYTHONPATH``) as an arm;
-``--aa`` a second plain arm (the bench's own spread, same units); ``--floors`` ddpdoctor
-with its recording switched off, cut to its floor, and gathered into one function
-(``hot_path_floor.py``). Figures from
-one run only are comparable: this 2-core VM's speed drifts.
+``--aa`` a second plain arm (the bench's own spread, same units); ``--hot-paths``
+ddpdoctor with its recording replaced by each stand-in named (``hot_path_floor.py``: off,
+floor, lean, inline). Figures from one run only are comparable: this 2-core VM's speed
+drifts.
 """
 
 from __future__ import annotations
@@ -50,11 +50,11 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=20000)
     parser.add_argument("--before", help="a commit whose ddpdoctor to measure beside")
     parser.add_argument("--aa", action="store_true", help="a second plain arm")
-    parser.add_argument("--floors", action="store_true",
-                        help="ddpdoctor arms with the recording off, at its floor, and lean")
+    parser.add_argument("--hot-paths", type=overhead.hot_paths, default=[],
+                        help=overhead.HOT_PATHS_HELP)
     args = parser.parse_args()
     before = checkout(args.before) if args.before else None
-    arms = overhead.arms(before, args.before, args.aa, args.floors)
+    arms = overhead.arms(before, args.before, args.aa, args.hot_paths)
     got: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in arms}
     rounds: list[dict[str, list[dict[str, float]]]] = []
     try:

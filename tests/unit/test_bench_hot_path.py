@@ -3,6 +3,7 @@ once broke it silently: the bench is not run by CI), and what it measures is rec
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import os
 import sys
@@ -193,8 +194,8 @@ def test_the_whole_job_figure_gives_each_arm_against_plain_in_the_same_rounds(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """bench/per_op_whole_job.py's table: per arm, the median of its per-round differences
-    from plain torchrun; --before runs that commit's src first on PYTHONPATH, --aa a second
-    plain arm."""
+    from plain torchrun, and from ddpdoctor run; --before runs that commit's src first on
+    PYTHONPATH, --aa a second plain arm."""
     overhead: Any = _bench_module("per_op_whole_job").overhead
 
     def cost(kind: str, env: dict[str, str] | None, n: int) -> object:
@@ -213,6 +214,10 @@ def test_the_whole_job_figure_gives_each_arm_against_plain_in_the_same_rounds(
     assert rows["ddpdoctor run, abc1234"][2] == "**+6.0**"
     assert rows["plain torchrun (A/A)"][2] == "**+0.0**"
     assert rows["ddpdoctor run"][3] == "—"  # 3 rounds allow no 95 % interval
+    # the last column: each arm against ddpdoctor run in the same rounds
+    assert rows["ddpdoctor run, abc1234"][-1].strip(" |") == "+2.0"
+    assert rows["plain torchrun (A/A)"][-1].strip(" |") == "-4.0"
+    assert rows["ddpdoctor run"][-1].strip(" |") == "—"
     assert "ddpdoctor run: too few rounds to tell" in out
     assert seen.count((overhead.DOCTOR, {"PYTHONPATH": str(before)})) == 6
     assert len(seen) == 24 and not before.exists()  # the extracted tree is removed
@@ -237,17 +242,23 @@ def test_the_median_interval_is_the_binomial_order_statistics_and_decides_a_targ
 
 def test_the_floor_arms_run_ddpdoctor_with_a_stand_in_hot_path(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/hot_path_floor.py: --floors adds three ddpdoctor arms naming a variant in the
-    environment; the floor keeps one entry per call and returns the backend's own result; an
-    unknown variant stops the job with a message."""
+    """bench/hot_path_floor.py: --hot-paths adds a ddpdoctor arm per stand-in named, naming
+    it in the environment (an unknown name is refused); the floor keeps one entry per call
+    and returns the backend's own result; an unknown variant stops the job with a message."""
     floors: Any = _bench_module("hot_path_floor")
     overhead: Any = _bench_module("per_op_whole_job").overhead
-    got = overhead.arms(None, None, aa=True, floors=True)
-    assert [(kind, env) for _, kind, env in got[2:5]] == [
+    got = overhead.arms(None, None, aa=True,
+                        stand_ins=overhead.hot_paths("off, floor,lean,inline"))
+    assert [(kind, env) for _, kind, env in got[2:6]] == [
         (overhead.DOCTOR, {floors.VARIANT_ENV: "off"}),
         (overhead.DOCTOR, {floors.VARIANT_ENV: "floor"}),
-        (overhead.DOCTOR, {floors.VARIANT_ENV: "lean"})]
-    assert got[-1][1] == overhead.PLAIN and len(got) == 6
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "lean"}),
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "inline"})]
+    assert got[-1][1] == overhead.PLAIN and len(got) == 7
+    assert len(overhead.arms(None, None, aa=False)) == 2
+    for bad in ("fast", "full", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="unknown hot path"):
+            overhead.hot_paths(bad)
 
     class Backend:
         def __init__(self) -> None:
