@@ -12,9 +12,8 @@ reach. Its ring is private, so the look has no lines to format for it (~1 µs pe
 in one process, bench/RESULTS.md session 41). ``inline_issue(group)``: ddpdoctor's recording
 as it is (its trace complete), with ``Recorder.record`` and ``TraceWriter.write_at`` written
 out inside the one function: what the function boundaries alone cost. ``use(variant)``
-switches the
-default group of a job under ``ddpdoctor run`` to one of :data:`VARIANTS`; a whole-job bench
-names the variant in :data:`VARIANT_ENV` (``--hot-paths``, ``overhead.arms``).
+switches the default group of a job under ``ddpdoctor run`` to one of :data:`VARIANTS`; a
+whole-job bench names the variant in :data:`VARIANT_ENV` (``--hot-paths``, ``overhead.arms``).
 """
 
 from __future__ import annotations
