@@ -9,11 +9,9 @@ labeler's call-path walk, a site looked up by the full key, the previous Work re
 fields packed into a ring slot with the issue time) in one function whose state is its own
 (no recorder, writer, lock or thread-local): what gathering the hot path into one place could
 reach. Its ring is private, so the look has no lines to format for it (~1 µs per collective
-in one process, bench/RESULTS.md session 41). ``inline_issue(group)``: ddpdoctor's recording
-as it is (its trace complete), with ``Recorder.record`` and ``TraceWriter.write_at`` written
-out inside the one function: what the function boundaries alone cost. ``use(variant)``
-switches the default group of a job under ``ddpdoctor run`` to one of :data:`VARIANTS`; a
-whole-job bench names the variant in :data:`VARIANT_ENV` (``--hot-paths``, ``overhead.arms``).
+in one process, bench/RESULTS.md session 41). ``use(variant)`` switches the default group
+of a job under ``ddpdoctor run`` to one of :data:`VARIANTS`; a whole-job bench names the
+variant in :data:`VARIANT_ENV` (``--hot-paths``, ``overhead.arms``).
 """
 
 from __future__ import annotations
@@ -31,8 +29,8 @@ VARIANTS = {
     "off": "the recording group's Python entry and forwarding, recording off",
     "floor": "the least a Python recording can do: number, caller key, one append",
     "lean": "the recording's per-collective work in one function with its own state",
-    "inline": "ddpdoctor's recording with its record and write_at inlined into one function",
 }
+STAND_INS = tuple(name for name in VARIANTS if name != "full")  # what --hot-paths may name
 
 
 def floor_issue(group: Any) -> Callable[..., Any]:
@@ -99,104 +97,6 @@ def lean_issue(group: Any) -> Callable[..., Any]:
     return lean
 
 
-def inline_issue(group: Any) -> Callable[..., Any]:
-    """A replacement for ``group._issue`` (same arguments): ddpdoctor's own ``_Issuer.issue``,
-    ``Recorder.record`` and ``TraceWriter.write_at`` as one function (see the module's
-    docstring); the same records, the same trace. A copy by design: the unit test
-    ``test_the_inline_stand_in_writes_the_trace_ddpdoctor_writes`` reads its trace back equal
-    to ddpdoctor's, so a change of the real path that this copy misses fails there."""
-    import threading
-
-    from ddpdoctor.runtime import on_behalf
-    from ddpdoctor.runtime import writer as writer_module
-    from ddpdoctor.runtime.pg_wrapper import _Tensor, _tensors
-    from ddpdoctor.trace import issue_ring, schema
-
-    issuer, recorder = group._issuer, group._recorder
-    getframe, now, get_ident = sys._getframe, time.time, threading.get_ident
-    behalf_of, completed = on_behalf._local, schema.COMPLETED
-    pack, slot_bytes = issue_ring.SLOT.pack_into, issue_ring.SLOT.size
-    head, mask = issue_ring.HEAD.size, issue_ring.SLOTS - 1
-
-    def inline(op: str, method: str, args: tuple, tensors: Any, reduce_op: Any,
-               root: int | None, peer: int | None, p2p: bool, meta: tuple = ()) -> Any:
-        rec = recorder
-        writer = rec.writer
-        cid = None
-        if issuer.enabled and writer is not None:
-            if p2p:
-                issuer.p2p_seq += 1
-                seq, p2p_seq = None, issuer.p2p_seq
-            else:
-                issuer.seq += 1
-                seq, p2p_seq = issuer.seq, None
-            if type(tensors) is list and len(tensors) == 1 and \
-                    isinstance(t := tensors[0], _Tensor):
-                shapes: tuple = ((t.shape, t.dtype),)
-            else:
-                shapes = _tensors(tensors)
-            caller = getframe(2)
-            behalf = behalf_of.call
-            key = (issuer.name, op, reduce_op, root, peer, shapes,
-                   rec.labeler.place_id(caller), meta, behalf)
-            known = rec._sites.get(key)
-            if known is None:
-                known = rec._sites[key] = rec._site(writer, issuer.name, op, shapes, reduce_op,
-                                                    root, peer, caller, meta, behalf)
-            site, bucketed = known
-            bucket = None
-            if bucketed:
-                bucket = rec.bucket_index
-                rec.bucket_index += 1
-            rec.last_issue = t_issue = now()
-            lock = writer._lock
-            fast = get_ident() == lock.hot and not lock.busy
-            if fast:
-                lock.busy = True
-                if lock.others:
-                    lock.busy = fast = False
-            if not fast:
-                lock.__enter__()
-                lock.make_hot()
-            try:
-                if site.sid < 0:
-                    writer._drain()
-                    writer._write_site(site)
-                last = writer._next_id
-                works = writer.works
-                work = works.get(last)
-                if work is not None and writer_module._is_success_quiet and \
-                        type(work) is not str:
-                    if work.is_completed() and work.is_success():
-                        works[last] = completed
-                writer._next_id = cid = last + 1
-                ring = writer._ring_map
-                if ring is not None and cid - writer._collected < mask:
-                    pack(ring, (cid & mask) * slot_bytes + head, cid, t_issue, seq or 0,
-                         p2p_seq or 0, rec.iteration, 0 if bucket is None else bucket + 1,
-                         site.sid, cid)
-                else:
-                    writer._collect(cid - 1)
-                    writer._issued_log += (cid, t_issue, seq, p2p_seq, rec.iteration, bucket,
-                                           site)
-                    writer._collected = cid
-                    writer._drain()
-            finally:
-                if fast:
-                    lock.busy = False
-                else:
-                    lock.__exit__()
-        call = issuer.calls.get(method)
-        if call is None:
-            call = issuer.calls[method] = issuer.bind(method)
-        work = call(*args)
-        if cid is not None:
-            writer.works[cid] = work
-        return work
-
-    return inline
-
-
 def use(variant: str) -> None:
     """Switch the job's default group (the recording group) to ``variant``."""
     import torch.distributed as dist
@@ -211,5 +111,4 @@ def use(variant: str) -> None:
     if variant == "off":
         group._enabled = False
     else:
-        group._issue = {"lean": lean_issue, "inline": inline_issue}.get(
-            variant, floor_issue)(group)
+        group._issue = (lean_issue if variant == "lean" else floor_issue)(group)

@@ -59,18 +59,18 @@ DOCTOR_ARM = "ddpdoctor run"
 
 HOT_PATHS_HELP = ("ddpdoctor arms whose small-op loop runs on stand-ins of the recording, "
                   "comma-separated: " + ", ".join(
-                      f"{name} ({what})" for name, what in hot_path_floor.VARIANTS.items()
-                      if name != "full"))
+                      f"{name} ({hot_path_floor.VARIANTS[name]})"
+                      for name in hot_path_floor.STAND_INS))
 
 
 def hot_paths(text: str) -> list[str]:
-    """``--hot-paths``: the stand-ins named (``hot_path_floor.VARIANTS``), in order."""
+    """``--hot-paths``: the stand-ins named (``hot_path_floor.STAND_INS``), in order."""
     names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = [n for n in names if n not in hot_path_floor.VARIANTS or n == "full"]
+    unknown = [n for n in names if n not in hot_path_floor.STAND_INS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(
             f"unknown hot path {', '.join(unknown) or text!r}: one or more of "
-            + ", ".join(n for n in hot_path_floor.VARIANTS if n != "full"))
+            + ", ".join(hot_path_floor.STAND_INS))
     return names
 
 

@@ -15,13 +15,13 @@ interquartile range and a 95 % interval of the median (order statistics, no assu
 distribution): an arm meets ``--target`` when that whole interval lies at or under it.
 ``--aa`` adds a second plain torchrun arm (the bench's own spread, in the same rounds);
 ``--before`` adds that commit's ddpdoctor (its ``src`` from ``git archive``, first on
-``PYTHONPATH``); ``--hot-paths off,floor,lean,inline`` adds ``ddpdoctor run`` with the
-loop's recording replaced by each stand-in named (``hot_path_floor.py``): the recording group
+``PYTHONPATH``); ``--hot-paths off,floor,lean`` adds ``ddpdoctor run`` with the loop's
+recording replaced by each stand-in named (``hot_path_floor.py``): the recording group
 switched off (its Python entry and forwarding alone), cut to the least any Python recording
-can do, its per-collective work in one function with its own state, and ddpdoctor's own
-recording written out as one function: what a leaner recording could reach (the traces of
-all but ``inline`` lack the loop's collectives). The trace of a long ddpdoctor job passes its
-default 16 MB size cap: from there on it keeps repeats as runs, as a user's long job does.
+can do, and its per-collective work in one function with its own state: what a leaner
+recording could reach (their traces lack the loop's collectives). The trace of a long
+ddpdoctor job passes its default 16 MB size cap: from there on it keeps repeats as runs, as a
+user's long job does.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ plain's, for the process and the training thread, with their range. ``--before``
 commit's ddpdoctor (its ``src`` from ``git archive``, first on ``PYTHONPATH``) as an arm;
 ``--aa`` a second plain arm (the bench's own spread, same units); ``--hot-paths``
 ddpdoctor with its recording replaced by each stand-in named (``hot_path_floor.py``: off,
-floor, lean, inline). Figures from one run only are comparable: this 2-core VM's speed
+floor, lean). Figures from one run only are comparable: this 2-core VM's speed
 drifts.
 """
 

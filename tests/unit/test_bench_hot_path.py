@@ -248,13 +248,12 @@ def test_the_floor_arms_run_ddpdoctor_with_a_stand_in_hot_path(
     floors: Any = _bench_module("hot_path_floor")
     overhead: Any = _bench_module("per_op_whole_job").overhead
     got = overhead.arms(None, None, aa=True,
-                        stand_ins=overhead.hot_paths("off, floor,lean,inline"))
-    assert [(kind, env) for _, kind, env in got[2:6]] == [
+                        stand_ins=overhead.hot_paths("off, floor,lean"))
+    assert [(kind, env) for _, kind, env in got[2:5]] == [
         (overhead.DOCTOR, {floors.VARIANT_ENV: "off"}),
         (overhead.DOCTOR, {floors.VARIANT_ENV: "floor"}),
-        (overhead.DOCTOR, {floors.VARIANT_ENV: "lean"}),
-        (overhead.DOCTOR, {floors.VARIANT_ENV: "inline"})]
-    assert got[-1][1] == overhead.PLAIN and len(got) == 7
+        (overhead.DOCTOR, {floors.VARIANT_ENV: "lean"})]
+    assert got[-1][1] == overhead.PLAIN and len(got) == 6
     assert len(overhead.arms(None, None, aa=False)) == 2
     for bad in ("fast", "full", ""):
         with pytest.raises(argparse.ArgumentTypeError, match="unknown hot path"):
@@ -391,39 +390,3 @@ def test_the_lean_stand_in_walks_the_callers_path_and_returns_the_backends_work(
     assert Recorder.labeler.seen == ["all_reduce"] * 3
     assert Work.asked == 2  # the first and second Works, when the next collective came
 
-
-def test_the_inline_stand_in_writes_the_trace_ddpdoctor_writes(tmp_path: Path) -> None:
-    """bench/hot_path_floor.py's inline variant (record and write_at written out in one
-    function) must write what ddpdoctor writes, or its whole-job arm would time less work:
-    the same loop through each, on a real one-process gloo group, reads back the same."""
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from ddpdoctor.runtime.pg_wrapper import RecordingProcessGroup
-    from ddpdoctor.runtime.recorder import Recorder
-    from ddpdoctor.trace.reader import read_rank
-
-    floors: Any = _bench_module("hot_path_floor")
-
-    def run(folder: Path, inline: bool) -> list[tuple]:
-        folder.mkdir()
-        recorder = Recorder(str(folder), "run")
-        recorder.start(0, 1, "gloo")
-        gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
-        pg = RecordingProcessGroup(gloo, None, 0, 1, "0", recorder)
-        if inline:
-            pg._issue = floors.inline_issue(pg)
-        opts = dist.AllreduceOptions()
-        for n in (1, 1, 3, 1):  # a second site after two calls of the first
-            pg.allreduce([torch.ones(n)], opts).wait()
-        pg.barrier().wait()
-        recorder.close()
-        path = next(folder.glob("rank-0*.jsonl"))
-        return [(c.id, c.seq, c.op, c.shapes, c.state, c.label, c.iteration,
-                 [(f.function, f.line) for f in c.stack])
-                for c in read_rank(path).collectives]
-
-    own, inline = run(tmp_path / "own", False), run(tmp_path / "inline", True)
-    assert len(own) == 5 and own == inline
