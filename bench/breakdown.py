@@ -44,8 +44,7 @@ VARIANTS = [
     ("direct", "gloo's binding called directly"),
     ("wrapper", "the recording group forwarding, recording off"),
     ("floor", "the least a Python recording can do: number, caller key, one append"),
-    ("issue", "numbering, shapes, reduce op, caller frame"),
-    ("record", "the site's key and lookup, the issue time"),
+    ("record", "numbering, shapes, caller frame, the site's key and lookup, the issue time"),
     ("describe", "the call path walked (the labels and call stack read off the frames)"),
     ("unreleased", "the fields stored into the issue ring, the Work kept for the look"),
     ("full", "the previous Work released where it completed: everything ddpdoctor does"),
@@ -65,14 +64,12 @@ def main() -> None:
     release = writer_module._is_success_quiet  # write_at releases completed Works
     # What the variants switch off; each must exist, or the figures would silently be wrong
     # (getattr raises for a renamed one).
-    targets = {"collective": (writer, "write_at"), "describe": (labeler, "place_id"),
-               "record": (recorder, "record")}
+    targets = {"collective": (writer, "write_at"), "describe": (labeler, "place_id")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
-    stubs = {"collective": lambda *args: None, "describe": lambda frame: 0,
-             "record": lambda *args: None}
+    stubs = {"collective": lambda *args: None, "describe": lambda frame: 0}
     off = {"plain": set(), "direct": set(), "wrapper": set(), "floor": set(),
-           "issue": {"record"}, "record": {"collective", "describe"},
+           "record": {"collective", "describe"},
            "describe": {"collective"}, "unreleased": set(), "full": set()}
 
     issue, floor = group._issue, floor_issue(group)

@@ -69,7 +69,7 @@ def rank_main(rank: int, world: int, rate: float, seconds: float, started: objec
             kind = seq % len(sites)
             cid = writer.write_at(sites[kind], seq, None, kind - 2 if kind >= 2 else None,
                                   seq // len(sites), time.time())
-            writer.works[cid] = done
+            writer.returned(cid, done)
             issued += 1
         time.sleep(TICK)
     writer.close([{"kind": schema.EXIT, "t": time.time(), "status": schema.EXIT_FINISHED,

@@ -7,8 +7,9 @@ One rank; the gloo backend's ``allreduce`` is replaced by a function that return
 ``Work`` at once, so only ddpdoctor's Python is timed. Parts are switched off from the inside
 out; each figure is the median over ``--loops`` loops of ``--ops`` all-reduces of the calling
 thread's CPU µs per call, less the stub's own. Prints one line ``PARTS {json}``: the group's
-Python method with recording off (``entry``), the numbering, shapes and caller frame
-(``issue``), the site key, lookup and issue time (``site``), the call-stack walk (``walk``)
+Python method with recording off (``entry``), the numbering, shapes, caller frame, site key,
+lookup and issue time (``site``; before session 42 ``issue`` and ``site`` apart, when the
+recording group called the recorder for the site), the call-stack walk (``walk``)
 and the line written into the trace (``line``). A long run passes the trace's 16 MB cap: from
 there on its lines fold into runs, as a long job's do; the job's diagnosis is incomplete by
 design (collectives numbered without lines).
@@ -59,10 +60,7 @@ def main() -> None:
     group._enabled = False
     cost["off"] = per_call(group.allreduce)
     group._enabled = True
-    record, writer, labeler = recorder.record, recorder.writer, recorder.labeler
-    recorder.record = lambda *a: None
-    cost["issue"] = per_call(group.allreduce)
-    recorder.record = record
+    writer, labeler = recorder.writer, recorder.labeler
     write_at, place_id = writer.write_at, labeler.place_id
     writer.write_at = lambda *a: 1
     key = place_id(sys._getframe())
@@ -72,7 +70,7 @@ def main() -> None:
     cost["walk"] = per_call(group.allreduce)
     writer.write_at = write_at
     cost["line"] = per_call(group.allreduce)
-    order = ["off", "issue", "site", "walk", "line"]
+    order = ["off", "site", "walk", "line"]
     parts = {"entry": cost["off"] - stub}
     parts.update({name: cost[name] - cost[before] for before, name in zip(order, order[1:])})
     parts["total"] = cost["line"] - stub

@@ -290,7 +290,7 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     from ddpdoctor.runtime.recorder import Recorder
     from ddpdoctor.runtime.writer import TraceWriter
 
-    for owner, name in [(Recorder, "record"), (TraceWriter, "write_at"),
+    for owner, name in [(Recorder, "learn"), (TraceWriter, "write_at"),
                         (StackLabeler, "place_id"), (pg_wrapper._Issuer, "issue")]:
         assert callable(getattr(owner, name)), f"{owner.__name__}.{name}"
     assert "calls" in pg_wrapper._Issuer.__slots__
@@ -390,3 +390,33 @@ def test_the_lean_stand_in_walks_the_callers_path_and_returns_the_backends_work(
     assert Recorder.labeler.seen == ["all_reduce"] * 3
     assert Work.asked == 2  # the first and second Works, when the next collective came
 
+
+
+def _branchy(flag: bool) -> int:
+    if flag:
+        value = 1
+    else:
+        value = sum(range(5)) + len(str(flag)) * 2
+    return value
+
+
+def test_the_code_count_gives_what_a_call_ran_and_no_more() -> None:
+    """bench/hot_path_code.py: per code object, the instructions one call executed, their
+    bytes and 64-byte lines; the branch not taken is not counted."""
+    import dis
+
+    code_count: Any = _bench_module("hot_path_code")
+    ours = lambda code: code is _branchy.__code__  # noqa: E731
+    short = code_count.executed(lambda: _branchy(True), ours=ours)
+    long = code_count.executed(lambda: _branchy(False), ours=ours)
+    assert list(short) == list(long) == ["test_bench_hot_path.py:_branchy"]
+    (ins, size, lines), (ins_long, size_long, _) = short.popitem()[1], long.popitem()[1]
+    every = list(dis.get_instructions(_branchy))
+    assert 0 < ins < ins_long < len(every)
+    assert 0 < size < size_long <= len(_branchy.__code__.co_code)
+    assert -(-size // code_count.LINE) <= lines <= 2 * ins  # each instruction in one line or two
+    assert code_count.executed(lambda: _branchy(True), trace=False, ours=ours) == {}
+    table = code_count.table({"this": {"full": {"a.py:f": [10, 40, 1], "b.py:g": [5, 20, 1]},
+                                       "lean": {"a.py:h": [3, 12, 1]}}})
+    assert "| this | full | 15 | 60 | 2 |" in table and "| this | lean | 3 | 12 | 1 |" in table
+    assert "| a.py:f | 10 | 40 | 1 |" in table

@@ -119,7 +119,7 @@ def test_sparse_tensors_or_a_backend_other_than_gloo_go_through_the_group(
 
 
 class _BrokenRecorder(Recorder):
-    def record(self, *args: object, **kwargs: object) -> None:
+    def learn(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
         raise RuntimeError("recorder bug")
 
 

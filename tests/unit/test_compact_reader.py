@@ -330,7 +330,7 @@ def test_synthetic_traces_are_written_as_the_writer_writes(tmp_path: Path) -> No
             site = writer.site(op.group, op.op, op.label, op.api, tensors, op.reduce_op,
                                op.root, None, synth.STACKS[op.stack])
             written_id = writer.write_at(site, cid, None, bucket, 7, 1790000001.25 + cid)
-            writer.works[cid] = "completed"
+            writer.returned(cid, "completed")
             assert written_id == cid
             sid = stacks.setdefault(op.stack, len(stacks))
             wanted.append(synth.site_line(cid - 1, synth.static_json(op, sid)))

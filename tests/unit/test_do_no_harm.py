@@ -27,7 +27,7 @@ class _Backend:
 
 
 class _BrokenRecorder(Recorder):
-    def record(self, *args: object, **kwargs: object) -> None:
+    def learn(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
         raise RuntimeError("recorder bug")
 
 

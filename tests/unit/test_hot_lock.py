@@ -124,7 +124,7 @@ def test_collectives_from_several_threads_keep_every_line_whole(tmp_path: Path,
                            (((4,), "torch.float32"),), "SUM", None, None, stack)
         for seq in range(1, per_thread + 1):
             cid = writer.write_at(site, seq, None, None, 0, 100.0 + seq)
-            writer.works[cid] = schema.COMPLETED  # a settled state: the writer drops it
+            writer.returned(cid, schema.COMPLETED)  # a settled state: the writer drops it
             if seq % 100 == 0:
                 writer.put({"kind": schema.WARNING, "t": 1.0, "message": f"{group} {seq}"})
 

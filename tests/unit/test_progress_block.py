@@ -33,7 +33,7 @@ def _issue(w: TraceWriter, group: str, seq: int, done: bool, op: str = "all_redu
     site = w.site(group, op, "ddp.bucket", None, (((4,), "torch.float32"),), "SUM", None, None,
                   STACK)
     cid = w.write_at(site, seq, None, 7, 3, 100.0 + seq)
-    w.works[cid] = _Work(done)
+    w.returned(cid, _Work(done))
     return cid
 
 
@@ -53,7 +53,7 @@ def test_the_writer_thread_tells_the_block_what_the_monitor_needs(tmp_path: Path
     assert pend.coll is not None and (pend.coll.seq, pend.coll.bucket, pend.coll.shapes,
                                       pend.coll.reduce_op) == (2, 7, [[4]], "SUM")
     assert job.paths() == {0: tmp_path / "rank-0.jsonl"}
-    w.works[running].done = True
+    w._hot.work(running)[0].done = True
     w.flush()
     job.poll(11.0)
     assert not p.pending and p.completed == 3 and p.last_progress == 11.0
@@ -131,7 +131,7 @@ def test_more_running_than_listed_is_never_proved_a_deadlock(tmp_path: Path) -> 
     assert sorted(i for i in p.pending if i > 0) == ids[:progress_block.MAX_LISTED]
     assert p.pending[MORE].coll is None and p.pending[MORE].what == "3 more collectives"
     for cid in ids:
-        w.works[cid].done = True
+        w._hot.work(cid)[0].done = True
     w.flush()
     job.poll(11.0)
     assert not p.pending

@@ -49,21 +49,21 @@ def test_the_writer_wakes_the_launcher_once_per_wait(tmp_path: Path) -> None:
     try:
         now = time.time()
         fresh = w.write_at(site, 1, None, None, 1, now)
-        w.works[fresh] = _Work(done=False)
+        w.returned(fresh, _Work(done=False))
         w.flush()
         assert not _ready(wake)  # running, but not for WAITED seconds yet
-        w.works[fresh] = _Work(done=True)
+        w.returned(fresh, _Work(done=True))
         w.flush()
         old = w.write_at(site, 2, None, None, 1, now - progress_block.WAITED - 0.1)
-        w.works[old] = _Work(done=False)
+        w.returned(old, _Work(done=False))
         w.flush()
         assert _ready(wake)  # the rank waits: woken
         wake.drain()
         w.flush()
         assert not _ready(wake)  # the same wait: once
-        w.works[old] = _Work(done=True)
+        w.returned(old, _Work(done=True))
         again = w.write_at(site, 3, None, None, 1, now - progress_block.WAITED - 0.1)
-        w.works[again] = _Work(done=False)
+        w.returned(again, _Work(done=False))
         w.flush()
         assert _ready(wake)  # a new wait wakes it again
     finally:

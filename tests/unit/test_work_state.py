@@ -145,17 +145,17 @@ def test_the_writer_tracks_what_runs_until_its_work_completes(tmp_path) -> None:
                   None, None, ())
     ids = [w.write_at(site, seq, None, None, 3, 100.0 + seq) for seq in (1, 2, 3, 4)]
     running, failing = _Work(completed=False), _Work(error=RuntimeError("peer closed"))
-    w.works[ids[0]] = _Work()
-    w.works[ids[1]] = running
-    w.works[ids[3]] = failing  # ids[2]: the backend has not returned yet
+    w.returned(ids[0], _Work())
+    w.returned(ids[1], running)
+    w.returned(ids[3], failing)  # ids[2]: the backend has not returned yet
     assert [(r.id, r.seq, r.t) for r in w.pending()] == [(2, 2, 102.0), (3, 3, 103.0)]
     w.flush()
     assert [(r.id, r.iteration, r.site) for r in w.pending()] == [(2, 3, site), (3, 3, site)]
-    w.works[ids[2]] = _Work(completed=False)
+    w.returned(ids[2], _Work(completed=False))
     running.completed = True
     assert [r.id for r in w.pending()] == [3]
     w.flush()
-    w.works[ids[2]].completed = True
+    w.works[ids[2]].completed = True  # listed: the look found it running
     w.flush()
     assert w.pending() == [] and w.works == {} and w.completed == 4
     w.close()
@@ -171,20 +171,23 @@ def test_the_writer_tracks_what_runs_until_its_work_completes(tmp_path) -> None:
 def test_the_issuing_thread_releases_the_last_work_once_it_completed(
         tmp_path, success_api: None) -> None:
     """write_at releases the Work of the collective written before it when that completed
-    without error (a synchronous collective's always has): the look then counts it completed.
-    One still running, or failed, stays for the look, which records the failure."""
+    without error (a synchronous collective's always has): nothing is kept of it, and the look
+    counts it completed. One still running, or failed, goes to ``works`` for the look, which
+    records the failure."""
     w = writer.TraceWriter(str(tmp_path / "rank-0.jsonl"), schema.header(0, "r", 0), 0,
                            interval=3600, thread=False)
     site = w.site("0", "all_reduce", "user", "all_reduce", (((4,), "torch.float32"),), "SUM",
                   None, None, ())
     first = w.write_at(site, 1, None, None, 0, 101.0)
-    w.works[first] = _Work()
+    w.returned(first, _Work())
     second = w.write_at(site, 2, None, None, 0, 102.0)
-    assert w.works[first] == schema.COMPLETED
-    running = w.works[second] = _Work(completed=False)
+    assert first not in w.works  # completed: nothing kept
+    running = _Work(completed=False)
+    w.returned(second, running)
     third = w.write_at(site, 3, None, None, 0, 103.0)
     assert w.works[second] is running
-    failing = w.works[third] = _Work(error=RuntimeError("peer closed"))
+    failing = _Work(error=RuntimeError("peer closed"))
+    w.returned(third, failing)
     w.write_at(site, 4, None, None, 0, 104.0)  # its backend has not returned yet
     assert w.works[third] is failing
     assert [r.id for r in w.pending()] == [second, 4]
@@ -204,7 +207,8 @@ def test_without_a_quiet_is_success_every_work_is_left_to_the_look(tmp_path) -> 
                                interval=3600, thread=False)
         site = w.site("0", "barrier", "user", "barrier", (), None, None, None, ())
         first = w.write_at(site, 1, None, None, 0, 101.0)
-        done = w.works[first] = _Work()
+        done = _Work()
+        w.returned(first, done)
         w.write_at(site, 2, None, None, 0, 102.0)
         assert w.works[first] is done and done.futures == 0
         w.look()
@@ -212,3 +216,46 @@ def test_without_a_quiet_is_success_every_work_is_left_to_the_look(tmp_path) -> 
         w.close()
     finally:
         writer.use_is_success(saved)
+
+
+def test_another_threads_collective_runs_until_its_work_returns_and_completes(
+        tmp_path, success_api: None) -> None:
+    """Only the hot thread's last collective is kept apart: one a second thread issues is
+    ISSUING in ``works`` until its Work comes back, and pending until that completes, while
+    the hot thread's own go on; what ends without a Work telling (DDP's callback, a coalesced
+    broadcast) is settled by set_states, which keeps nothing for one already released."""
+    import threading
+
+    w = writer.TraceWriter(str(tmp_path / "rank-0.jsonl"), schema.header(0, "r", 0), 0,
+                           interval=3600, thread=False)
+    site = w.site("0", "all_reduce", "user", "all_reduce", (((4,), "torch.float32"),), "SUM",
+                  None, None, ())
+    first = w.write_at(site, 1, None, None, 0, 101.0)  # this thread becomes the hot one
+    w.returned(first, _Work())
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(w.write_at(site, 2, None, None, 0,
+                                                                       102.0)))
+    thread.start()
+    thread.join()
+    assert w.works == {other[0]: writer.ISSUING}
+    third = w.write_at(site, 3, None, None, 0, 103.0)
+    running = _Work(completed=False)
+    w.returned(third, running)
+    assert [r.id for r in w.pending()] == [other[0], third]
+    w.look()
+    w.returned(other[0], _Work(completed=False))
+    assert [r.id for r in w.pending()] == [other[0], third]
+    w.works[other[0]].completed = running.completed = True
+    w.look()
+    assert w.pending() == [] and w.works == {} and w.completed == 3
+    fourth = w.write_at(site, 4, None, None, 0, 104.0)
+    w.write_at(site, 5, None, None, 0, 105.0)  # releases the fourth: ISSUING, kept
+    w.set_states([fourth, first], schema.COMPLETED)  # first: long settled, nothing kept
+    assert w.works == {fourth: schema.COMPLETED}
+    w.set_states([5], schema.FAILED)  # the hot thread's last
+    w.look()
+    assert w.works == {} and w.completed == 5
+    w.close()
+    records = [json.loads(line) for line in (tmp_path / "rank-0.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["state"]) for r in records if r["kind"] == schema.STATE] == \
+        [(5, schema.FAILED)]

@@ -76,7 +76,8 @@ class WriterRank:
                                 reduce_op, root, peer, stack, meta)
         cid = self.writer.write_at(site, seq, p2p_seq, bucket, self.iteration, self.t)
         assert cid == self.id
-        work = self.writer.works[cid] = _Work(done and not never)
+        work = _Work(done and not never)
+        self.writer.returned(cid, work)
         if not done and not never:
             self.late.append(work)
 

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ddpdoctor.runtime import torch_internals as internals
+from ddpdoctor.runtime.pg_wrapper import Described
 from ddpdoctor.trace import schema
 
 _getframe = sys._getframe
@@ -168,9 +169,13 @@ class _Plan:
             self._write(frame)
         except Exception as exc:  # never let recording break the user's backward
             self.issuer.stop(exc)
-            _WINDOWS.pop(id(self.issuer), None)
-            self.fired, self.ids, self.window = True, None, None
-            self.revert = f"recording failed: {exc}"
+            self._abandon(f"recording failed: {exc}")
+
+    def _abandon(self, reason: str) -> None:
+        """Nothing of this backward is checked; the model goes back to the exact way."""
+        _WINDOWS.pop(id(self.issuer), None)
+        self.fired, self.ids, self.window = True, None, None
+        self.revert = reason
 
     def _write(self, frame: Any) -> None:
         issuer = self.issuer
@@ -197,13 +202,13 @@ class _Plan:
         window.open += 1
         self.window = window
         ids = []
-        record = recorder.record
-        name = issuer.name
-        for tensors in self.layout[:n]:
-            issuer.seq += 1
-            cid = record(name, issuer.seq, None, "all_reduce", tensors, "SUM", None, None, frame)
-            if cid is not None:
-                ids.append(cid)
+        for (shape, dtype), in self.layout[:n]:
+            cid = issuer.issue("all_reduce", None, (), Described(shape, dtype), "SUM", None,
+                               None, False, (), frame)
+            if cid is None:  # recording failed, and stopped with its warning
+                self._abandon("recording failed")
+                return
+            ids.append(cid)
         self.ids = ids  # one per bucket: the writer is there (checked above)
         self.queue(self._graph_done)
 
@@ -244,9 +249,7 @@ class _Plan:
             return
         writer = issuer.recorder.writer
         if writer is not None:  # DDP's callback waited for every bucket: all completed
-            works = writer.works
-            for cid in ids:
-                works[cid] = schema.COMPLETED
+            writer.set_states(ids, schema.COMPLETED)
 
 
 class _Window:

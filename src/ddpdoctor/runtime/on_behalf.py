@@ -6,7 +6,7 @@ thirty frames below ``trainer.fit(...)``, where no frame of the user's says whic
 which line. This module remembers, per logged metric, the stack of the ``self.log`` call, and
 while Lightning syncs that metric it marks the thread: the recorder then labels every
 collective issued meanwhile ``lightning.epoch_sync`` / ``lightning.step_sync``, with the
-metric's name as its API and the ``self.log`` line as its site (:meth:`Recorder.record`).
+metric's name as its API and the ``self.log`` line as its site (``pg_wrapper._Issuer.issue``).
 
 Lightning's modules are patched when they are imported (the bootstrap's post-import hook,
 :data:`WATCHED`), ``pytorch_lightning`` and ``lightning.pytorch`` alike; nothing is imported

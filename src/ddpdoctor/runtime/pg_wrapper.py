@@ -15,6 +15,7 @@ import math
 import operator
 import os
 import sys
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,12 +23,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ddpdoctor.runtime import on_behalf, writer
 from ddpdoctor.runtime import torch_internals as internals
-from ddpdoctor.runtime import writer
 from ddpdoctor.runtime.recorder import Recorder
 from ddpdoctor.trace import ops, schema
 
 _getframe = sys._getframe
+_now = time.time
+_behalf = on_behalf._local  # on_behalf.current(), read inline on the hot path
 _failure_check_chosen = False  # the first group chooses how the writer asks a Work
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
@@ -306,47 +309,49 @@ class _Issuer:
             chunks = None
         if chunks is None:  # each broadcast recorded as it enters this group
             return real(group, tensors, buffer_size, src)
-        ids: list[int] = []
         try:
-            try:
-                caller = _getframe(2)  # frame 1: the patched torch.distributed function
-            except ValueError:
-                caller = None
-            for shapes in chunks:
-                self.seq += 1
-                cid = recorder.record(self.name, self.seq, None, "broadcast", (shapes,), None,
-                                      src, None, caller)
-                if cid is not None:
-                    ids.append(cid)
-        except Exception as exc:  # never let recording break the user's collective
-            self.stop(exc)
-        works = writer.works
+            caller = _getframe(2)  # frame 1: the patched torch.distributed function
+        except ValueError:
+            caller = None
+        ids: list[int] = []
+        for shape, dtype in chunks:
+            cid = self.issue("broadcast", None, (), Described(shape, dtype), None, src, None,
+                             False, (), caller)
+            if cid is not None:
+                ids.append(cid)
         try:
             real(self.plain(), tensors, buffer_size, src)
         except BaseException:
-            for cid in ids:
-                works[cid] = schema.FAILED
+            writer.set_states(ids, schema.FAILED)
             raise
-        for cid in ids:
-            works[cid] = schema.COMPLETED
+        writer.set_states(ids, schema.COMPLETED)
 
-    def issue(self, op: str, method: str, args: tuple, tensors: Any, reduce_op: Any,
-              root: int | None, peer: int | None, p2p: bool, meta: tuple = ()) -> Any:
-        """Record ``op``, then run ``method`` of the wrapped backend with ``args``. (Arguments
-        by position, and no call that can be avoided: this runs for every collective.)
-        ``meta``: ((field, value), ...) recorded beyond the tensors (split sizes, a tag)."""
+    def issue(self, op: str, method: str | None, args: tuple, tensors: Any, reduce_op: Any,
+              root: int | None, peer: int | None, p2p: bool, meta: tuple = (),
+              frame: Any = None) -> Any:
+        """Record ``op``, then run ``method`` of the wrapped backend with ``args`` and return
+        its Work (``method`` None: record only, and return the collective's id, None when
+        not recorded). ``meta``: ((field, value), ...) recorded beyond the tensors (split
+        sizes, a tag); ``frame``: the frame of the user's call (None: this method's caller's
+        caller, the group's method being the caller).
+
+        The hot path: every collective of the job passes here, on the calling thread, and in
+        a busy rank that thread pays for each line of bytecode it runs, cold after each wait
+        (bench/RESULTS.md, session 42; bench/hot_path_code.py counts them): one function,
+        arguments by position, whatever is rare a call (a new site: Recorder.learn)."""
         cid = None
         recorder = self.recorder
-        if self.enabled and recorder.writer is not None:
+        trace = recorder.writer
+        if self.enabled and trace is not None:
             try:
                 # Collectives and point-to-point ops are numbered apart: p2p ops pair up
                 # between two ranks, not across the group.
                 if p2p:
-                    self.p2p_seq += 1
-                    seq, p2p_seq = None, self.p2p_seq
+                    self.p2p_seq = p2p_seq = self.p2p_seq + 1
+                    seq = None
                 else:
-                    self.seq += 1
-                    seq, p2p_seq = self.seq, None
+                    self.seq = seq = self.seq + 1
+                    p2p_seq = None
                 # One tensor is the common case (DDP's buckets, dist.all_reduce).
                 if type(tensors) is list and len(tensors) == 1 and \
                         isinstance(t := tensors[0], _Tensor):
@@ -357,14 +362,35 @@ class _Issuer:
                 # called it with no Python frame above (DDP's Reducer on the autograd
                 # engine's CUDA device thread). _getframe(2) makes a frame object for that
                 # frame alone; _getframe(1).f_back made one for frame 1 as well.
-                try:
-                    caller = _getframe(2)
-                except ValueError:
-                    caller = None
-                cid = recorder.record(self.name, seq, p2p_seq, op, shapes, reduce_op, root, peer,
-                                      caller, meta)
+                caller = frame
+                if caller is None:
+                    try:
+                        caller = _getframe(2)
+                    except ValueError:
+                        pass
+                # The site, by the static fields and the places of the caller's frames
+                # (StackLabeler.place_id): one lookup once a call path is known. A caller
+                # frame of None: the site follows the main thread (describe), not cached.
+                behalf = _behalf.call
+                key = None if caller is None else (
+                    self.name, op, reduce_op, root, peer, shapes,
+                    recorder.labeler.place_id(caller), meta, behalf)
+                known = recorder.sites.get(key)
+                if known is None:
+                    known = recorder.learn(key, self.name, op, shapes, reduce_op, root, peer,
+                                           caller, meta, behalf)
+                site, bucketed = known
+                bucket = None
+                if bucketed:
+                    bucket = recorder.bucket_index
+                    recorder.bucket_index = bucket + 1
+                recorder.last_issue = t_issue = _now()
+                cid = trace.write_at(site, seq, p2p_seq, bucket, recorder.iteration, t_issue)
             except Exception as exc:  # never let recording break the user's collective
+                cid = None
                 self.stop(exc)
+        if method is None:
+            return cid
         try:
             call = self.calls.get(method)
             if call is None:
@@ -372,11 +398,21 @@ class _Issuer:
             work = call(*args)
         except BaseException:
             if cid is not None:
-                recorder.writer.works[cid] = schema.FAILED  # type: ignore[union-attr]
+                trace.set_states((cid,), schema.FAILED)  # type: ignore[union-attr]
             raise
         if cid is not None:  # the writer was there when the collective was recorded
-            recorder.writer.works[cid] = work  # type: ignore[union-attr]
+            trace.returned(cid, work)  # type: ignore[union-attr]
         return work
+
+
+class Described:
+    """A tensor as :meth:`_Issuer.issue` records it, for a collective recorded without its
+    tensor at hand (a chunk of a coalesced broadcast, a DDP bucket of a planned backward)."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: Any, dtype: Any) -> None:
+        self.shape, self.dtype = shape, dtype
 
 
 _MONITORED = " monitored_barrier"  # the key of a monitored barrier's call (no backend method)

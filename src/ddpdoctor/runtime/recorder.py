@@ -1,8 +1,10 @@
 """Per-process recording state: the rank's trace writer, group registry and DDP counters.
 
-One :class:`Recorder` lives in each rank. The recording process group calls :meth:`record`
-on the caller's thread for every collective; everything else here (process start, DDP
-construction, exceptions, exit) is rare and may be slow. Standard library only.
+One :class:`Recorder` lives in each rank. The recording process group records every
+collective on the caller's thread (``pg_wrapper._Issuer.issue``), with the sites, DDP counters
+and writer kept here, and calls :meth:`learn` for a site it has not seen; everything here
+(sites, process start, DDP construction, exceptions, exit) is rare and may be slow. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from ddpdoctor.runtime import env, on_behalf, stderr_tail, user_code
+from ddpdoctor.runtime import env, stderr_tail, user_code
 from ddpdoctor.runtime.labels import StackLabeler
 from ddpdoctor.runtime.watchdog import Watchdog
 from ddpdoctor.runtime.writer import MAX_SITES, CallSite, TraceWriter
@@ -65,8 +67,10 @@ class Recorder:
         self.watchdog: Watchdog | None = None
         self._early: list[dict] = []
         # (site, bucketed) by the static fields of a collective and the places of its caller's
-        # frames (StackLabeler.place_id): one lookup per collective once a call site is known.
-        self._sites: dict[tuple, tuple[CallSite, bool]] = {}
+        # frames (StackLabeler.place_id): one lookup per collective once a call site is known
+        # (the key is pg_wrapper._Issuer.issue's; None, looked up for a collective with no
+        # caller frame, is never kept).
+        self.sites: dict[tuple | None, tuple[CallSite, bool]] = {}
         self._ddp_count = 0
         self._closed = False
         self.exit_code: int | None = None
@@ -95,7 +99,7 @@ class Recorder:
     def set_internal_dirs(self, dirs: list[str]) -> None:
         """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
         self.labeler = StackLabeler(dirs)
-        self._sites.clear()  # keyed by the places of the old labeler's code objects
+        self.sites.clear()  # keyed by the places of the old labeler's code objects
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self, rank: int, world_size: int, backend: str | None) -> None:
@@ -150,7 +154,7 @@ class Recorder:
         self.writer = None
         self.iteration = 0
         self.bucket_index = 0
-        self._sites.clear()
+        self.sites.clear()
         self._ddp_count = 0
         self.group_ready = False
 
@@ -170,44 +174,17 @@ class Recorder:
         else:
             self.writer.put(record)
 
-    # -- hot path ---------------------------------------------------------------------------
-    def record(self, group: str, seq: int | None, p2p_seq: int | None, op: str,
-               tensors: tuple, reduce_op: Any, root: int | None, peer: int | None,
-               frame: Any, meta: tuple = ()) -> int | None:
-        """Write the line of one collective about to be issued, and return its id (the caller
-        stores the ``Work`` under it in the writer's ``works``); None before the trace is open.
-        ``tensors``: ((shape, dtype), ...); ``meta``: ((field, value), ...) beyond them."""
-        writer = self.writer
-        if writer is None:
-            return None
-        behalf = on_behalf.current()
-        if frame is None:  # the site follows the main thread (describe): not cached
-            site, bucketed = self._site(writer, group, op, tensors, reduce_op, root, peer, None,
-                                        meta, behalf)
-        else:
-            key = (group, op, reduce_op, root, peer, tensors, self.labeler.place_id(frame),
-                   meta, behalf)
-            known = self._sites.get(key)
-            if known is None:
-                if len(self._sites) >= MAX_SITES:  # a program that never repeats a call
-                    self._sites.clear()
-                known = self._sites[key] = self._site(writer, group, op, tensors, reduce_op,
-                                                      root, peer, frame, meta, behalf)
-            site, bucketed = known
-        bucket = None
-        if bucketed:
-            bucket = self.bucket_index
-            self.bucket_index += 1
-        self.last_issue = t = _now()
-        return writer.write_at(site, seq, p2p_seq, bucket, self.iteration, t)
-
-    def _site(self, writer: TraceWriter, group: str, op: str, tensors: tuple, reduce_op: Any,
-              root: int | None, peer: int | None, frame: Any,
-              meta: tuple = (), behalf: tuple | None = None) -> tuple[CallSite, bool]:
-        """The site of a collective called from ``frame``, labelled, and whether each of its
-        calls counts as the next gradient bucket of the iteration. ``behalf``: (label, name,
-        stack) of the user's call a framework issues it for (:mod:`on_behalf`), which gives
-        the label, the API and the site."""
+    # -- sites (the hot path itself is the recording group's: pg_wrapper._Issuer.issue) ----
+    def learn(self, key: tuple | None, group: str, op: str, tensors: tuple, reduce_op: Any,
+              root: int | None, peer: int | None, frame: Any, meta: tuple = (),
+              behalf: tuple | None = None) -> tuple[CallSite, bool]:
+        """The site of a collective called from ``frame`` whose ``key`` is not in
+        :attr:`sites` yet, labelled and kept there (``key`` None, ``frame`` None: the site
+        follows the main thread, not kept), and whether each of its calls counts as the next
+        gradient bucket of the iteration. ``tensors``: ((shape, dtype), ...); ``meta``:
+        ((field, value), ...) beyond them; ``behalf``: (label, name, stack) of the user's
+        call a framework issues it for (:mod:`ddpdoctor.runtime.on_behalf`), which gives the
+        label, the API and the site."""
         label, api, stack = behalf if behalf is not None else self.labeler.describe(frame)
         bucketed = False
         if label == BUCKET or label == "join.shadow_bucket":
@@ -215,8 +192,15 @@ class Recorder:
                 label = UNUSED_PARAMS
             else:
                 bucketed = True
-        return writer.site(group, op, label, api, tensors, reduce_op, root, peer, stack,
-                           meta), bucketed
+        writer = self.writer
+        assert writer is not None, "a site is learnt while the trace is open"
+        known = writer.site(group, op, label, api, tensors, reduce_op, root, peer, stack,
+                            meta), bucketed
+        if key is not None:
+            if len(self.sites) >= MAX_SITES:  # a program that never repeats a call
+                self.sites.clear()
+            self.sites[key] = known
+        return known
 
     # -- DDP --------------------------------------------------------------------------------
     def next_iteration(self) -> None:

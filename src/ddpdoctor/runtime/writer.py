@@ -98,6 +98,44 @@ class CollectiveRecord:
 
 
 ISSUING = object()
+_ABSENT = object()
+_COMPLETED = schema.COMPLETED
+
+
+class IssueState(HotLock):
+    """The writer's lock and what the issuing thread changes per collective, in one slotted
+    object: in a rank whose threads share few cores, each object a collective touches after
+    the thread comes back from a wait costs it cache misses (bench/RESULTS.md, session 42).
+
+    ``next_id``: the last id numbered; ``collected``: the last whose ring slot the look read;
+    ``ring``: the issue ring's mapping (None: none, or closed); ``works``: by id, the Work
+    (or a state string, or ISSUING until the backend returns) of each collective not known
+    to be complete. The hot thread's last collective is kept apart, as ``last_id`` and
+    ``last`` (ISSUING, its Work, or a state string): its next collective releases it,
+    storing it in ``works`` only when it has not completed, so a loop of collectives that
+    complete in turn never touches the dict. An id neither in ``works`` nor the last has
+    completed."""
+
+    __slots__ = ("next_id", "collected", "ring", "works", "last_id", "last")
+
+    def __init__(self, ring: Any) -> None:
+        super().__init__()
+        self.next_id = 0
+        self.collected = 0
+        self.ring = ring
+        self.works: dict[int, Any] = {}
+        self.last_id = 0  # no collective yet (ids start at 1)
+        self.last: Any = _COMPLETED
+
+    def work(self, cid: int) -> tuple[Any, bool]:
+        """What is known of collective ``cid`` (a Work, ISSUING, or a state string), and
+        whether it came from ``works`` (else it is the hot thread's last, or released)."""
+        work = self.works.get(cid, _ABSENT)
+        if work is not _ABSENT:
+            return work, True
+        return (self.last if cid == self.last_id else _COMPLETED), False
+
+
 # A written collective in TraceWriter's issue log: id, issue time, seq, p2p_seq, iteration,
 # bucket, then its site.
 _ISSUED_FIELDS = 7
@@ -201,21 +239,18 @@ class TraceWriter:
         self.rank = rank
         self.interval = interval
         self.failed = False  # a write failed: the trace is cut from there on
-        self._next_id = 0
         self.completed = 0  # collectives known to have completed
         # Each collective written: its id, issue time, per-call fields and site, in a flat
         # list (_ISSUED_FIELDS per collective), read back from the issue ring by the look
         # (:meth:`_collect`; appended by the issuing thread where there is no ring) and taken
         # by the next look, which keeps the fields of those still running in _open and
-        # _open_sites (by id, in issue order). The issuing thread stores only the Work
-        # (``works``: its id absent until the backend returned it; a state string on error,
-        # or COMPLETED once write_at found it completed). Nothing is made per collective
+        # _open_sites (by id, in issue order). The issuing thread stores only what it knows
+        # of the Work, in the IssueState (``_hot``). Nothing is made per collective
         # that the garbage collector tracks and that lives on (a full collection is ~75 ms
         # in a process that imported torch, and long-lived tracked objects make them
         # frequent): the flat list holds numbers and the long-lived site, a tuple of numbers
         # is untracked at the first collection, dict entries are no objects, and a Work is
         # untracked.
-        self.works: dict[int, Any] = {}
         self._issued_log: list[Any] = []
         self._folded: set[int] = set()  # ids in the log folded into a run (capped trace)
         self._open: dict[int, tuple] = {}
@@ -223,9 +258,6 @@ class TraceWriter:
         self._settled_id = 0  # the last id written at the last look
         self._stacks: dict[tuple, int] = {}
         self._sites: dict[tuple, CallSite] = {}
-        # Re-entrant: a Python signal handler may write a record while the main thread,
-        # which it interrupted, holds the lock.
-        self._lock = HotLock()
         self._stop = threading.Event()
         self._closed = False
         # What the launcher watches (trace/progress_block.py), and per group the highest
@@ -243,9 +275,11 @@ class TraceWriter:
             self._ring = RingFile(path)
         except OSError:
             pass
-        self._ring_map = self._ring.map if self._ring is not None else None
+        # Re-entrant: a Python signal handler may write a record while the main thread,
+        # which it interrupted, holds the lock.
+        self._lock = self._hot = IssueState(self._ring.map if self._ring is not None else None)
+        self.works = self._hot.works
         self._site_list: list[CallSite] = []  # the sites written, by their records' ids
-        self._collected = 0  # the last id whose fields are in _issued_log
         self._drained = 0  # how much of _issued_log has its lines written (or folded)
         self._first_pos = self._file.pos
         self._looked_at = self._first_pos  # where the data ended at the last look
@@ -274,60 +308,99 @@ class TraceWriter:
             return site
 
     def write_at(self, site: CallSite, seq: int | None, p2p_seq: int | None, bucket: int | None,
-                 iteration: int, t: float) -> int:
+                 iteration: int, t: float, locked: bool = False) -> int:
         """Number a collective of ``site`` and write its line now, before it is issued; its
-        id, under which the caller stores the ``Work`` in :attr:`works`."""
+        id, which the caller hands to :meth:`returned` with the ``Work``. (``locked``: called
+        back by :meth:`_write_at_locked`.)"""
         # The hot path: every collective of the job passes here, on the training thread. What
         # repeats from call to call is the site's, encoded once; only the per-call fields are
-        # formatted. The lock's fast path (HotLock.fast_enter, inlined) for the thread that
-        # issues the collectives; its slow path for any other, and to make the first one hot.
-        lock = self._lock
-        fast = _get_ident() == lock.hot and not lock.busy
-        if fast:
-            lock.busy = True
-            if lock.others:
-                lock.busy = fast = False
-        if not fast:
-            lock.__enter__()
-            lock.make_hot()
+        # stored. The lock's fast path (HotLock.fast_enter, inlined) for the thread that
+        # issues the collectives; the lock for any other, and for a new site. Rare cases are
+        # calls: in a busy rank the thread pays for each line of bytecode it runs, cold after
+        # a wait (bench/RESULTS.md, session 42; bench/hot_path_code.py counts them).
+        hs = self._hot
+        if not locked:
+            if _get_ident() != hs.hot or hs.busy or site.sid < 0:
+                return self._write_at_locked(site, seq, p2p_seq, bucket, iteration, t)
+            hs.busy = True
+            if hs.others:
+                hs.busy = False
+                return self._write_at_locked(site, seq, p2p_seq, bucket, iteration, t)
         try:
-            if site.sid < 0:  # a new site: its record after the lines issued before it
-                self._drain()
-                self._write_site(site)
-            # The Work of the collective written before this one, released here when it
-            # completed: a synchronous collective's (dist.all_reduce waits for it) always has.
-            # Kept for the next look instead, every Work of a small-op loop cost gloo's threads
-            # ~10 µs of CPU per collective more than plain torch's (bench/RESULTS.md, session
-            # 38); DDP's asynchronous bucket all-reduces still running stay for the look.
-            last = self._next_id
-            work = self.works.get(last)
-            if work is not None and _is_success_quiet and type(work) is not str:
-                try:
-                    if work.is_completed() and work.is_success():
-                        self.works[last] = schema.COMPLETED
-                except Exception:  # the look asks it again, its own way
-                    pass
-            self._next_id = cid = last + 1
-            ring = self._ring_map
-            if ring is not None and cid - self._collected < _RING_MASK:
-                # The fields stored, all else left to the look (which reads them back into
-                # the issue log): formatting the line here cost the small-op loop's training
-                # thread ~4 µs a collective (bench/RESULTS.md, session 39). The layout is
-                # trace/issue_ring.py's.
-                _pack_slot(ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD, cid, t,
-                           seq or 0, p2p_seq or 0, iteration,
-                           0 if bucket is None else bucket + 1, site.sid, cid)
-            else:  # no ring, or it would wrap before the look: the lines now
-                self._collect(cid - 1)
-                self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
-                self._collected = cid
-                self._drain()
+            hs.next_id = cid = hs.next_id + 1
+            if locked and _get_ident() != hs.hot:
+                hs.works[cid] = ISSUING
+            else:
+                # The hot thread's previous collective released: a synchronous collective's
+                # (dist.all_reduce waits for it) has always completed. Kept for the look
+                # instead, every Work of a small-op loop cost gloo's threads ~10 µs of CPU per
+                # collective more than plain torch's (bench/RESULTS.md, session 38); DDP's
+                # asynchronous bucket all-reduces still running stay for the look.
+                last_id, last = hs.last_id, hs.last
+                if last is not _COMPLETED:
+                    try:
+                        done = _is_success_quiet and last.is_completed() and last.is_success()
+                    except Exception:  # ISSUING, a state string: the look asks its own way
+                        done = False
+                    if not done:
+                        hs.works[last_id] = last
+                hs.last_id, hs.last = cid, ISSUING
+            ring = hs.ring
+            if ring is None or cid - hs.collected >= _RING_MASK:
+                return self._line_now(cid, t, seq, p2p_seq, iteration, bucket, site)
+            # The fields stored, all else left to the look (which reads them back into the
+            # issue log): formatting the line here cost the small-op loop's training thread
+            # ~4 µs a collective (bench/RESULTS.md, session 39). The layout is
+            # trace/issue_ring.py's.
+            _pack_slot(ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD, cid, t, seq or 0,
+                       p2p_seq or 0, iteration, 0 if bucket is None else bucket + 1, site.sid,
+                       cid)
             return cid
         finally:
-            if fast:
-                lock.busy = False
-            else:
-                lock.__exit__()
+            if not locked:
+                hs.busy = False
+
+    def _write_at_locked(self, site: CallSite, seq: int | None, p2p_seq: int | None,
+                         bucket: int | None, iteration: int, t: float) -> int:
+        """:meth:`write_at` under the lock: another thread than the hot one, a new site (its
+        record first, after the lines issued before it), or a look under way."""
+        with self._hot as hs:
+            hs.make_hot()
+            if site.sid < 0:
+                self._drain()
+                self._write_site(site)
+            return self.write_at(site, seq, p2p_seq, bucket, iteration, t, True)
+
+    def _line_now(self, cid: int, t: float, seq: int | None, p2p_seq: int | None,
+                  iteration: int, bucket: int | None, site: CallSite) -> int:
+        """No ring, or it would wrap before the look: collective ``cid``'s line now."""
+        self._collect(cid - 1)
+        self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
+        self._hot.collected = cid
+        self._drain()
+        return cid
+
+    def returned(self, cid: int, work: Any) -> None:
+        """The backend returned ``work`` for collective ``cid`` (any thread, no lock: one
+        reference stored)."""
+        hs = self._hot
+        if cid == hs.last_id:
+            hs.last = work
+        else:
+            hs.works[cid] = work
+
+    def set_states(self, ids: Sequence[int], state: str) -> None:
+        """Collectives ``ids`` are known to have ended in ``state`` (COMPLETED, FAILED)
+        without their Works telling: DDP's callback waited for its buckets, a coalesced
+        broadcast returned or raised."""
+        with self._lock:
+            hs = self._hot
+            works = hs.works
+            for cid in ids:
+                if cid == hs.last_id:
+                    hs.last = state
+                elif state is not _COMPLETED or cid in works:  # absent: completed
+                    works[cid] = state
 
     def put(self, record: dict) -> None:
         """Write a record that is not a collective (rare: process start, group, exit, ...)."""
@@ -341,14 +414,14 @@ class TraceWriter:
         with self._lock:
             out = []
             quiet = _quiet_check()
-            self._collect(self._next_id)
+            self._collect(self._hot.next_id)
             log = self._issued_log
             entries: list[tuple[int, Sequence[Any], CallSite]] = [
                 (cid, fields, self._open_sites[cid]) for cid, fields in self._open.items()]
             entries += [(log[i], log[i + 1:i + _SITE], log[i + _SITE])
                         for i in range(0, len(log), _ISSUED_FIELDS)]
             for cid, (t, seq, p2p_seq, iteration, bucket), site in entries:
-                work = self.works.get(cid, ISSUING)
+                work = self._hot.work(cid)[0]
                 if _work_state(work, quiet) == schema.PENDING:
                     rec = CollectiveRecord(cid, seq, p2p_seq, iteration, bucket, t, site)
                     rec.work = work
@@ -373,7 +446,7 @@ class TraceWriter:
                     self._block.note(rec)
             self._closed = True
             self._block.close()
-            self._ring_map = None  # a late collective: its line, to nowhere
+            self._hot.ring = None  # a late collective: its line, to nowhere
             if self._ring is not None:
                 self._ring.close()
             if self._wake is not None:
@@ -406,52 +479,52 @@ class TraceWriter:
         cap = self._cap
         if cap is not None:
             cap.begin(now, self.bytes_written, lines)
-        works, opened, sites = self.works, self._open, self._open_sites
+        hs = self._hot
+        works, opened, sites = hs.works, self._open, self._open_sites
         log, self._issued_log = self._issued_log, []
         self._drained = 0
         folded = self._folded
         if folded:
             self._folded = set()
         quiet = _quiet_check()
-        pop = works.pop
         settled = 0
         failed: list[tuple[int, str]] = []
         # Those still running at the last look first, then those issued since, in issue order
-        # (so _open stays in issue order). An id not in ``works`` is still being issued.
+        # (so _open stays in issue order). What the look learns it takes out of ``works``;
+        # it stores nothing there (the issuing thread may be storing a Work meanwhile).
         for cid in list(opened):
-            work = pop(cid, ISSUING)
+            work, listed = hs.work(cid)
             state = _work_state(work, quiet)
             if state == schema.PENDING:
-                if work is not ISSUING:
-                    works[cid] = work
                 continue
+            if listed:
+                works.pop(cid, None)
             del opened[cid], sites[cid]
             settled += 1
             if state != schema.COMPLETED:
                 failed.append((cid, state))
         issued = self._issued_seq
+        last_id = hs.last_id
         for i in range(0, len(log), _ISSUED_FIELDS):
             cid = log[i]
             seq = log[i + 2]
             if seq is not None:  # sequence numbers grow: the last is the highest
                 issued[log[i + _SITE].group] = seq
-            work = pop(cid, ISSUING)
-            if work is schema.COMPLETED:  # released by write_at
-                settled += 1
-                continue
-            try:  # the common case, as _work_state asks it
-                if quiet and work.is_completed() and work.is_success():
+            work = works.get(cid, _ABSENT)
+            if work is _ABSENT:
+                if cid != last_id:  # released by write_at: completed
                     settled += 1
                     continue
-            except Exception:
-                pass
+                work, listed = hs.last, False
+            else:
+                listed = True
             state = _work_state(work, quiet)
             if state == schema.PENDING:
-                if work is not ISSUING:
-                    works[cid] = work
                 opened[cid] = tuple(log[i + 1:i + _SITE])
                 sites[cid] = log[i + _SITE]
                 continue
+            if listed:
+                works.pop(cid, None)
             settled += 1
             if state != schema.COMPLETED:
                 failed.append((cid, state))
@@ -466,7 +539,7 @@ class TraceWriter:
             # Every id up to the last one written has completed, failed, or is listed.
             still = list(itertools.islice(opened, MAX_PENDING_LISTED + 1))
             done: dict[str, Any] = {"kind": schema.DONE, "t": round(now, 6),
-                                    "upto": self._next_id,
+                                    "upto": hs.next_id,
                                     "pending": still[:MAX_PENDING_LISTED]}
             if len(still) > MAX_PENDING_LISTED:
                 done["pending_from"] = still[MAX_PENDING_LISTED]  # all later ids run too
@@ -476,9 +549,9 @@ class TraceWriter:
             lines.append(text)
         # The rank issued nothing since the writer last looked (an interval ago): it waits,
         # maybe for good, and what its runs hold must be on disk.
-        if cap is not None and (final or self._next_id == self._settled_id):
+        if cap is not None and (final or hs.next_id == self._settled_id):
             cap.close_all(lines)
-        self._settled_id = self._next_id
+        self._settled_id = hs.next_id
         if lines:
             self._write("\n".join(lines) + "\n")
         if settled or log:
@@ -501,7 +574,7 @@ class TraceWriter:
             issued_at = round(log[last + 1], 6)
         listed = [self._block_record(cid, fields, self._open_sites[cid]) for cid, fields in
                   itertools.islice(self._open.items(), progress_block.MAX_LISTED)]
-        self._block.progressed(self._next_id, self.completed, iteration, last_op, issued_at,
+        self._block.progressed(self._hot.next_id, self.completed, iteration, last_op, issued_at,
                                dict(self._issued_seq), listed, len(self._open))
 
     def _block_record(self, cid: int, fields: Sequence[Any], site: CallSite) -> str:
@@ -521,8 +594,9 @@ class TraceWriter:
     def _collect(self, upto: int) -> None:
         """Read the fields of the collectives up to id ``upto`` that the ring holds into the
         issue log."""
-        ring = self._ring_map
-        first = self._collected + 1
+        hs = self._hot
+        ring = hs.ring
+        first = hs.collected + 1
         if ring is None or first > upto:
             return
         log, sites = self._issued_log, self._site_list
@@ -531,12 +605,12 @@ class TraceWriter:
                 ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD)
             log += (cid, t, seq or None, p2p_seq or None, iteration,
                     bucket - 1 if bucket else None, sites[sid])
-        self._collected = upto
+        hs.collected = upto
 
     def _drain(self) -> None:
         """Write the lines of the collectives issued since the last drain, in issue order (a
         capped trace folds repeats into runs here), and tell the ring how far they go."""
-        self._collect(self._next_id)
+        self._collect(self._hot.next_id)
         log = self._issued_log
         start = self._drained
         if start == len(log):
