@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dis
+import functools
 import json
 import os
 import subprocess
@@ -36,9 +37,17 @@ VARIANTS = ("full", "lean", "floor", "off")
 LINE = 64
 
 
+@functools.cache
+def _package() -> str:
+    import ddpdoctor
+
+    return os.path.dirname(os.path.abspath(ddpdoctor.__file__)) + os.sep
+
+
 def _ours(code: CodeType) -> bool:
-    name = code.co_filename.replace(os.sep, "/")
-    return "/ddpdoctor/" in name and "/bench/" not in name or name.endswith("hot_path_floor.py")
+    """ddpdoctor's code (the package this process imported) or a stand-in's."""
+    name = code.co_filename
+    return name.startswith(_package()) or name == str(HERE / "hot_path_floor.py")
 
 
 def executed(step: Any, trace: bool = True,
