@@ -277,8 +277,9 @@ class TraceWriter:
             pass
         # Re-entrant: a Python signal handler may write a record while the main thread,
         # which it interrupted, holds the lock.
+        # ``_lock`` where it is only taken, ``_hot`` where its state is read or written.
         self._lock = self._hot = IssueState(self._ring.map if self._ring is not None else None)
-        self.works = self._hot.works
+        self.works = self._hot.works  # what is left for the look (the writer's tests read it)
         self._site_list: list[CallSite] = []  # the sites written, by their records' ids
         self._drained = 0  # how much of _issued_log has its lines written (or folded)
         self._first_pos = self._file.pos
@@ -504,20 +505,15 @@ class TraceWriter:
             if state != schema.COMPLETED:
                 failed.append((cid, state))
         issued = self._issued_seq
-        last_id = hs.last_id
         for i in range(0, len(log), _ISSUED_FIELDS):
             cid = log[i]
             seq = log[i + 2]
             if seq is not None:  # sequence numbers grow: the last is the highest
                 issued[log[i + _SITE].group] = seq
-            work = works.get(cid, _ABSENT)
-            if work is _ABSENT:
-                if cid != last_id:  # released by write_at: completed
-                    settled += 1
-                    continue
-                work, listed = hs.last, False
-            else:
-                listed = True
+            work, listed = hs.work(cid)
+            if work is _COMPLETED and not listed:  # released by write_at
+                settled += 1
+                continue
             state = _work_state(work, quiet)
             if state == schema.PENDING:
                 opened[cid] = tuple(log[i + 1:i + _SITE])
