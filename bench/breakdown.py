@@ -60,11 +60,12 @@ def main() -> None:
     inner, recorder = getattr(group, "_inner", None), getattr(group, "_recorder", None)
     if inner is None or recorder is None or recorder.writer is None:
         raise SystemExit("run this under ddpdoctor run: the recording group is not in place")
-    writer, labeler = recorder.writer, recorder.labeler
+    group.allreduce([torch.ones(1)], dist.AllreduceOptions()).wait()  # the writer's path held
     release = writer_module._is_success_quiet  # write_at releases completed Works
-    # What the variants switch off; each must exist, or the figures would silently be wrong
-    # (getattr raises for a renamed one).
-    targets = {"collective": (writer, "write_at"), "describe": (labeler, "place_id")}
+    # What the variants switch off, where the recording group holds them; each must exist,
+    # or the figures would silently be wrong (getattr raises for a renamed one).
+    issuer = group._issuer
+    targets = {"collective": (issuer, "write_at"), "describe": (issuer, "place_id")}
     originals = {name: getattr(obj, attr) for name, (obj, attr) in targets.items()}
     assert hasattr(group, "_enabled")
     stubs = {"collective": lambda *args: None, "describe": lambda frame: 0}

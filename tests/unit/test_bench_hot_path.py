@@ -290,10 +290,11 @@ def test_what_the_in_job_breakdowns_switch_off_still_exists() -> None:
     from ddpdoctor.runtime.recorder import Recorder
     from ddpdoctor.runtime.writer import TraceWriter
 
-    for owner, name in [(Recorder, "learn"), (TraceWriter, "write_at"),
-                        (StackLabeler, "place_id"), (pg_wrapper._Issuer, "issue")]:
+    for owner, name in [(Recorder, "learn"), (StackLabeler, "place_id"),
+                        (pg_wrapper._Issuer, "issue")]:
         assert callable(getattr(owner, name)), f"{owner.__name__}.{name}"
-    assert "calls" in pg_wrapper._Issuer.__slots__
+    assert "write_at" in TraceWriter.__annotations__  # a closure each writer makes
+    assert {"calls", "write_at", "place_id"} <= set(pg_wrapper._Issuer.__slots__)
     assert {"_issuer", "_issue"} <= set(  # instance attributes the constructor sets
         pg_wrapper.RecordingProcessGroup.__init__.__code__.co_names)
     assert isinstance(pg_wrapper.RecordingProcessGroup._enabled, property)

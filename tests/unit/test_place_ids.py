@@ -103,12 +103,10 @@ def test_a_thread_syncing_nothing_for_a_framework_reads_none() -> None:
     from ddpdoctor.runtime import on_behalf
 
     seen: list[object] = []
-    on_behalf._local.call = ("lightning.epoch_sync", "val_loss", ())
-    try:
+    assert on_behalf.current() is None and not on_behalf.marked_threads
+    with on_behalf.syncing(("lightning.epoch_sync", "val_loss", ())):
         worker = threading.Thread(target=lambda: seen.append(on_behalf.current()))
         worker.start()
         worker.join(10)
         assert on_behalf.current() == ("lightning.epoch_sync", "val_loss", ())
-    finally:
-        on_behalf._local.call = None
-    assert seen == [None] and on_behalf.current() is None
+    assert seen == [None] and on_behalf.current() is None and not on_behalf.marked_threads

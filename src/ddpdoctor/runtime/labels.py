@@ -59,6 +59,12 @@ class StackLabeler:
     """Classifies code objects once and labels each call from its frames."""
 
     def __init__(self, internal_dirs: list[str]) -> None:
+        self.reset(internal_dirs)
+
+    def reset(self, internal_dirs: list[str]) -> None:
+        """Start over with ``internal_dirs`` as the folders that are not user code: every
+        classification and call path forgotten (the recording group holds this object's
+        ``place_id``, so the labeler is reset, never replaced)."""
         self.internal = tuple(os.path.join(os.path.abspath(d), "") for d in internal_dirs)
         # Code objects are keyed by id(), never hashed: a code object's hash covers its
         # constants, recomputed on every lookup (tens of µs for a long module, where tutorials
@@ -142,18 +148,25 @@ class StackLabeler:
         call path is followed through a tree of them, each frame's code and instruction
         compared, at less than half the cost of building and hashing the key
         (bench/RESULTS.md, session 37)."""
+        # Each step's instructions count: this runs once per frame of every collective's
+        # call path, after the training thread's wait, when its caches are cold
+        # (bench/RESULTS.md, sessions 42-43). The common step: a place at this offset, of
+        # this code, not the path's end.
         outer = self._tree
-        f: FrameType | None = frame
-        while f is not None:
+        f = frame
+        while True:
             place = outer.get(f.f_lasti)
-            code = f.f_code
-            while place is not None and place.code is not code:
-                place = place.other
             if place is None:
                 break
+            if place.code is not f.f_code:  # another code at the same offset
+                code = f.f_code
+                while place is not None and place.code is not code:
+                    place = place.other
+                if place is None:
+                    break
             if place.stop is not None:
                 return place.stop
-            f = f.f_back
+            f = f.f_back  # type: ignore[assignment]
             if f is None:
                 if place.top is not None:
                     return place.top

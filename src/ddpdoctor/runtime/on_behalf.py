@@ -15,9 +15,10 @@ here. Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddpdoctor.runtime import patches
@@ -38,12 +39,29 @@ class _PerThread(threading.local):
 
 
 _local = _PerThread()
+# The threads marked now. The recording group reads the thread-local only while one is: a
+# thread-local's attribute is several lookups in cold memory on every collective, this set's
+# size one read (bench/RESULTS.md, session 43). Adding and discarding are atomic under the GIL.
+marked_threads: set[int] = set()
 
 
 def current() -> tuple[str, str, tuple] | None:
     """(label, metric name, stack of the user's call) while the calling thread syncs a
-    framework metric on the user's behalf, else None."""
-    return _local.call
+    framework metric on the user's behalf, else None. (The recording group reads this inline.)"""
+    return _local.call if marked_threads else None
+
+
+@contextlib.contextmanager
+def syncing(call: tuple[str, str, tuple]) -> Iterator[None]:
+    """Mark the calling thread as syncing ``call`` (what :func:`current` returns) meanwhile."""
+    _local.call = call
+    me = threading.get_ident()
+    marked_threads.add(me)
+    try:
+        yield
+    finally:
+        marked_threads.discard(me)
+        _local.call = None
 
 
 def patch_lightning(module_name: str, stack_of: Callable[[Any], tuple]) -> None:
@@ -89,10 +107,7 @@ def _marking(real: Callable[..., Any], label: str) -> Callable[..., Any]:
                 setattr(self, _SITE, stack)
         if stack is None or _local.call is not None:
             return real(self, *args, **kwargs)
-        _local.call = (label, name, stack)
-        try:
+        with syncing((label, name, stack)):
             return real(self, *args, **kwargs)
-        finally:
-            _local.call = None
 
     return marked

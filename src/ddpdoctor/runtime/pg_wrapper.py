@@ -31,6 +31,7 @@ from ddpdoctor.trace import ops, schema
 _getframe = sys._getframe
 _now = time.time
 _behalf = on_behalf._local  # on_behalf.current(), read inline on the hot path
+_marked = on_behalf.marked_threads
 _failure_check_chosen = False  # the first group chooses how the writer asks a Work
 _Tensor = torch.Tensor
 _STRIDED = torch.strided
@@ -253,10 +254,11 @@ def chunks_of(tensors: Sequence[Any], buffer_size: int,
 class _Issuer:
     """One recording group's numbering and hot path, in a plain object: an attribute of an
     instance of a pybind11 class's Python subclass costs about three times a plain object's
-    to read, and every collective reads a dozen."""
+    to read, and every collective reads a dozen. What the hot path calls on the recorder,
+    its labeler and its writer is held here too (:meth:`_hold`), read from one object."""
 
     __slots__ = ("recorder", "name", "size", "seq", "p2p_seq", "extra", "enabled", "calls",
-                 "bind", "plain")
+                 "bind", "plain", "trace", "write_at", "returned", "place_id", "sites")
 
     def __init__(self, recorder: Recorder, name: str, size: int,
                  bind: Callable[[str], Callable[..., Any]],
@@ -275,6 +277,15 @@ class _Issuer:
         # The process group holding the wrapped backend alone (see broadcast_coalesced);
         # None: torch's coalesced broadcast runs through this group, one entry per chunk.
         self.plain = plain
+        self.trace: writer.TraceWriter | None = None  # the writer whose hot path is held
+        self.place_id = recorder.labeler.place_id  # the labeler is reset, never replaced
+        self.sites = recorder.sites  # cleared, never replaced
+
+    def _hold(self, trace: writer.TraceWriter) -> None:
+        """Hold the hot path of ``trace``, the recorder's writer now (a new trace: a rank's
+        first collective, or the first of a new round)."""
+        self.write_at, self.returned = trace.write_at, trace.returned
+        self.trace = trace
 
     def stop(self, exc: Exception) -> None:
         """Recording failed: switch it off for this group, with one warning (the trace's
@@ -344,6 +355,8 @@ class _Issuer:
         trace = recorder.writer
         if self.enabled and trace is not None:
             try:
+                if trace is not self.trace:
+                    self._hold(trace)
                 # Collectives and point-to-point ops are numbered apart: p2p ops pair up
                 # between two ranks, not across the group.
                 if p2p:
@@ -362,30 +375,29 @@ class _Issuer:
                 # called it with no Python frame above (DDP's Reducer on the autograd
                 # engine's CUDA device thread). _getframe(2) makes a frame object for that
                 # frame alone; _getframe(1).f_back made one for frame 1 as well.
-                caller = frame
-                if caller is None:
+                if frame is None:
                     try:
-                        caller = _getframe(2)
+                        frame = _getframe(2)
                     except ValueError:
                         pass
                 # The site, by the static fields and the places of the caller's frames
                 # (StackLabeler.place_id): one lookup once a call path is known. A caller
                 # frame of None: the site follows the main thread (describe), not cached.
-                behalf = _behalf.call
-                key = None if caller is None else (
-                    self.name, op, reduce_op, root, peer, shapes,
-                    recorder.labeler.place_id(caller), meta, behalf)
-                known = recorder.sites.get(key)
-                if known is None:
-                    known = recorder.learn(key, self.name, op, shapes, reduce_op, root, peer,
-                                           caller, meta, behalf)
-                site, bucketed = known
+                behalf = _behalf.call if _marked else None  # on_behalf.current(), inline
+                key = None if frame is None else (
+                    self.name, op, reduce_op, root, peer, shapes, self.place_id(frame), meta,
+                    behalf)
+                try:
+                    site, bucketed = self.sites[key]
+                except KeyError:
+                    site, bucketed = recorder.learn(key, self.name, op, shapes, reduce_op, root,
+                                                    peer, frame, meta, behalf)
                 bucket = None
                 if bucketed:
                     bucket = recorder.bucket_index
                     recorder.bucket_index = bucket + 1
                 recorder.last_issue = t_issue = _now()
-                cid = trace.write_at(site, seq, p2p_seq, bucket, recorder.iteration, t_issue)
+                cid = self.write_at(site, seq, p2p_seq, bucket, recorder.iteration, t_issue)
             except Exception as exc:  # never let recording break the user's collective
                 cid = None
                 self.stop(exc)
@@ -401,7 +413,7 @@ class _Issuer:
                 trace.set_states((cid,), schema.FAILED)  # type: ignore[union-attr]
             raise
         if cid is not None:  # the writer was there when the collective was recorded
-            trace.returned(cid, work)  # type: ignore[union-attr]
+            self.returned(cid, work)
         return work
 
 

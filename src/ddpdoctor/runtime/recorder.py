@@ -98,7 +98,7 @@ class Recorder:
 
     def set_internal_dirs(self, dirs: list[str]) -> None:
         """Frames under ``dirs`` are not user code (torch's and ddpdoctor's folders)."""
-        self.labeler = StackLabeler(dirs)
+        self.labeler.reset(dirs)
         self.sites.clear()  # keyed by the places of the old labeler's code objects
 
     # -- lifecycle --------------------------------------------------------------------------

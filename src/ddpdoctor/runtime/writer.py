@@ -33,11 +33,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ddpdoctor.runtime import source_capture
 from ddpdoctor.runtime.hot_lock import HotLock
+from ddpdoctor.runtime.issue_log import IssueLog
 from ddpdoctor.runtime.launcher_wake import LauncherWake
 from ddpdoctor.runtime.progress import ProgressBlock
 from ddpdoctor.runtime.ring_file import RingFile
@@ -48,7 +49,6 @@ from ddpdoctor.trace.basics import numel
 
 _get_ident = threading.get_ident
 _pack_slot = issue_ring.SLOT.pack_into
-_unpack_slot = issue_ring.SLOT.unpack_from
 _SLOT_BYTES = issue_ring.SLOT.size
 _RING_HEAD = issue_ring.HEAD.size
 _RING_MASK = issue_ring.SLOTS - 1
@@ -136,10 +136,6 @@ class IssueState(HotLock):
         return (self.last if cid == self.last_id else _COMPLETED), False
 
 
-# A written collective in TraceWriter's issue log: id, issue time, seq, p2p_seq, iteration,
-# bucket, then its site.
-_ISSUED_FIELDS = 7
-_SITE = 6
 MAX_PENDING_LISTED = 1024  # ids a ``done`` record lists as still running, at most
 MAX_SITES = 65536  # sites kept for reuse, at most
 
@@ -223,7 +219,14 @@ def _other_state(work: Any) -> str:
 
 
 class TraceWriter:
-    """Appends one rank's records to its JSON Lines file, collectives before they run."""
+    """Appends one rank's records to its JSON Lines file, collectives before they run.
+
+    ``write_at(site, seq, p2p_seq, bucket, iteration, t)`` numbers a collective and stores
+    it before it is issued, returning its id; ``returned(id, work)`` hands over the Work the
+    backend returned for it. Both are closures each writer makes (:func:`_hot_path`)."""
+
+    write_at: Callable[..., int]
+    returned: Callable[[int, Any], None]
 
     def __init__(self, path: str, header: dict, rank: int, interval: float = DONE_SECONDS,
                  max_bytes: int | None = None, wake: str | None = None,
@@ -240,18 +243,18 @@ class TraceWriter:
         self.interval = interval
         self.failed = False  # a write failed: the trace is cut from there on
         self.completed = 0  # collectives known to have completed
-        # Each collective written: its id, issue time, per-call fields and site, in a flat
-        # list (_ISSUED_FIELDS per collective), read back from the issue ring by the look
-        # (:meth:`_collect`; appended by the issuing thread where there is no ring) and taken
-        # by the next look, which keeps the fields of those still running in _open and
-        # _open_sites (by id, in issue order). The issuing thread stores only what it knows
+        # Each collective written: its id, issue time, per-call fields and site, in the
+        # issue log's columns, read back from the issue ring by the look (:meth:`_collect`;
+        # appended by the issuing thread where there is no ring) and taken by the next look,
+        # which keeps the fields of those still running in _open and _open_sites (by id, in
+        # issue order). The issuing thread stores only what it knows
         # of the Work, in the IssueState (``_hot``). Nothing is made per collective
         # that the garbage collector tracks and that lives on (a full collection is ~75 ms
         # in a process that imported torch, and long-lived tracked objects make them
-        # frequent): the flat list holds numbers and the long-lived site, a tuple of numbers
+        # frequent): the log's columns hold numbers, a tuple of numbers
         # is untracked at the first collection, dict entries are no objects, and a Work is
         # untracked.
-        self._issued_log: list[Any] = []
+        self._issued_log = IssueLog()
         self._folded: set[int] = set()  # ids in the log folded into a run (capped trace)
         self._open: dict[int, tuple] = {}
         self._open_sites: dict[int, CallSite] = {}
@@ -279,9 +282,10 @@ class TraceWriter:
         # which it interrupted, holds the lock.
         # ``_lock`` where it is only taken, ``_hot`` where its state is read or written.
         self._lock = self._hot = IssueState(self._ring.map if self._ring is not None else None)
+        self.write_at, self.returned = _hot_path(self)
         self.works = self._hot.works  # what is left for the look (the writer's tests read it)
         self._site_list: list[CallSite] = []  # the sites written, by their records' ids
-        self._drained = 0  # how much of _issued_log has its lines written (or folded)
+        self._drained = 0  # how many of _issued_log's collectives have their lines written
         self._first_pos = self._file.pos
         self._looked_at = self._first_pos  # where the data ended at the last look
         self._write(json.dumps(header) + "\n")
@@ -308,59 +312,6 @@ class TraceWriter:
                                                peer, stack, meta)
             return site
 
-    def write_at(self, site: CallSite, seq: int | None, p2p_seq: int | None, bucket: int | None,
-                 iteration: int, t: float, locked: bool = False) -> int:
-        """Number a collective of ``site`` and write its line now, before it is issued; its
-        id, which the caller hands to :meth:`returned` with the ``Work``. (``locked``: called
-        back by :meth:`_write_at_locked`.)"""
-        # The hot path: every collective of the job passes here, on the training thread. What
-        # repeats from call to call is the site's, encoded once; only the per-call fields are
-        # stored. The lock's fast path (HotLock.fast_enter, inlined) for the thread that
-        # issues the collectives; the lock for any other, and for a new site. Rare cases are
-        # calls: in a busy rank the thread pays for each line of bytecode it runs, cold after
-        # a wait (bench/RESULTS.md, session 42; bench/hot_path_code.py counts them).
-        hs = self._hot
-        if not locked:
-            if _get_ident() != hs.hot or hs.busy or site.sid < 0:
-                return self._write_at_locked(site, seq, p2p_seq, bucket, iteration, t)
-            hs.busy = True
-            if hs.others:
-                hs.busy = False
-                return self._write_at_locked(site, seq, p2p_seq, bucket, iteration, t)
-        try:
-            hs.next_id = cid = hs.next_id + 1
-            if locked and _get_ident() != hs.hot:
-                hs.works[cid] = ISSUING
-            else:
-                # The hot thread's previous collective released: a synchronous collective's
-                # (dist.all_reduce waits for it) has always completed. Kept for the look
-                # instead, every Work of a small-op loop cost gloo's threads ~10 µs of CPU per
-                # collective more than plain torch's (bench/RESULTS.md, session 38); DDP's
-                # asynchronous bucket all-reduces still running stay for the look.
-                last_id, last = hs.last_id, hs.last
-                if last is not _COMPLETED:
-                    try:
-                        done = _is_success_quiet and last.is_completed() and last.is_success()
-                    except Exception:  # ISSUING, a state string: the look asks its own way
-                        done = False
-                    if not done:
-                        hs.works[last_id] = last
-                hs.last_id, hs.last = cid, ISSUING
-            ring = hs.ring
-            if ring is None or cid - hs.collected >= _RING_MASK:
-                return self._line_now(cid, t, seq, p2p_seq, iteration, bucket, site)
-            # The fields stored, all else left to the look (which reads them back into the
-            # issue log): formatting the line here cost the small-op loop's training thread
-            # ~4 µs a collective (bench/RESULTS.md, session 39). The layout is
-            # trace/issue_ring.py's.
-            _pack_slot(ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD, cid, t, seq or 0,
-                       p2p_seq or 0, iteration, 0 if bucket is None else bucket + 1, site.sid,
-                       cid)
-            return cid
-        finally:
-            if not locked:
-                hs.busy = False
-
     def _write_at_locked(self, site: CallSite, seq: int | None, p2p_seq: int | None,
                          bucket: int | None, iteration: int, t: float) -> int:
         """:meth:`write_at` under the lock: another thread than the hot one, a new site (its
@@ -376,19 +327,10 @@ class TraceWriter:
                   iteration: int, bucket: int | None, site: CallSite) -> int:
         """No ring, or it would wrap before the look: collective ``cid``'s line now."""
         self._collect(cid - 1)
-        self._issued_log += (cid, t, seq, p2p_seq, iteration, bucket, site)
+        self._issued_log.append(cid, t, seq, p2p_seq, iteration, bucket, site.sid)
         self._hot.collected = cid
         self._drain()
         return cid
-
-    def returned(self, cid: int, work: Any) -> None:
-        """The backend returned ``work`` for collective ``cid`` (any thread, no lock: one
-        reference stored)."""
-        hs = self._hot
-        if cid == hs.last_id:
-            hs.last = work
-        else:
-            hs.works[cid] = work
 
     def set_states(self, ids: Sequence[int], state: str) -> None:
         """Collectives ``ids`` are known to have ended in ``state`` (COMPLETED, FAILED)
@@ -419,8 +361,8 @@ class TraceWriter:
             log = self._issued_log
             entries: list[tuple[int, Sequence[Any], CallSite]] = [
                 (cid, fields, self._open_sites[cid]) for cid, fields in self._open.items()]
-            entries += [(log[i], log[i + 1:i + _SITE], log[i + _SITE])
-                        for i in range(0, len(log), _ISSUED_FIELDS)]
+            entries += [(cid, log.fields(i), self._site_list[log.sites[i]])
+                        for i, cid in enumerate(log.ids)]
             for cid, (t, seq, p2p_seq, iteration, bucket), site in entries:
                 work = self._hot.work(cid)[0]
                 if _work_state(work, quiet) == schema.PENDING:
@@ -482,7 +424,7 @@ class TraceWriter:
             cap.begin(now, self.bytes_written, lines)
         hs = self._hot
         works, opened, sites = hs.works, self._open, self._open_sites
-        log, self._issued_log = self._issued_log, []
+        log, self._issued_log = self._issued_log, IssueLog()
         self._drained = 0
         folded = self._folded
         if folded:
@@ -504,20 +446,29 @@ class TraceWriter:
             settled += 1
             if state != schema.COMPLETED:
                 failed.append((cid, state))
-        issued = self._issued_seq
-        for i in range(0, len(log), _ISSUED_FIELDS):
-            cid = log[i]
-            seq = log[i + 2]
-            if seq is not None:  # sequence numbers grow: the last is the highest
-                issued[log[i + _SITE].group] = seq
+        self._issued_seq.update(log.last_by_group(self._site_list))
+        ids = log.ids
+        # Those issued since: an id neither in ``works`` nor the hot thread's last was
+        # released by write_at, completed; where the ids run without a gap only the others
+        # are looked at, one by one.
+        if ids and log.consecutive():
+            first = ids[0]
+            # tuple(works): one step under the GIL (another thread may store a Work)
+            asked = sorted(cid for cid in (*tuple(works), hs.last_id) if first <= cid <= ids[-1])
+            settled += len(ids) - len(asked)
+            at: Sequence[int] = [cid - first for cid in asked]
+        else:
+            at = range(len(ids))
+        for i in at:
+            cid = ids[i]
             work, listed = hs.work(cid)
             if work is _COMPLETED and not listed:  # released by write_at
                 settled += 1
                 continue
             state = _work_state(work, quiet)
             if state == schema.PENDING:
-                opened[cid] = tuple(log[i + 1:i + _SITE])
-                sites[cid] = log[i + _SITE]
+                opened[cid] = log.fields(i)
+                sites[cid] = self._site_list[log.sites[i]]
                 continue
             if listed:
                 works.pop(cid, None)
@@ -527,7 +478,7 @@ class TraceWriter:
         lines += [json.dumps({"kind": schema.STATE, "id": cid, "state": state,
                               "t": round(now, 6)}) for cid, state in failed]
         self.completed += settled
-        ids, times = log[0::_ISSUED_FIELDS], log[1::_ISSUED_FIELDS]
+        times = log.times
         if folded:  # a capped trace's runs have their own times
             kept = [i for i, cid in enumerate(ids) if cid not in folded]
             ids, times = [ids[i] for i in kept], [times[i] for i in kept]
@@ -558,16 +509,15 @@ class TraceWriter:
                 self._woke_for = oldest  # once per wait: the launcher polls fast meanwhile
                 self._wake.wake()
 
-    def _tell_block(self, log: list[Any]) -> None:
+    def _tell_block(self, log: IssueLog) -> None:
         """The progress block's news after a look: the last collective written (when ``log``,
         those written since the last look, has any), the completions, the oldest running."""
         state = self._block.state
         iteration, last_op, issued_at = state["iteration"], state["last_op"], state["last_issue"]
         if log:
-            last = len(log) - _ISSUED_FIELDS
-            site = log[last + _SITE]
-            iteration, last_op = log[last + 4], f"{site.op} ({site.label})"
-            issued_at = round(log[last + 1], 6)
+            site = self._site_list[log.sites[-1]]
+            iteration, last_op = log.iterations[-1], f"{site.op} ({site.label})"
+            issued_at = round(log.times[-1], 6)
         listed = [self._block_record(cid, fields, self._open_sites[cid]) for cid, fields in
                   itertools.islice(self._open.items(), progress_block.MAX_LISTED)]
         self._block.progressed(self._hot.next_id, self.completed, iteration, last_op, issued_at,
@@ -595,12 +545,7 @@ class TraceWriter:
         first = hs.collected + 1
         if ring is None or first > upto:
             return
-        log, sites = self._issued_log, self._site_list
-        for cid in range(first, upto + 1):
-            _, t, seq, p2p_seq, iteration, bucket, sid, _ = _unpack_slot(
-                ring, (cid & _RING_MASK) * _SLOT_BYTES + _RING_HEAD)
-            log += (cid, t, seq or None, p2p_seq or None, iteration,
-                    bucket - 1 if bucket else None, sites[sid])
+        self._issued_log.read_ring(ring, first, upto)
         hs.collected = upto
 
     def _drain(self) -> None:
@@ -612,23 +557,24 @@ class TraceWriter:
         if start == len(log):
             return
         self._drained = len(log)
-        lines: list[str] = []
         cap = self._cap
-        folding = cap is not None and cap.active
-        line = issue_ring.collective_line
-        cid = 0
-        for i in range(start, len(log), _ISSUED_FIELDS):
-            cid, t, seq, p2p_seq, iteration, bucket, site = log[i:i + _ISSUED_FIELDS]
-            if folding and seq is not None and \
-                    cap.fold(site.group, cid, seq, iteration, bucket, t,  # type: ignore[union-attr]
-                             site.sid, lines):
-                self._folded.add(cid)  # in a run, which has its time
-                continue
-            lines.append(line(cid, seq, iteration, site.sid, p2p_seq, bucket))
+        if cap is None or not cap.active:
+            lines = log.lines(start)
+        else:
+            lines = []
+            line, sites = issue_ring.collective_line, self._site_list
+            for i in range(start, len(log)):
+                cid, sid = log.ids[i], log.sites[i]
+                t, seq, p2p_seq, iteration, bucket = log.fields(i)
+                if seq is not None and cap.fold(sites[sid].group, cid, seq, iteration, bucket,
+                                                t, sid, lines):
+                    self._folded.add(cid)  # in a run, which has its time
+                    continue
+                lines.append(line(cid, seq, iteration, sid, p2p_seq, bucket))
         if lines:
             self._write("\n".join(lines) + "\n")
         if self._ring is not None:
-            self._ring.lined(cid)
+            self._ring.lined(log.ids[-1])
 
     def _write_site(self, site: CallSite) -> None:
         """Write ``site``'s ``site`` record (its call stack's record before it, when new) and
@@ -701,6 +647,83 @@ class TraceWriter:
             pass
         sys.stderr.write(f"ddpdoctor: rank {self.rank}: cannot write trace {self.path}: "
                          f"{exc.strerror or exc}; recording stopped, the job goes on\n")
+
+
+def _hot_path(writer: TraceWriter) -> tuple[Callable[..., int], Callable[[int, Any], None]]:
+    """``writer``'s ``write_at`` and ``returned``: closures over its IssueState and what the
+    hot path uses, not methods. In a busy rank the training thread comes back from each wait
+    to cold caches and pays for every object a collective touches: a method looked up on the
+    writer (its type, its instance values), each module global (an entry of the module's
+    dict) costs it a cache miss; a closure's cells, made together, lie together. Measured in
+    the small-op job, blocks alternating in one job: the recording's work in closures cost the
+    training thread ~1.7 µs less per collective than the same work through methods and
+    globals (bench/RESULTS.md, session 43)."""
+    hs = writer._hot
+    locked_path, line_now = writer._write_at_locked, writer._line_now
+    get_ident, pack, head, mask, slot_bytes = _get_ident, _pack_slot, _RING_HEAD, _RING_MASK, \
+        _SLOT_BYTES
+    issuing, completed = ISSUING, _COMPLETED
+
+    def write_at(site: CallSite, seq: int | None, p2p_seq: int | None, bucket: int | None,
+                 iteration: int, t: float, locked: bool = False) -> int:
+        """Number a collective of ``site`` and write its line now, before it is issued; its
+        id, which the caller hands to ``returned`` with the ``Work``. (``locked``: called
+        back by ``_write_at_locked``.)"""
+        # The hot path: every collective of the job passes here, on the training thread. What
+        # repeats from call to call is the site's, encoded once; only the per-call fields are
+        # stored. The lock's fast path (HotLock.fast_enter, inlined) for the thread that
+        # issues the collectives; the lock for any other, and for a new site. Rare cases are
+        # calls: in a busy rank the thread pays for each line of bytecode it runs, cold after
+        # a wait (bench/RESULTS.md, session 42; bench/hot_path_code.py counts them).
+        if not locked:
+            if get_ident() != hs.hot or hs.busy or site.sid < 0:
+                return locked_path(site, seq, p2p_seq, bucket, iteration, t)
+            hs.busy = True
+            if hs.others:
+                hs.busy = False
+                return locked_path(site, seq, p2p_seq, bucket, iteration, t)
+        try:
+            hs.next_id = cid = hs.next_id + 1
+            if locked and get_ident() != hs.hot:
+                hs.works[cid] = issuing
+            else:
+                # The hot thread's previous collective released: a synchronous collective's
+                # (dist.all_reduce waits for it) has always completed. Kept for the look
+                # instead, every Work of a small-op loop cost gloo's threads ~10 µs of CPU per
+                # collective more than plain torch's (bench/RESULTS.md, session 38); DDP's
+                # asynchronous bucket all-reduces still running stay for the look.
+                last_id, last = hs.last_id, hs.last
+                if last is not completed:
+                    try:
+                        done = _is_success_quiet and last.is_completed() and last.is_success()
+                    except Exception:  # ISSUING, a state string: the look asks its own way
+                        done = False
+                    if not done:
+                        hs.works[last_id] = last
+                hs.last_id, hs.last = cid, issuing
+            ring = hs.ring
+            if ring is None or cid - hs.collected >= mask:
+                return line_now(cid, t, seq, p2p_seq, iteration, bucket, site)
+            # The fields stored, all else left to the look (which reads them back into the
+            # issue log): formatting the line here cost the small-op loop's training thread
+            # ~4 µs a collective (bench/RESULTS.md, session 39). The layout is
+            # trace/issue_ring.py's.
+            pack(ring, (cid & mask) * slot_bytes + head, cid, t, seq or 0, p2p_seq or 0,
+                 iteration, 0 if bucket is None else bucket + 1, site.sid, cid)
+            return cid
+        finally:
+            if not locked:
+                hs.busy = False
+
+    def returned(cid: int, work: Any) -> None:
+        """The backend returned ``work`` for collective ``cid`` (any thread, no lock: one
+        reference stored)."""
+        if cid == hs.last_id:
+            hs.last = work
+        else:
+            hs.works[cid] = work
+
+    return write_at, returned
 
 
 def _run_json(first: int, times: Sequence[float]) -> str:

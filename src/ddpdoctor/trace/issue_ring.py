@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ddpdoctor.trace import schema
 
@@ -49,18 +49,42 @@ def size() -> int:
     return HEAD.size + SLOTS * SLOT.size
 
 
+# A collective's line (format 9 on): schema's COLLECTIVE_HEAD and SITE_REF, with ``seq``
+# formatted by the caller ("null" for none), then ``p2p_seq`` and ``bucket`` when present.
+_HEAD = (f'{{"id": %d, "kind": "{schema.COLLECTIVE}", "seq": %s, "iteration": %d, '
+         f'"{schema.SITE_REF}": %d')
+_PLAIN = _HEAD + "}"
+_BUCKET = _HEAD + ', "bucket": %d}'
+
+
 def collective_line(cid: int, seq: int | None, iteration: int, site: int,
                     p2p_seq: int | None, bucket: int | None) -> str:
-    """A collective's line as the writer writes it (format 9 on: schema's COLLECTIVE_HEAD,
-    SITE_REF, then ``p2p_seq`` and ``bucket`` when present), without its newline."""
+    """A collective's line as the writer writes it, without its newline."""
     extra = ""
     if p2p_seq is not None:
         extra = f', "p2p_seq": {p2p_seq}'
     if bucket is not None:
         extra += f', "bucket": {bucket}'
-    return (f'{{"id": {cid}, "kind": "{schema.COLLECTIVE}", '
-            f'"seq": {"null" if seq is None else seq}, '
-            f'"iteration": {iteration}, "{schema.SITE_REF}": {site}{extra}}}')
+    return _HEAD % (cid, "null" if seq is None else seq, iteration, site) + extra + "}"
+
+
+def collective_lines(ids: Sequence[int], seqs: Sequence[int], p2p_seqs: Sequence[int],
+                     iterations: Sequence[int], buckets: Sequence[int],
+                     sites: Sequence[int]) -> list[str]:
+    """:func:`collective_line` of many collectives, given column by column as their slots
+    hold them (``seq``, ``p2p_seq`` 0 for none, ``bucket`` plus one). The writer's look
+    formats every line of the job here: the usual lines, of collectives with a sequence
+    number and neither ``p2p_seq`` nor ``bucket``, in one pass at C speed."""
+    if 0 not in seqs and not any(p2p_seqs):
+        if not any(buckets):
+            return list(map(_PLAIN.__mod__, zip(ids, seqs, iterations, sites)))
+        return [_BUCKET % (cid, seq, it, site, bucket - 1) if bucket else
+                _PLAIN % (cid, seq, it, site)
+                for cid, seq, it, site, bucket in zip(ids, seqs, iterations, sites, buckets)]
+    return [collective_line(cid, seq or None, it, site, p2p or None,
+                            bucket - 1 if bucket else None)
+            for cid, seq, p2p, it, bucket, site in zip(ids, seqs, p2p_seqs, iterations,
+                                                         buckets, sites)]
 
 
 def _slots(data: bytes, after: int) -> Iterator[tuple[int, ...]]:
