@@ -247,13 +247,12 @@ class TraceWriter:
         # issue log's columns, read back from the issue ring by the look (:meth:`_collect`;
         # appended by the issuing thread where there is no ring) and taken by the next look,
         # which keeps the fields of those still running in _open and _open_sites (by id, in
-        # issue order). The issuing thread stores only what it knows
-        # of the Work, in the IssueState (``_hot``). Nothing is made per collective
-        # that the garbage collector tracks and that lives on (a full collection is ~75 ms
-        # in a process that imported torch, and long-lived tracked objects make them
-        # frequent): the log's columns hold numbers, a tuple of numbers
-        # is untracked at the first collection, dict entries are no objects, and a Work is
-        # untracked.
+        # issue order). The issuing thread stores only what it knows of the Work, in the
+        # IssueState (``_hot``). Nothing is made per collective that the garbage collector
+        # tracks and that lives on (a full collection is ~75 ms in a process that imported
+        # torch, and long-lived tracked objects make them frequent): the log's columns hold
+        # numbers, a tuple of numbers is untracked at the first collection, dict entries are
+        # no objects, and a Work is untracked.
         self._issued_log = IssueLog()
         self._folded: set[int] = set()  # ids in the log folded into a run (capped trace)
         self._open: dict[int, tuple] = {}
@@ -652,12 +651,11 @@ class TraceWriter:
 def _hot_path(writer: TraceWriter) -> tuple[Callable[..., int], Callable[[int, Any], None]]:
     """``writer``'s ``write_at`` and ``returned``: closures over its IssueState and what the
     hot path uses, not methods. In a busy rank the training thread comes back from each wait
-    to cold caches and pays for every object a collective touches: a method looked up on the
-    writer (its type, its instance values), each module global (an entry of the module's
-    dict) costs it a cache miss; a closure's cells, made together, lie together. Measured in
-    the small-op job, blocks alternating in one job: the recording's work in closures cost the
-    training thread ~1.7 µs less per collective than the same work through methods and
-    globals (bench/RESULTS.md, session 43)."""
+    to cold caches and pays for every instruction and object a collective touches: a method
+    looked up on the writer (its type, its instance values) and each module global (an entry
+    of the module's dict) are reads a closure's cell spares (bench/RESULTS.md, session 43:
+    the recording's work as one closure over its state ran 1-2 µs a collective below the same
+    work through methods and globals, blocks alternating in one job)."""
     hs = writer._hot
     locked_path, line_now = writer._write_at_locked, writer._line_now
     get_ident, pack, head, mask, slot_bytes = _get_ident, _pack_slot, _RING_HEAD, _RING_MASK, \
