@@ -73,8 +73,9 @@ def collective_lines(ids: Sequence[int], seqs: Sequence[int], p2p_seqs: Sequence
                      sites: Sequence[int]) -> list[str]:
     """:func:`collective_line` of many collectives, given column by column as their slots
     hold them (``seq``, ``p2p_seq`` 0 for none, ``bucket`` plus one). The writer's look
-    formats every line of the job here: the usual lines, of collectives with a sequence
-    number and neither ``p2p_seq`` nor ``bucket``, in one pass at C speed."""
+    formats its lines here (those of a capped trace's folding, one by one): the usual lines,
+    of collectives with a sequence number and neither ``p2p_seq`` nor ``bucket``, in one
+    pass at C speed."""
     if 0 not in seqs and not any(p2p_seqs):
         if not any(buckets):
             return list(map(_PLAIN.__mod__, zip(ids, seqs, iterations, sites)))
