@@ -50,7 +50,7 @@ def test_the_ring_is_read_back_alike_in_bulk_and_slot_by_slot(
 
 def test_the_lines_from_the_columns_are_the_writers_lines() -> None:
     """Plain lines in one pass, lines with buckets, and any p2p op among them: each the line
-    issue_ring.collective_line writes for the same fields."""
+    issue_ring.collective_line writes for the same fields, ending in a newline."""
     for ids in (range(1, 3), range(3, 4), range(1, 30)):  # plain; with a bucket; p2p among them
         log = IssueLog()
         log.read_ring(_ring(ids), ids[0], ids[-1])
@@ -58,14 +58,23 @@ def test_the_lines_from_the_columns_are_the_writers_lines() -> None:
         for i, cid in enumerate(log.ids):
             _, seq, p2p_seq, iteration, bucket = log.fields(i)
             expected.append(issue_ring.collective_line(cid, seq, iteration, log.sites[i],
-                                                       p2p_seq, bucket))
-        assert log.lines(0) == expected and log.lines(1) == expected[1:]
+                                                       p2p_seq, bucket) + "\n")
+        assert log.text(0) == "".join(expected) and log.text(1) == "".join(expected[1:])
+        assert log.text(len(log)) == ""
     log = IssueLog()
     log.append(7, 1.5, 3, None, 2, None, 1)
     log.append(8, 1.6, 4, None, 2, 0, 1)
-    assert log.lines(0) == [
-        '{"id": 7, "kind": "collective", "seq": 3, "iteration": 2, "site": 1}',
-        '{"id": 8, "kind": "collective", "seq": 4, "iteration": 2, "site": 1, "bucket": 0}']
+    assert log.text(0) == (
+        '{"id": 7, "kind": "collective", "seq": 3, "iteration": 2, "site": 1}\n'
+        '{"id": 8, "kind": "collective", "seq": 4, "iteration": 2, "site": 1, "bucket": 0}\n')
+    assert log.text(1) == \
+        '{"id": 8, "kind": "collective", "seq": 4, "iteration": 2, "site": 1, "bucket": 0}\n'
+    plain = IssueLog()  # the usual lines, one % over them all: fields that vary line to line
+    for cid in range(100, 400):
+        plain.append(cid, float(cid), cid * 3 + 1, None, cid // 7, None, cid % 11)
+    assert plain.text(0) == "".join(
+        issue_ring.collective_line(cid, cid * 3 + 1, cid // 7, cid % 11, None, None) + "\n"
+        for cid in range(100, 400))
 
 
 def test_each_group_keeps_the_sequence_number_of_its_last_collective() -> None:

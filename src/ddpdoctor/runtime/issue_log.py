@@ -99,11 +99,11 @@ class IssueLog:
         ids = self.ids
         return not ids or ids[-1] - ids[0] == len(ids) - 1
 
-    def lines(self, start: int) -> list[str]:
-        """The lines of the collectives from the ``start``-th on."""
-        return issue_ring.collective_lines(self.ids[start:], self.seqs[start:],
-                                           self.p2p_seqs[start:], self.iterations[start:],
-                                           self.buckets[start:], self.sites[start:])
+    def text(self, start: int) -> str:
+        """The lines of the collectives from the ``start``-th on, each ending in a newline."""
+        return issue_ring.collective_text(self.ids[start:], self.seqs[start:],
+                                          self.p2p_seqs[start:], self.iterations[start:],
+                                          self.buckets[start:], self.sites[start:])
 
     def last_by_group(self, sites: Sequence[Any]) -> dict[str, int]:
         """Per group, the sequence number of its last collective here (point-to-point ops,

@@ -558,9 +558,9 @@ class TraceWriter:
         self._drained = len(log)
         cap = self._cap
         if cap is None or not cap.active:
-            lines = log.lines(start)
+            text = log.text(start)
         else:
-            lines = []
+            lines: list[str] = []
             line, sites = issue_ring.collective_line, self._site_list
             for i in range(start, len(log)):
                 cid, sid = log.ids[i], log.sites[i]
@@ -570,8 +570,9 @@ class TraceWriter:
                     self._folded.add(cid)  # in a run, which has its time
                     continue
                 lines.append(line(cid, seq, iteration, sid, p2p_seq, bucket))
-        if lines:
-            self._write("\n".join(lines) + "\n")
+            text = "\n".join(lines) + "\n" if lines else ""
+        if text:
+            self._write(text)
         if self._ring is not None:
             self._ring.lined(log.ids[-1])
 
