@@ -75,10 +75,11 @@ def collective_text(ids: Sequence[int], seqs: Sequence[int], p2p_seqs: Sequence[
                     sites: Sequence[int]) -> str:
     """The lines (:func:`collective_line`) of many collectives, each ending in a newline,
     given column by column as their slots hold them (``seq``, ``p2p_seq`` 0 for none,
-    ``bucket`` plus one). The writer's look formats its lines here (those of a capped
-    trace's folding, one by one). The usual lines, of collectives with a sequence number and
-    neither ``p2p_seq`` nor ``bucket``, are one ``%`` over all their fields: 290 ns a line
-    in one process, against 370 for a ``%`` per line joined (bench/RESULTS.md, session 44)."""
+    ``bucket`` plus one). The writer's look formats its lines here, except a capped trace's
+    while it folds runs (one by one, with :func:`collective_line`). The usual lines, of
+    collectives with a sequence number and neither ``p2p_seq`` nor ``bucket``, are one ``%``
+    over all their fields: 290 ns a line in one process, against 370 for a ``%`` per line
+    joined (bench/RESULTS.md, session 44)."""
     if 0 not in seqs and not any(p2p_seqs):
         if not any(buckets):
             return (_PLAIN_LINE * len(ids)) % tuple(
