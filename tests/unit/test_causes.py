@@ -200,6 +200,41 @@ def test_ddp_forward_called_under_rank_test_is_named(tmp_path) -> None:
     assert any("train.py:4 `if rank == 0:`" in e for e in root.evidence)
 
 
+def test_an_extra_training_step_on_one_rank_is_said_to_be_one(tmp_path) -> None:
+    """pytorch/examples' multigpu_torchrun.py with one more batch on rank 0 (its
+    ``_run_batch`` called again under ``if ... gpu_id == 0``): a model without buffers, so the
+    first unmatched collective is the extra step's gradient bucket, not an evaluation's
+    broadcast, and the fix must not stop at ``model.module(x)``."""
+    path = tmp_path / "train.py"
+    path.write_text("def run_epoch():\n    for x in data:\n        run_batch(x)\n"
+                    "    if rank == 0:\n        run_batch(x)\n\n\n"
+                    "def run_batch(x):\n    model(x).backward()\n")
+    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
+    for b in bs:
+        b.ddp_init(line=1)
+        for _ in range(3):
+            b.forward(buffers=False, rebuild=False, line=9, function="run_batch")
+            b.backward(line=9, function="run_batch")
+            b.trace.collectives[-1].stack.append(b.site(3, "run_epoch"))
+    bs[0].forward(buffers=False, rebuild=False, line=9, function="run_batch")
+    bs[0].backward(line=9, function="run_batch")
+    bs[0].trace.collectives[-1].stack.append(bs[0].site(5, "run_epoch"))
+    bs[0].pend_last()
+    bs[1].finish()
+    root = diagnose(make_run(*bs)).root
+    assert root.cause == "rank_conditional_ddp_forward", root.summary
+    assert root.ranks[0].label == "ddp.bucket"
+    assert any("train.py:4 `if rank == 0:`" in e for e in root.evidence)
+    assert any("gradient bucket" in e and "training step" in e for e in root.evidence)
+    assert "with model.join():" in root.advice
+
+
+def test_an_evaluation_forward_is_not_said_to_be_a_training_step() -> None:
+    root = diagnose(scenarios.seed000_nograd()).root
+    assert root.cause == "rank_conditional_ddp_forward"
+    assert not any("training step" in e for e in root.evidence)
+
+
 def test_catalogue_examples_exist() -> None:
     root = Path(__file__).resolve().parents[2]
     for cause in catalog.causes().values():

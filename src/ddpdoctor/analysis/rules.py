@@ -24,7 +24,7 @@ from ddpdoctor.analysis.rule_context import RuleContext
 from ddpdoctor.analysis.signature import DDP_STEP_LABELS, site_key
 from ddpdoctor.analysis.terms import group_text, on_behalf_advice, rank_list, site_text
 from ddpdoctor.knowledge import catalog
-from ddpdoctor.trace.ddp_sites import is_user_call
+from ddpdoctor.trace.ddp_sites import BUCKET, is_user_call
 
 
 def _absent(f: Finding) -> list[int]:
@@ -258,6 +258,9 @@ def _rank_conditional_ddp_forward(f: Finding, ctx: RuleContext) -> list[str] | N
             evidence = [f"rank {r} ran a DDP forward/backward at {site_text(d.site)}"]
         if test:
             evidence.append(f"it runs under {test}")
+        if d.label == BUCKET:
+            evidence.append(f"rank {r}'s collective is a gradient bucket: its extra DDP step "
+                            "ran a backward, a training step on some ranks only")
         flags = ctx.ddp_flags()
         # A model without buffers broadcasts none (pytorch/examples' ddp/example.py); traces
         # that do not say how many it had are taken to have some.
