@@ -471,6 +471,35 @@ def test_sys_exit_with_a_non_zero_code_is_a_crash() -> None:
     assert missing.follow_on and missing.cause == "rank_crashed"
 
 
+def test_ranks_that_all_exit_alike_at_start_read_as_one_crash() -> None:
+    """A usage error on 4 ranks (argparse's sys.exit(2) before init_process_group): torchrun
+    saw two exit first and sent the other two SIGTERM while they were exiting (their process
+    codes -15). One crash of four ranks, said in the plural, not two crashes of which one
+    speaks of "its start" for two ranks."""
+    bs = ranks(4)
+    for b in bs:
+        b.sys_exit(2)
+    report = diag(*bs, exit_codes={0: 2, 1: 2, 2: -15, 3: -15})
+    crashes = [f for f in report.findings if f.kind == "rank_crashed"]
+    assert len(crashes) == 1, [f.summary for f in crashes]
+    assert crashes[0].summary == ("Ranks 0-3 called sys.exit(2) during their starts, before any "
+                                  "collective.")
+
+
+def test_ranks_left_alike_are_said_in_the_plural() -> None:
+    bs = ranks(4)
+    for b in bs:
+        b.ddp_init(buffers=False).train(3, buffers=False)
+    bs[0].step(buffers=False).pend_last()
+    for b in bs[1:]:
+        b.finish()
+    report = diag(*bs, stopped_for_hang=True)
+    missing = next(f for f in report.findings if f.kind == "missing_collective")
+    assert "ranks 1-3 finished their scripts after iteration 3" in missing.summary, \
+        missing.summary
+    assert "its script" not in missing.summary
+
+
 def test_rank_stuck_before_init_process_group_is_named_with_its_stack() -> None:
     from ddpdoctor.analysis import diagnose
     from ddpdoctor.trace.model import RankTrace, Run, Site

@@ -14,16 +14,19 @@ def collective_detail(c: Collective) -> RankDetail:
     return RankDetail.of(c, note=describe(c))
 
 
-def phase_text(s: RankState) -> str:
+def phase_text(s: RankState, ranks: int = 1) -> str:
     """'iteration 3', 'setup (before the first DDP forward)', or, for a rank that built no
-    DDP model, how many collectives it had issued."""
+    DDP model, how many collectives it had issued; said of ``ranks`` ranks alike ('their
+    runs')."""
     if s.iterations or (s.trace is not None and s.trace.ddp):
         return iteration_text(s.iterations)
     if s.short is not None:
-        return "a part of its run that its incomplete trace does not hold"
+        return ("a part of its run that its incomplete trace does not hold" if ranks == 1 else
+                "a part of their runs that their incomplete traces do not hold")
     n = s.collectives
-    return f"its run, after {n} collective{'s' if n != 1 else ''}" if n else \
-        "its start, before any collective"
+    its, runs, start = ("its", "run", "start") if ranks == 1 else ("their", "runs", "starts")
+    return f"{its} {runs}, after {n} collective{'s' if n != 1 else ''}" if n else \
+        f"{its} {start}, before any collective"
 
 
 def _progress_text(s: RankState) -> str:
@@ -33,57 +36,64 @@ def _progress_text(s: RankState) -> str:
     return f"{s.collectives} collective{'s' if s.collectives != 1 else ''}"
 
 
-def where_text(state: RankState) -> str:
-    """Where a rank was left, as a phrase: 'finished its script after iteration 5', ..."""
+def where_text(state: RankState, ranks: int = 1) -> str:
+    """Where a rank was left, as a phrase: 'finished its script after iteration 5', ...;
+    said of ``ranks`` ranks left alike ('finished their scripts ...')."""
+    one = ranks == 1
+    was, its, is_ = ("was", "its", "is") if one else ("were", "their", "are")
     if state.status == RankStatus.MISSING:
         return "left no trace"
     if state.status == RankStatus.REMOTE:
-        return "ran on another node (its log folder was not given)"
+        return f"ran on another node ({its} log folder was not given)"
     if state.status == RankStatus.FINISHED and state.max_steps is not None:
-        return stop_text(state)
+        return stop_text(state, ranks)
     if state.status == RankStatus.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
-        return f"finished its script{code} after {_progress_text(state)}"
+        scripts = "its script" if one else "their scripts"
+        return f"finished {scripts}{code} after {_progress_text(state)}"
     if state.status == RankStatus.EXCEPTION:
         at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
         return f"raised {state.crash_text}{at}"
     if state.torn_down:
-        return blocked_text(state)
+        return blocked_text(state, ranks)
     if state.short is not None and not state.status.crashed:
-        return past_trace_text(state)
+        return past_trace_text(state, ranks)
     if state.status == RankStatus.KILLED:
-        return f"was {state.crash_text}" if state.crash_text.startswith("killed") \
+        return f"{was} {state.crash_text}" if state.crash_text.startswith("killed") \
             else state.crash_text
     if state.status == RankStatus.FAILED:
-        return f"{state.crash_text} during {phase_text(state)}"
+        return f"{state.crash_text} during {phase_text(state, ranks)}"
     w = state.waiting
     if w is not None:
-        return (f"is blocked in {describe(w)} ({group_text(w.group)}, #{w.seq}) at "
+        return (f"{is_} blocked in {describe(w)} ({group_text(w.group)}, #{w.seq}) at "
                 f"{site_text(w.site)}") if w.seq is not None else \
-            f"is blocked in {w.op} with rank {w.peer} at {site_text(w.site)}"
+            f"{is_} blocked in {w.op} with rank {w.peer} at {site_text(w.site)}"
     if state.last is not None:
-        return (f"was still running, outside any collective (last: {describe(state.last)} at "
-                f"{site_text(state.last.site)})")
-    return "was still running, before its first collective"
+        return (f"{was} still running, outside any collective (last: {describe(state.last)} "
+                f"at {site_text(state.last.site)})")
+    return f"{was} still running, before {its} first collective"
 
 
-def past_trace_text(state: RankState) -> str:
-    """Where a rank whose trace its peers prove short was: past its trace's end."""
-    last = (f" (its last line: {describe(state.last)} at {site_text(state.last.site)})"
+def past_trace_text(state: RankState, ranks: int = 1) -> str:
+    """Where a rank whose trace its peers prove short was: past its trace's end (said of
+    ``ranks`` ranks alike)."""
+    was, its, trace = ("was", "its", "trace") if ranks == 1 else ("were", "their", "traces")
+    last = (f" ({its} last line: {describe(state.last)} at {site_text(state.last.site)})"
             if state.last is not None else "")
-    return f"was past the end of its incomplete trace{last}"
+    return f"{was} past the end of {its} incomplete {trace}{last}"
 
 
-def blocked_text(state: RankState) -> str:
+def blocked_text(state: RankState, ranks: int = 1) -> str:
     """Where a rank that the launcher tore down was: the collective it waited in, else its
     last activity record (outside any collective, where, how much CPU) unless an older one
-    than its last collective, then the teardown."""
-    until = "until the launcher terminated it (SIGTERM) after another rank failed"
+    than its last collective, then the teardown (said of ``ranks`` ranks alike)."""
+    was, it = ("was", "it") if ranks == 1 else ("were", "them")
+    until = f"until the launcher terminated {it} (SIGTERM) after another rank failed"
     if state.short is not None:
-        return f"{past_trace_text(state)}, {until}"
+        return f"{past_trace_text(state, ranks)}, {until}"
     w = state.waiting
     if w is not None:  # the launcher's SIGTERM came before the transport error
-        return f"was waiting in {describe(w)} at {site_text(w.site)}, {until}"
+        return f"{was} waiting in {describe(w)} at {site_text(w.site)}, {until}"
     act = (state.trace.activity if state.trace is not None else None) or {}
     t = act.get("t")
     if state.last is not None and (not isinstance(t, (int, float)) or t < state.last.t):
@@ -94,8 +104,8 @@ def blocked_text(state: RankState) -> str:
     cpu = ""
     if isinstance(rate, (int, float)) and not isinstance(rate, bool):
         cpu = ", using no CPU" if rate < 0.05 else f", using {rate:.0%} of a core"
-    where = (f"was outside any collective{at}{cpu}" if act else
-             "was outside any collective")
+    where = (f"{was} outside any collective{at}{cpu}" if act else
+             f"{was} outside any collective")
     return f"{where}, {until}"
 
 

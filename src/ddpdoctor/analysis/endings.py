@@ -80,17 +80,21 @@ def _others_text(crashed: list[int], states: dict[int, RankState]) -> str:
             text = where_text(s)
         by_where.setdefault(text, []).append(r)
     parts = [f"{rank_list(rs_)} {'was' if len(rs_) == 1 else 'were'} left waiting {w}"
-             if w.startswith("in ") else f"{rank_list(rs_)} {w}"
+             if w.startswith("in ") else
+             f"{rank_list(rs_)} {where_text(states[rs_[0]], len(rs_))}"
              for w, rs_ in by_where.items()]
     if len(parts) > 4:
         parts = parts[:4] + [f"{len(parts) - 4} more"]
     return "; ".join(parts)
 
 
-def _crash_head(ranks: list[int], s: RankState) -> str:
-    """'Rank 1 raised ValueError: boom at train.py:8 in main() during iteration 2'."""
+def _crash_head(ranks: list[int], states: dict[int, RankState]) -> str:
+    """'Rank 1 raised ValueError: boom at train.py:8 in main() during iteration 2'; 'during
+    their runs' for ranks that crashed alike at different points."""
+    s = states[ranks[0]]
     who = rank_list(ranks).capitalize()
-    it = phase_text(s) if len(ranks) == 1 else "their runs"
+    phases = {phase_text(states[r], len(ranks)) for r in ranks}
+    it = phases.pop() if len(phases) == 1 else "their runs"
     if s.status == RankStatus.EXCEPTION:
         at = f" at {site_text(s.crash_site)}" if s.crash_site else ""
         return f"{who} raised {s.crash_text}{at} during {it}"
@@ -101,9 +105,16 @@ def _crash_head(ranks: list[int], s: RankState) -> str:
 
 
 def _crash_kind(s: RankState) -> tuple:
-    """Crashes that read the same: same ending, same exception type (or signal), same line."""
-    exc_type = s.crash_text.split(":", 1)[0]
-    return (s.status, exc_type if s.status == RankStatus.EXCEPTION else s.exit_code, s.crash_site)
+    """Crashes that read the same: same ending, same exception type (or signal), same line.
+    A rank that exited by itself is known by the code its trace recorded: the launcher may
+    have sent it SIGTERM while it was already exiting (its process's code is then -15)."""
+    if s.status == RankStatus.EXCEPTION:
+        how: object = s.crash_text.split(":", 1)[0]
+    elif s.status == RankStatus.FAILED:
+        how = s.crash_text
+    else:
+        how = s.exit_code
+    return (s.status, how, s.crash_site)
 
 
 def crash_findings(states: dict[int, RankState]) -> list[Finding]:
@@ -120,7 +131,7 @@ def crash_findings(states: dict[int, RankState]) -> list[Finding]:
         follow_on = key[0]
         first = states[ranks[0]]
         where = first.waiting  # the collective it was in when it died, if any
-        head = _crash_head(ranks, first)
+        head = _crash_head(ranks, states)
         if not follow_on:
             others = _others_text(ranks, states)
             summary = head + (f"; {others}." if others else ".")
@@ -218,8 +229,8 @@ def teardown_findings(states: dict[int, RankState]) -> list[Finding]:
     if cut:
         it = "it" if len(cut) == 1 else "they"
         summary += (f"; the launcher then stopped {rank_list(cut)} with SIGTERM during "
-                    f"{phase_text(states[cut[0]])}, before {it} finished: what {it} had left "
-                    f"to do did not run.")
+                    f"{phase_text(states[cut[0]], len(cut))}, before {it} finished: what {it} "
+                    f"had left to do did not run.")
     elif all(s.status.ended_well for s in states.values()):
         summary += "; the results are complete."
     else:

@@ -61,7 +61,8 @@ def _absent_text(d: Divergence, states: dict[int, RankState]) -> str:
     for r in absent:
         by_where.setdefault(where_text(states[r]), []).append(r)
     items = list(by_where.items())
-    text = "; ".join(f"{rank_list(rs_)} {w}" for w, rs_ in items[:_MAX_PARTS])
+    text = "; ".join(f"{rank_list(rs_)} {where_text(states[rs_[0]], len(rs_))}"
+                     for _w, rs_ in items[:_MAX_PARTS])
     if len(items) > _MAX_PARTS:
         text += f"; and {len(items) - _MAX_PARTS} more situations"
     return text
