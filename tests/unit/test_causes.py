@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import yaml
 
 from ddpdoctor.analysis import diagnose
+from ddpdoctor.analysis.finding import Finding
 from ddpdoctor.analysis.rules import RULES
 from ddpdoctor.knowledge import catalog
 from ddpdoctor.trace.model import Run
@@ -182,20 +184,32 @@ def test_collective_after_the_loop_with_more_iterations_elsewhere_is_uneven(tmp_
     assert root.kind == "op_mismatch" and root.cause == "uneven_inputs"
 
 
-def test_ddp_forward_called_under_rank_test_is_named(tmp_path) -> None:
+def _rank0_runs_more(tmp_path, script: str, both: Callable[[TraceBuilder], object],
+                     more: Callable[[TraceBuilder], object]) -> Finding:
+    """The root finding of 2 ranks that ran ``both`` after building DDP, then rank 0 alone
+    ``more`` (its last collective pending) while rank 1 finished; ``script``: train.py."""
     path = tmp_path / "train.py"
-    path.write_text("def main():\n    for x in data:\n        model(x)\n"
-                    "    if rank == 0:\n        evaluate(model)\n\n\n"
-                    "def evaluate(model):\n    model(x)\n")
+    path.write_text(script)
     bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
     for b in bs:
-        b.ddp_init(line=1).train(2)
-    bs[0].forward(line=9, function="evaluate", grad=False)
-    for c in bs[0].trace.collectives[-2:]:  # called from main() line 5
-        c.stack.append(bs[0].site(5, "main"))
+        b.ddp_init(line=1)
+        both(b)
+    more(bs[0])
     bs[0].pend_last()
     bs[1].finish()
-    root = diagnose(make_run(*bs)).root
+    return diagnose(make_run(*bs)).root
+
+
+def test_ddp_forward_called_under_rank_test_is_named(tmp_path) -> None:
+    def evaluate(b: TraceBuilder) -> None:
+        b.forward(line=9, function="evaluate", grad=False)
+        for c in b.trace.collectives[-2:]:  # called from main() line 5
+            c.stack.append(b.site(5, "main"))
+
+    root = _rank0_runs_more(tmp_path, "def main():\n    for x in data:\n        model(x)\n"
+                            "    if rank == 0:\n        evaluate(model)\n\n\n"
+                            "def evaluate(model):\n    model(x)\n",
+                            lambda b: b.train(2), evaluate)
     assert root.cause == "rank_conditional_ddp_forward"
     assert any("train.py:4 `if rank == 0:`" in e for e in root.evidence)
 
@@ -205,23 +219,15 @@ def test_an_extra_training_step_on_one_rank_is_said_to_be_one(tmp_path) -> None:
     ``_run_batch`` called again under ``if ... gpu_id == 0``): a model without buffers, so the
     first unmatched collective is the extra step's gradient bucket, not an evaluation's
     broadcast, and the fix must not stop at ``model.module(x)``."""
-    path = tmp_path / "train.py"
-    path.write_text("def run_epoch():\n    for x in data:\n        run_batch(x)\n"
-                    "    if rank == 0:\n        run_batch(x)\n\n\n"
-                    "def run_batch(x):\n    model(x).backward()\n")
-    bs = [TraceBuilder(r, 2, file=str(path)) for r in range(2)]
-    for b in bs:
-        b.ddp_init(line=1)
-        for _ in range(3):
-            b.forward(buffers=False, rebuild=False, line=9, function="run_batch")
-            b.backward(line=9, function="run_batch")
-            b.trace.collectives[-1].stack.append(b.site(3, "run_epoch"))
-    bs[0].forward(buffers=False, rebuild=False, line=9, function="run_batch")
-    bs[0].backward(line=9, function="run_batch")
-    bs[0].trace.collectives[-1].stack.append(bs[0].site(5, "run_epoch"))
-    bs[0].pend_last()
-    bs[1].finish()
-    root = diagnose(make_run(*bs)).root
+    def batch(b: TraceBuilder, caller_line: int) -> None:
+        b.forward(buffers=False, rebuild=False, line=9, function="run_batch")
+        b.backward(line=9, function="run_batch")
+        b.trace.collectives[-1].stack.append(b.site(caller_line, "run_epoch"))
+
+    root = _rank0_runs_more(tmp_path, "def run_epoch():\n    for x in data:\n"
+                            "        run_batch(x)\n    if rank == 0:\n        run_batch(x)\n\n\n"
+                            "def run_batch(x):\n    model(x).backward()\n",
+                            lambda b: [batch(b, 3) for _ in range(3)], lambda b: batch(b, 5))
     assert root.cause == "rank_conditional_ddp_forward", root.summary
     assert root.ranks[0].label == "ddp.bucket"
     assert any("train.py:4 `if rank == 0:`" in e for e in root.evidence)
