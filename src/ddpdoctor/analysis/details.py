@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ddpdoctor.analysis.finding import RankDetail
 from ddpdoctor.analysis.ranks import RankState, RankStatus, frame_sites
 from ddpdoctor.analysis.terms import describe, group_text, iteration_text, site_text
@@ -14,19 +16,37 @@ def collective_detail(c: Collective) -> RankDetail:
     return RankDetail.of(c, note=describe(c))
 
 
+class _Said(NamedTuple):
+    """The words that change when a phrase is said of several ranks alike."""
+
+    was: str
+    its: str
+    is_: str
+    it: str
+    s: str  # a noun's plural ending: 'their scripts'
+
+
+_ONE = _Said("was", "its", "is", "it", "")
+_MANY = _Said("were", "their", "are", "them", "s")
+
+
+def _said(ranks: int) -> _Said:
+    return _ONE if ranks == 1 else _MANY
+
+
 def phase_text(s: RankState, ranks: int = 1) -> str:
     """'iteration 3', 'setup (before the first DDP forward)', or, for a rank that built no
     DDP model, how many collectives it had issued; said of ``ranks`` ranks alike ('their
     runs')."""
     if s.iterations or (s.trace is not None and s.trace.ddp):
         return iteration_text(s.iterations)
+    w = _said(ranks)
     if s.short is not None:
-        return ("a part of its run that its incomplete trace does not hold" if ranks == 1 else
-                "a part of their runs that their incomplete traces do not hold")
+        return (f"a part of {w.its} run{w.s} that {w.its} incomplete trace{w.s} "
+                f"{'does' if ranks == 1 else 'do'} not hold")
     n = s.collectives
-    its, runs, start = ("its", "run", "start") if ranks == 1 else ("their", "runs", "starts")
-    return f"{its} {runs}, after {n} collective{'s' if n != 1 else ''}" if n else \
-        f"{its} {start}, before any collective"
+    return f"{w.its} run{w.s}, after {n} collective{'s' if n != 1 else ''}" if n else \
+        f"{w.its} start{w.s}, before any collective"
 
 
 def _progress_text(s: RankState) -> str:
@@ -39,8 +59,7 @@ def _progress_text(s: RankState) -> str:
 def where_text(state: RankState, ranks: int = 1) -> str:
     """Where a rank was left, as a phrase: 'finished its script after iteration 5', ...;
     said of ``ranks`` ranks left alike ('finished their scripts ...')."""
-    one = ranks == 1
-    was, its, is_ = ("was", "its", "is") if one else ("were", "their", "are")
+    was, its, is_, _, s = _said(ranks)
     if state.status == RankStatus.MISSING:
         return "left no trace"
     if state.status == RankStatus.REMOTE:
@@ -49,8 +68,7 @@ def where_text(state: RankState, ranks: int = 1) -> str:
         return stop_text(state, ranks)
     if state.status == RankStatus.FINISHED:
         code = f" (exit code {state.exit_code})" if state.exit_code and state.exit_code > 0 else ""
-        scripts = "its script" if one else "their scripts"
-        return f"finished {scripts}{code} after {_progress_text(state)}"
+        return f"finished {its} script{s}{code} after {_progress_text(state)}"
     if state.status == RankStatus.EXCEPTION:
         at = f" at {site_text(state.crash_site)}" if state.crash_site else ""
         return f"raised {state.crash_text}{at}"
@@ -77,17 +95,17 @@ def where_text(state: RankState, ranks: int = 1) -> str:
 def past_trace_text(state: RankState, ranks: int = 1) -> str:
     """Where a rank whose trace its peers prove short was: past its trace's end (said of
     ``ranks`` ranks alike)."""
-    was, its, trace = ("was", "its", "trace") if ranks == 1 else ("were", "their", "traces")
+    was, its, _, _, s = _said(ranks)
     last = (f" ({its} last line: {describe(state.last)} at {site_text(state.last.site)})"
             if state.last is not None else "")
-    return f"{was} past the end of {its} incomplete {trace}{last}"
+    return f"{was} past the end of {its} incomplete trace{s}{last}"
 
 
 def blocked_text(state: RankState, ranks: int = 1) -> str:
     """Where a rank that the launcher tore down was: the collective it waited in, else its
     last activity record (outside any collective, where, how much CPU) unless an older one
     than its last collective, then the teardown (said of ``ranks`` ranks alike)."""
-    was, it = ("was", "it") if ranks == 1 else ("were", "them")
+    was, _, _, it, _ = _said(ranks)
     until = f"until the launcher terminated {it} (SIGTERM) after another rank failed"
     if state.short is not None:
         return f"{past_trace_text(state, ranks)}, {until}"
@@ -140,7 +158,7 @@ def stop_text(state: RankState, ranks: int = 1) -> str:
     """How a rank stopped by ddpdoctor stopped: 'was stopped by --max-steps 2 at the start of
     iteration 3', or 'was stopped by --epoch-steps 2 at the start of its third epoch (after
     iteration 5)'; said of ``ranks`` ranks that stopped alike ('were ... their')."""
-    was, its = ("was", "its") if ranks == 1 else ("were", "their")
+    was, its = _said(ranks)[:2]
     steps = state.max_steps if state.max_steps is not None else state.iterations
     if state.epoch_steps is not None:
         return (f"{was} stopped by --epoch-steps {state.epoch_steps} at the start of {its} "
