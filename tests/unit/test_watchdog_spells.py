@@ -9,6 +9,7 @@ import time
 from collections import deque
 from typing import Any
 
+from ddpdoctor.runtime import writer as writer_mod
 from ddpdoctor.runtime.watchdog import ACTIVITY_SECONDS, POLL_SECONDS, QUIET_SECONDS, Watchdog
 
 
@@ -95,33 +96,65 @@ class _LookedAt(_Writer):
 
     def __init__(self) -> None:
         self.looks: list[float] = []
+        self.waiting_slots = 0  # what backlog() says
 
     def look(self) -> None:
-        self.looks.append(time.monotonic())
+        self.looks.append(time.time())
+
+    def backlog(self) -> int:
+        return self.waiting_slots
 
 
-def test_the_watchdogs_thread_makes_the_writers_looks_busy_or_quiet_and_stops_at_close(
-        tmp_path: Any) -> None:
-    """A rank's trace writer has no thread of its own: the watchdog's wake-ups make its looks,
-    about every ``interval`` whether the rank issues collectives (the watchdog then wakes
-    every QUIET_SECONDS at most) or is quiet (every POLL_SECONDS); the thread ends once the
-    rank is closed."""
-    rec = _Recorder()
-    rec.writer = _LookedAt()
-    rec.started = rec.last_issue = time.time()
-    dog = Watchdog(rec, str(tmp_path), 0)
-    deadline = time.time() + 2.0
-    while time.time() < deadline:  # busy: a collective every 20 ms
+def _busy(rec: _Recorder, seconds: float) -> None:
+    """The rank issues a collective every 20 ms for ``seconds``."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
         rec.last_issue = time.time()
         time.sleep(0.02)
-    busy = len(rec.writer.looks)
+
+
+def test_the_watchdogs_thread_looks_seldom_while_busy_at_once_when_quiet_and_stops_at_close(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    """A rank's trace writer has no thread of its own: the watchdog's wake-ups make its looks,
+    every BUSY_LOOK_SECONDS while the rank issues collectives (each costs a busy rank ~2 ms,
+    session 46), at its first wake-up once the rank is quiet, then every ``interval``; the
+    thread ends once the rank is closed."""
+    monkeypatch.setattr(writer_mod, "BUSY_LOOK_SECONDS", 0.8)
+    rec = _Recorder()
+    rec.writer = writer = _LookedAt()
+    rec.started = rec.last_issue = time.time()
+    dog = Watchdog(rec, str(tmp_path), 0)
+    _busy(rec, 2.0)
+    quiet_from = rec.last_issue
+    busy = list(writer.looks)
     time.sleep(1.5)  # quiet
-    quiet = len(rec.writer.looks) - busy
+    quiet = [t for t in writer.looks if t > quiet_from]
     rec.closed = True
     dog._thread.join(2)
     assert not dog._thread.is_alive()
-    gaps = [b - a for a, b in zip(rec.writer.looks, rec.writer.looks[1:])]
-    assert 2 <= busy <= 2.0 / (0.2 - POLL_SECONDS / 2) + 1
-    assert 3 <= quiet <= 1.5 / (0.2 - POLL_SECONDS / 2) + 1
-    assert min(gaps) >= 0.2 - POLL_SECONDS / 2 - 0.01
-    assert max(gaps) <= QUIET_SECONDS + 0.2 + 0.2  # a wake-up after the look was due
+    busy_gaps = [b - a for a, b in zip(busy, busy[1:])]
+    quiet_gaps = [b - a for a, b in zip(quiet, quiet[1:])]
+    assert 2 <= len(busy) <= 2.0 / (0.8 - POLL_SECONDS / 2) + 1
+    assert min(busy_gaps) >= 0.8 - POLL_SECONDS / 2 - 0.01
+    # The first look once quiet: at the wake-up that finds the rank quiet, not when due.
+    assert quiet and quiet[0] - quiet_from <= QUIET_SECONDS + POLL_SECONDS + 0.1
+    assert 4 <= len(quiet) <= 1.5 / (0.2 - POLL_SECONDS / 2) + 1
+    assert min(quiet_gaps) >= 0.2 - POLL_SECONDS / 2 - 0.01
+    assert max(quiet_gaps) <= 0.2 + POLL_SECONDS + 0.05
+
+
+def test_a_busy_rank_whose_ring_fills_is_looked_at_each_wake_up(tmp_path: Any,
+                                                                 monkeypatch: Any) -> None:
+    """A quarter of the issue ring waiting for lines makes a look due at once, busy or not:
+    the hot thread writes lines itself only when the ring would wrap."""
+    monkeypatch.setattr(writer_mod, "BUSY_LOOK_SECONDS", 60.0)
+    rec = _Recorder()
+    rec.writer = writer = _LookedAt()
+    writer.waiting_slots = writer_mod.BUSY_BACKLOG
+    rec.started = rec.last_issue = time.time()
+    dog = Watchdog(rec, str(tmp_path), 0)
+    _busy(rec, 1.5)
+    rec.closed = True
+    dog._thread.join(2)
+    assert not dog._thread.is_alive()
+    assert len(writer.looks) >= 1.5 / QUIET_SECONDS - 1  # a look every wake-up

@@ -2,7 +2,8 @@
 
 One process per rank and one thread per process group of that rank; each collective is a
 slice named in DDP terms ("DDP gradient bucket 2 of iteration 7"), from its issue to its
-completion (the first ``done`` record that covers it: within 500 ms), with its op, tensors,
+completion (the first ``done`` record that covers it: within 2 s while the rank issues
+collectives, 500 ms once it is quiet), with its op, tensors,
 sequence number and source line as arguments. A collective that never completed stays open
 to the end of its rank's trace. The root finding is marked on each rank involved, with flow
 arrows joining the collectives that met at the first divergence; a hang is marked where

@@ -5,7 +5,8 @@ rank: from its writer thread, the collectives issued and completed since it last
 those still running; from whichever thread writes them, the rare records (a group, an
 activity record, ``init_process_group``, an exception, the exit). The block is rewritten with
 one ``pwrite`` only when one of them changed it, so a rank that issues a thousand collectives
-a second rewrites it at most twice a second, and the training thread never does. Standard
+a second rewrites it once every 2 s (twice a second once it is quiet), and the training thread
+never does. Standard
 library only.
 """
 

@@ -3,7 +3,9 @@
 A daemon thread in every rank wakes every :data:`POLL_SECONDS` while the rank is quiet, and
 no sooner than the moment it would turn quiet while it issues collectives (a wake-up costs a
 busy rank far more CPU than the check it makes). The same wake-ups make the trace writer's
-looks (:meth:`~ddpdoctor.runtime.writer.TraceWriter.look`, due every ``interval``): a thread of
+looks (:meth:`~ddpdoctor.runtime.writer.TraceWriter.look`, due every ``interval`` while the
+rank is quiet, at the wake-up that finds it quiet, and every ``writer.BUSY_LOOK_SECONDS`` while
+it issues collectives, see :meth:`Watchdog._look`): a thread of
 its own would wake twice a second more, at ~1-2 ms of CPU each on a busy 2-core VM (bench/
 RESULTS.md, session 38). While the rank issues no
 collective for :data:`QUIET_SECONDS`, it writes an ``activity`` record every
@@ -32,6 +34,7 @@ from typing import Any
 
 from ddpdoctor.runtime import source_capture, stderr_tail, user_code
 from ddpdoctor.runtime import torch_internals as internals
+from ddpdoctor.runtime import writer as writer_mod
 from ddpdoctor.runtime.thread_frames import current_frames
 from ddpdoctor.trace import handshake, schema
 from ddpdoctor.trace.basics import call_name
@@ -189,18 +192,35 @@ class Watchdog:
             time.sleep(min(QUIET_SECONDS, max(POLL_SECONDS, quiet_at - time.time())))
             now = time.time()
             writer = self._recorder.writer
-            if writer is not None and now >= next_look:
-                next_look = now + writer.interval - POLL_SECONDS / 2  # the wake-up nearest
-                try:
-                    writer.look()
-                except Exception:  # a broken writer cuts its own trace
-                    pass
+            if writer is not None:
+                quiet = now - max(self._recorder.last_issue, self._recorder.started) >= \
+                    QUIET_SECONDS
+                next_look = self._look(writer, now, next_look, quiet)
             if answered:
                 continue  # the evidence is given: completions only, until the job is stopped
             try:
                 self._activity(now)
             except Exception:  # what the rank is doing is enrichment; never stop the watch
                 pass
+
+    @staticmethod
+    def _look(writer: Any, now: float, next_look: float, quiet: bool) -> float:
+        """Make the writer's look when it is due; the time the next one is due. While the
+        rank issues collectives a look is due every ``writer.BUSY_LOOK_SECONDS`` (or once a
+        quarter of its issue ring waits for lines), and at once when the rank turns quiet:
+        then every ``writer.interval``. A look's own work in a busy rank costs ~2 ms a time
+        on top of its work per collective (bench/RESULTS.md, sessions 44 and 46), while
+        what the launcher watches for a hang is a quiet rank's, which is as fresh as ever."""
+        if now < next_look and not (quiet and next_look - now > writer.interval) and \
+                writer.backlog() < writer_mod.BUSY_BACKLOG:
+            return next_look
+        try:
+            writer.look()
+        except Exception:  # a broken writer cuts its own trace
+            pass
+        # The wake-up nearest the time due.
+        return now + (writer.interval if quiet else writer_mod.BUSY_LOOK_SECONDS) - \
+            POLL_SECONDS / 2
 
     def _activity(self, now: float) -> None:
         quiet_since = max(self._recorder.last_issue, self._recorder.started)

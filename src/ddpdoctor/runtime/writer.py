@@ -149,6 +149,11 @@ MAX_SITES = 65536  # sites kept for reuse, at most
 # writer's own cost two wake-ups a second more (session 38, the small-op loop: the two threads
 # 5.3 µs of CPU per collective, the one 3.9).
 DONE_SECONDS = 0.5
+# While the rank issues collectives its watchdog looks this seldom instead, or once this many
+# collectives wait in the ring for their lines (a quarter of it: the hot thread writes its
+# own lines only when the ring would wrap); a quiet rank's looks come every DONE_SECONDS.
+BUSY_LOOK_SECONDS = 2.0
+BUSY_BACKLOG = issue_ring.SLOTS // 4
 PREFAULT_BYTES = 64 * 1024  # the least a look faults in ahead of the data
 
 
@@ -400,6 +405,11 @@ class TraceWriter:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             self.look()
+
+    def backlog(self) -> int:
+        """Collectives numbered whose ring slots no look has read yet."""
+        hs = self._hot
+        return hs.next_id - hs.collected
 
     def look(self) -> None:
         """Record what completed since the last look (see :meth:`_settle`) and fault in the

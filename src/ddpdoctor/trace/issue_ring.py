@@ -3,7 +3,7 @@
 Next to each trace the rank keeps ``<trace>.ring``, a file it maps and stores into: before it
 issues a collective, the issuing thread packs the collective's per-call fields into the next
 of :data:`SLOTS` fixed-size slots (a few stores, no line formatted); the writer's look
-formats their lines into the trace later, at most every ``writer.DONE_SECONDS`` (and at once
+formats their lines into the trace later, every ``writer.BUSY_LOOK_SECONDS`` at most (and at once
 before any other record, so the trace's order is the issue order). A rank killed before a
 look leaves in the ring what its trace lacks; :func:`tail_lines` gives readers those
 collectives as the lines the writer would have written. The writer removes the file when it

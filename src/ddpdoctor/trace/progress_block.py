@@ -2,7 +2,8 @@
 
 Next to each trace the rank keeps ``<trace>.progress``, rewritten in place (one ``pwrite``)
 whenever what it says changes: by the writer thread when collectives were issued or completed
-(at most every ``writer.DONE_SECONDS``), and at once for the rare records (a group made, an
+(at most every ``writer.BUSY_LOOK_SECONDS`` while it issues them, ``writer.DONE_SECONDS``
+once it is quiet), and at once for the rare records (a group made, an
 activity record, an exception, the exit). The launcher's monitor reads every rank's block
 head a poll, whatever the rate of collectives, and reads and parses the rest only when its
 generation changed; it reads the traces themselves only to diagnose. The trace stays the

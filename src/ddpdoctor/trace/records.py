@@ -35,7 +35,11 @@ def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-CHUNK = 8 * 1024 * 1024  # bytes read at a time: memory stays bounded whatever the file size
+# Bytes read at a time: memory stays bounded whatever the file size. Small enough that the
+# buffers of one chunk are reused by the next: the launcher reads every rank's trace at the end
+# of each job, and in a fresh process a chunk of 8 MB cost it ~0.1 µs of CPU per collective
+# and rank more in page faults (bench/RESULTS.md, session 46).
+CHUNK = 256 * 1024
 MAX_LINE = 4 * 1024 * 1024  # a longer line is damage: never held whole
 MAX_SKIP = 64 * 1024 * 1024  # this many bytes without a line end: the rest is not read
 

@@ -42,7 +42,7 @@ FORMAT = "ddpdoctor-trace"
 #    record's ``issued`` runs are [first id, first time, [µs after it, ...]]. Collective
 #    lines that carry their static part inline and issue times in full (versions 4 to 8)
 #    are read as before.
-# 10: a collective's line is formatted by the writer's look, at most ``DONE_SECONDS`` after
+# 10: a collective's line is formatted by the writer's look, at most ``BUSY_LOOK_SECONDS`` after
 #    the collective was issued (and before any other record): the issuing thread stores its
 #    per-call fields in the rank's issue ring, ``<trace>.ring`` (trace/issue_ring.py), which
 #    readers turn into the lines of a rank killed before its look. The lines of version 9.
