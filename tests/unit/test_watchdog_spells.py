@@ -119,12 +119,12 @@ def test_the_watchdogs_thread_looks_seldom_while_busy_at_once_when_quiet_and_sto
     every BUSY_LOOK_SECONDS while the rank issues collectives (each costs a busy rank ~2 ms,
     session 46), at its first wake-up once the rank is quiet, then every ``interval``; the
     thread ends once the rank is closed."""
-    monkeypatch.setattr(writer_mod, "BUSY_LOOK_SECONDS", 0.8)
+    monkeypatch.setattr(writer_mod, "BUSY_LOOK_SECONDS", 1.5)
     rec = _Recorder()
     rec.writer = writer = _LookedAt()
     rec.started = rec.last_issue = time.time()
     dog = Watchdog(rec, str(tmp_path), 0)
-    _busy(rec, 2.0)
+    _busy(rec, 3.0)
     quiet_from = rec.last_issue
     busy = list(writer.looks)
     time.sleep(1.5)  # quiet
@@ -134,13 +134,14 @@ def test_the_watchdogs_thread_looks_seldom_while_busy_at_once_when_quiet_and_sto
     assert not dog._thread.is_alive()
     busy_gaps = [b - a for a, b in zip(busy, busy[1:])]
     quiet_gaps = [b - a for a, b in zip(quiet, quiet[1:])]
-    assert 2 <= len(busy) <= 2.0 / (0.8 - POLL_SECONDS / 2) + 1
-    assert min(busy_gaps) >= 0.8 - POLL_SECONDS / 2 - 0.01
-    # The first look once quiet: at the wake-up that finds the rank quiet, not when due.
-    assert quiet and quiet[0] - quiet_from <= QUIET_SECONDS + POLL_SECONDS + 0.1
+    assert 2 <= len(busy) <= 3.0 / (1.5 - POLL_SECONDS / 2) + 1
+    assert min(busy_gaps) >= 1.5 - POLL_SECONDS / 2 - 0.01
+    # The first look once quiet: at the wake-up that finds the rank quiet (a loaded CPU
+    # allowed for), not when the busy cadence would have made it (up to 1.45 s later).
+    assert quiet and quiet[0] - quiet_from <= QUIET_SECONDS + POLL_SECONDS + 0.3
     assert 4 <= len(quiet) <= 1.5 / (0.2 - POLL_SECONDS / 2) + 1
     assert min(quiet_gaps) >= 0.2 - POLL_SECONDS / 2 - 0.01
-    assert max(quiet_gaps) <= 0.2 + POLL_SECONDS + 0.05
+    assert max(quiet_gaps) <= 0.2 + POLL_SECONDS + 0.2
 
 
 def test_a_busy_rank_whose_ring_fills_is_looked_at_each_wake_up(tmp_path: Any,
