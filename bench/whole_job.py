@@ -190,9 +190,10 @@ def figures(units: list[Unit]) -> list[Figure]:
                       [u.ratio(value) for u in units], target,
                       [r for u in units for r in u.neighbours(value)])
 
+    # Issue 56's targets for both headline jobs (issue 36 allowed every process ×1.02).
     return [fig("median step time", "ms", _step, 1.01),
             fig("rank CPU over the steps", "s", _cpu, 1.01),
-            fig("CPU of every process of the job", "s", _job_cpu, 1.02),
+            fig("CPU of every process of the job", "s", _job_cpu, 1.01),
             fig("job wall time, start to report", "s", _wall, None)]
 
 
