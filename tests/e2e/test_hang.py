@@ -85,6 +85,19 @@ def test_crash_names_the_exception_its_line_and_where_the_others_were_left(
 
 
 @pytest.mark.timeout(120)
+def test_a_script_that_refuses_its_arguments_is_reported_in_argparse_s_words(
+        tmp_path: Path) -> None:
+    """Exit 2 before any collective: what argparse wrote on each rank's stderr is the reason."""
+    job = run_job(tmp_path, SCRIPTS / "blocked_rank.py")  # its required --on left out
+    assert job.returncode == 1, job.stderr[-3000:]
+    root = job.report["findings"][0]
+    assert root["kind"] == "rank_crashed" and "sys.exit(2)" in root["summary"], root
+    words = "blocked_rank.py: error: the following arguments are required: --on"
+    assert [e for e in root["evidence"] if e.endswith(f'stderr: "{words}"')], root["evidence"]
+    assert f'stderr: "{words}"' in job.stderr.split("Root cause")[-1]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_to_ddpdoctor_stops_the_job_and_keeps_readable_logs(tmp_path: Path,
                                                                     sig: int) -> None:

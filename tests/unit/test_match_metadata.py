@@ -194,8 +194,19 @@ def test_the_backend_s_argument_checks_are_quoted() -> None:
         (1, "ProcessGroupGloo::alltoall: invalid tensor size at index 1 (expected (6), got (4))")]
 
 
+def test_the_script_s_argument_parser_is_quoted() -> None:
+    text = ("usage: train.py [-h] --epochs EPOCHS\n"
+            "train.py: error: the following arguments are required: --epochs\n")
+    assert [t for _, t in explaining_lines(text)] == [
+        "train.py: error: the following arguments are required: --epochs"]
+    module = "[rank0]: python -m pkg.train: error: argument --lr: invalid float value: 'x'\n"
+    assert [t for _, t in explaining_lines(module)] == [
+        "python -m pkg.train: error: argument --lr: invalid float value: 'x'"]
+
+
 def test_nothing_to_quote_in_ordinary_output() -> None:
-    assert explaining_lines("epoch 1 loss 0.3\nWarning: something deprecated\n") == []
+    assert explaining_lines("epoch 1 loss 0.3\nWarning: something deprecated\n"
+                            "epoch 1: error: 0.3\nRuntimeError: error: x\n") == []
 
 
 def test_the_reader_takes_each_rank_s_tail_and_the_report_quotes_it(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ raises on bad arguments ("ProcessGroupGloo::alltoall: invalid tensor size"), rep
 peers ("Connection closed by peer", "Connection reset by peer") and
 timeouts; NCCL writes ``NCCL WARN`` lines, its watchdog's timeout and ``nccl*Error`` codes;
 CUDA errors ("CUDA error: ...", out of memory, device-side asserts) come before a death too.
+A script whose argument parser refused its command line says why only there as well.
 Pure functions of the text the reader loaded (``RankTrace.stderr_tail``).
 """
 
@@ -26,6 +27,9 @@ _PATTERNS = (
                r"|InvalidUsage|InvalidArgument)\b.*)"),
     re.compile(r"(?P<text>.*(?:CUDA error|CUDA out of memory|device-side assert triggered"
                r"|CUBLAS_STATUS_\w+|cuDNN error).*)"),
+    # The script's own argument parser refusing its command line (argparse's exit 2: "train.py:
+    # error: the following arguments are required: --epochs"), the only word of why.
+    re.compile(r"^(?P<text>(?:[\w.\-/]+\.py|python[\w.]* -m [\w.]+): error: .+)"),
     re.compile(r"(?P<text>.*(?:Connection closed by peer|Connection reset by peer"
                r"|Broken pipe|Timed out waiting|timed out after).*)", re.I),
 )
