@@ -33,8 +33,7 @@ err = Console(stderr=True, highlight=False)
 
 
 class HelpCommand(TyperCommand):
-    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS...]``, arguments without the
-    ``<str>`` / ``<list[Path]>`` types typer adds (their metavar already says what they are)."""
+    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS...]``."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -45,12 +44,6 @@ class HelpCommand(TyperCommand):
                     name += "..."
                 pieces.append(name if param.required else f"[{name}]")
         return pieces
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        for param in self.params:
-            if isinstance(param, TyperArgument):
-                param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
-        super().format_help(ctx, formatter)
 
 
 def say(message: str) -> None:
