@@ -33,7 +33,8 @@ err = Console(stderr=True, highlight=False)
 
 
 class HelpCommand(TyperCommand):
-    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS...]``."""
+    """Help in the usual shape: ``run [OPTIONS] SCRIPT [ARGS...]``, arguments without the
+    type tags typer 0.29 adds."""
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         pieces = [self.options_metavar] if self.options_metavar else []
@@ -44,6 +45,14 @@ class HelpCommand(TyperCommand):
                     name += "..."
                 pieces.append(name if param.required else f"[{name}]")
         return pieces
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        # typer 0.29 tags each argument with its type ("<str>"), where a user may have it
+        # (installed --no-deps); its metavar already says what it is.
+        for param in self.params:
+            if isinstance(param, TyperArgument):
+                setattr(param, "display_type_rich", lambda ctx: None)  # noqa: B010
+        super().format_help(ctx, formatter)
 
 
 def say(message: str) -> None:
