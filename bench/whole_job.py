@@ -13,7 +13,9 @@ into each unit's ratio at half weight). For each unit the ratio ddpdoctor / plai
 * the CPU of every process of the job from its start to its end (launcher, torchrun's agent,
   ranks, start-up and the report included),
 
-and the CPU of ddpdoctor's own process (launcher, monitor, report) per minute of the job. The
+the CPU-s per job ddpdoctor adds outside the measured steps (start-up, warm-up, teardown,
+the report: paid once a job, whatever its length, a difference of the unit's means), and the
+CPU of ddpdoctor's own process (launcher, monitor, report) per minute of the job. The
 figure is the median of the per-unit ratios with their interquartile range; a target is met
 only when the whole range sits inside it. The ratios of neighbouring jobs alone (two pairs a
 unit, each plain job against the ddpdoctor job next to it) are shown beside, with their
@@ -197,6 +199,22 @@ def figures(units: list[Unit]) -> list[Figure]:
             fig("job wall time, start to report", "s", _wall, None)]
 
 
+def _outside_steps(r: overhead.JobResult) -> float:
+    """CPU of every process of the job outside the ranks' measured steps: start-up, warm-up,
+    teardown, torchrun's agent, ddpdoctor's launcher and report."""
+    return r.job_cpu_s - _cpu(r)
+
+
+def added_outside_steps(units: list[Unit]) -> list[float]:
+    """Per unit, the CPU-s per job the second arm's jobs used outside the measured steps
+    beyond plain's (each arm's mean): what a job pays once, whatever its length, where the
+    ratios above mix it with what grows with the steps."""
+    def mean(jobs: tuple[overhead.JobResult, ...]) -> float:
+        return sum(_outside_steps(j) for j in jobs) / len(jobs)
+
+    return [mean(u.doctor) - mean(u.plain) for u in units]
+
+
 def own_cpu_per_minute(units: list[Unit]) -> list[float]:
     """ddpdoctor's own process's CPU seconds per minute of its job, job by job."""
     return [j.launcher_cpu_s / (j.wall_s / 60) for u in units for j in u.doctor]
@@ -227,6 +245,12 @@ def tables(units: list[Unit], aa: bool = False, job: Job = JOBS["issue"]) -> str
                      f"×{f.median:.3f} | ×{lo:.3f}–{hi:.3f} | {target} | {met} | "
                      f"×{statistics.median(f.neighbours):.3f}, ×{n_lo:.3f}–{n_hi:.3f}, "
                      f"×{min(f.neighbours):.3f}–{max(f.neighbours):.3f} |")
+    added = added_outside_steps(units)
+    a_lo, a_hi = overhead.interquartile(added)
+    base = statistics.median(_outside_steps(j) for u in units for j in u.plain)
+    lines.append(f"| CPU of every process outside the steps, added per job | {base:.1f} s | "
+                 f"{base + statistics.median(added):.1f} s | "
+                 f"{statistics.median(added):+.2f} CPU-s | {a_lo:+.2f} to {a_hi:+.2f} | | | |")
     if not aa:
         own = own_cpu_per_minute(units)
         low, high = overhead.interquartile(own)

@@ -102,6 +102,16 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
     noisy = whole.Unit((job(50, 20, others=0.5), job(50, 20)), (job(50, 20), job(50, 20)))
     assert noisy.noisy and not units[0].noisy
     assert whole.own_cpu_per_minute(units) == [0.6] * 8  # 0.3 CPU-s in a 30 s job
+    # Outside the steps (job CPU less the ranks' step CPU): each ddp job here used 20 * r
+    # in its steps and 5 more, so ddpdoctor adds nothing once a job, whatever r...
+    assert [round(x, 9) for x in whole.added_outside_steps(units)] == [0.0] * 4
+    # ...and a launcher that costs 0.9 CPU-s more a job reads +0.90, ratios aside.
+    fixed = whole.Unit((job(50, 20), job(50, 20)), (job(50, 20.9), job(50, 20.9)))
+    fixed.doctor[0].ranks[0]["cpu_s"] = fixed.doctor[1].ranks[0]["cpu_s"] = 10.0
+    fixed.doctor[0].ranks[1]["cpu_s"] = fixed.doctor[1].ranks[1]["cpu_s"] = 10.0
+    assert [round(x, 9) for x in whole.added_outside_steps([fixed])] == [0.9]
+    assert "| CPU of every process outside the steps, added per job | 5.0 s | 5.9 s | " \
+        "+0.90 CPU-s |" in whole.tables([fixed])
     text = whole.tables(units + [noisy])
     assert "| 5 | plain, ddp, ddp, plain |" in text and "| yes |" in text
     assert "quiet units alone" in text
