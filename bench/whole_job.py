@@ -247,9 +247,9 @@ def tables(units: list[Unit], aa: bool = False, job: Job = JOBS["issue"]) -> str
                      f"×{min(f.neighbours):.3f}–{max(f.neighbours):.3f} |")
     added = added_outside_steps(units)
     a_lo, a_hi = overhead.interquartile(added)
-    base = statistics.median(_outside_steps(j) for u in units for j in u.plain)
-    lines.append(f"| CPU of every process outside the steps, added per job | {base:.1f} s | "
-                 f"{base + statistics.median(added):.1f} s | "
+    lines.append(f"| CPU of every process outside the steps, added per job | "
+                 f"{statistics.median(_outside_steps(j) for u in units for j in u.plain):.1f} s | "
+                 f"{statistics.median(_outside_steps(j) for u in units for j in u.doctor):.1f} s | "
                  f"{statistics.median(added):+.2f} CPU-s | {a_lo:+.2f} to {a_hi:+.2f} | | | |")
     if not aa:
         own = own_cpu_per_minute(units)
