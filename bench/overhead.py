@@ -21,6 +21,7 @@ that tag.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import math
 import os
@@ -299,6 +300,23 @@ runpy.run_module("ddpdoctor", run_name="__main__", alter_sys=True)
 """
 
 
+_COMPILED: set[Path] = set()
+
+
+def compile_sources(environ: dict[str, str]) -> None:
+    """Write the bytecode of each ddpdoctor package a job with ``environ`` may import (its
+    ``PYTHONPATH``'s, then the one this process imports), once a bench: a user's install has
+    it (pip compiles at install), a fresh checkout has not, and the first ddpdoctor job of a
+    bench would pay for compiling it (~3 CPU-s in ddpdoctor's own process, session 48)."""
+    import ddpdoctor
+
+    folders = [Path(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for package in [f / "ddpdoctor" for f in folders] + [Path(ddpdoctor.__file__).parent]:
+        if package not in _COMPILED and package.is_dir():
+            _COMPILED.add(package)
+            compileall.compile_dir(str(package), quiet=1)
+
+
 def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = None,
         timeout: float = 300.0, options: tuple[str, ...] = (), nproc: int = 2) -> JobResult:
     """Run ``script`` once on ``nproc`` gloo ranks: plain torchrun, under ``ddpdoctor run`` (with
@@ -314,6 +332,7 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
     # sources on every start because this shell says not to write bytecode.
     environ.pop("PYTHONDONTWRITEBYTECODE", None)
     if kind == DOCTOR:
+        compile_sources(environ)
         environ[SELF_CPU_ENV] = str(work / "launcher-cpu")
         cmd = [sys.executable, "-c", _SELF_CPU, "run", "--logdir", str(work / "logs"),
                *options, "--nproc-per-node", str(nproc), str(script), *args]

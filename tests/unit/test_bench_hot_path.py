@@ -233,6 +233,27 @@ def test_the_whole_job_figure_gives_each_arm_against_plain_in_the_same_rounds(
     assert len(seen) == 24 and not before.exists()  # the extracted tree is removed
 
 
+def test_a_bench_compiles_the_ddpdoctor_its_jobs_import_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/overhead.py: the ddpdoctor package on a job's PYTHONPATH gets its bytecode before
+    the first ddpdoctor job (a user's install has it), and only once a bench."""
+    overhead: Any = _bench_module("per_op_whole_job").overhead
+    package = tmp_path / "ddpdoctor"
+    package.mkdir()
+    (package / "mod.py").write_text("X = 1\n")
+    compiled: list[str] = []
+    real = overhead.compileall.compile_dir
+    monkeypatch.setattr(overhead.compileall, "compile_dir",
+                        lambda path, **kw: compiled.append(path) or real(path, **kw))
+    environ = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(tmp_path / "none")])}
+    overhead.compile_sources(environ)
+    assert [p.name for p in (package / "__pycache__").iterdir()][0].startswith("mod.")
+    assert str(package) in compiled and str(tmp_path / "none" / "ddpdoctor") not in compiled
+    compiled.clear()
+    overhead.compile_sources(environ)
+    assert compiled == []  # once a bench
+
+
 def test_the_median_interval_is_the_binomial_order_statistics_and_decides_a_target() -> None:
     """bench/overhead.py: a 95 % interval of a median from n rounds is the k-th least and
     greatest values (n = 12: the 3rd and the 10th; n = 40: the 14th and the 27th); under 6
