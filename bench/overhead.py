@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import ddpdoctor
 from ddpdoctor.launch.command import free_port
 
 HERE = Path(__file__).resolve().parent
@@ -308,8 +309,6 @@ def compile_sources(environ: dict[str, str]) -> None:
     ``PYTHONPATH``'s, then the one this process imports), once a bench: a user's install has
     it (pip compiles at install), a fresh checkout has not, and the first ddpdoctor job of a
     bench would pay for compiling it (~3 CPU-s in ddpdoctor's own process, session 48)."""
-    import ddpdoctor
-
     folders = [Path(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     for package in [f / "ddpdoctor" for f in folders] + [Path(ddpdoctor.__file__).parent]:
         if package not in _COMPILED and package.is_dir():
