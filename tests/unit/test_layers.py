@@ -1,9 +1,12 @@
-"""The package's layers import only downwards (docs/architecture.md), and the code that runs
-inside every rank stays on the standard library and torch."""
+"""The package's layers import only downwards (docs/architecture.md), the code that runs inside
+every rank stays on the standard library and torch, and ``ddpdoctor run`` starts without the
+modules only the other commands need."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -215,3 +218,27 @@ def test_no_two_modules_import_each_other() -> None:
     both = sorted(f"{a} <-> {b}" for a in imports for b in imports[a]
                   if a < b and a in imports[b])
     assert not both, "\n".join(both)
+
+
+# Modules `ddpdoctor run` never needs to start and watch a job, nor to report one that ends
+# clean: the other commands' (attach, diff of a post-mortem or snapshot, schedule), PyYAML (a
+# ddpdoctor.yaml, a schedule, the causes of a finding), a progress bar for reading many traces.
+# Every launch paid ~40 ms of CPU importing them (bench/RESULTS.md, session 49).
+NOT_AT_LAUNCH = ("yaml", "rich.progress", "ddpdoctor.launch.spy", "ddpdoctor.launch.discover",
+                 "ddpdoctor.analysis.attach", "ddpdoctor.analysis.postmortem",
+                 "ddpdoctor.trace.snapshot", "ddpdoctor.trace.job_logs")
+
+
+def test_the_command_line_starts_without_what_only_other_commands_need() -> None:
+    code = ("import sys, ddpdoctor.cli, ddpdoctor.cli.run; "
+            f"print(sorted(m for m in {NOT_AT_LAUNCH!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    # The probe sees an import: writing a schedule still imports PyYAML.
+    code = ("import sys, ddpdoctor.cli.diff as d, ddpdoctor.analysis.schedule as s; "
+            "s.to_yaml(s.Schedule(world_size=1, iteration=0, groups={}, ranks=[])); "
+            "print('yaml' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert out.stdout.strip() == "True", out.stdout + out.stderr

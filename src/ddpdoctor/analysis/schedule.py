@@ -27,8 +27,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ddpdoctor.analysis import yamlfile
 from ddpdoctor.analysis.signature import match_key, reduce_op_of
 from ddpdoctor.analysis.terms import rank_list
@@ -189,7 +187,8 @@ def _entry_dict(e: Entry) -> dict[str, Any]:
 
 def _flow(value: Any) -> str:
     """``value`` as one line of YAML (flow style), through ``yaml.safe_dump``."""
-    return yaml.safe_dump(value, default_flow_style=True, width=1 << 30, sort_keys=False).strip()
+    return yamlfile.dump(value, default_flow_style=True, width=1 << 30,
+                         sort_keys=False).strip()
 
 
 def to_yaml(schedule: Schedule) -> str:
@@ -200,7 +199,7 @@ def to_yaml(schedule: Schedule) -> str:
              "# DDP forward (init) and during one steady-state DDP iteration. Check a run with",
              "#   ddpdoctor run --expect-schedule FILE ...",
              "#   ddpdoctor schedule compare FILE LOGDIR",
-             yaml.safe_dump(head, sort_keys=False).rstrip(),
+             yamlfile.dump(head, sort_keys=False).rstrip(),
              "groups: " + _flow({name: list(ranks) for name, ranks in schedule.groups.items()}),
              "schedules:" + ("" if schedule.ranks else " []")]
     for r in schedule.ranks:

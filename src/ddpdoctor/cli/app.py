@@ -8,11 +8,10 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import TYPE_CHECKING, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperArgument, TyperCommand
 
 from ddpdoctor import __version__
@@ -23,6 +22,9 @@ from ddpdoctor.render import timeline as timeline_render
 from ddpdoctor.render.console import ConsoleReporter
 from ddpdoctor.render.interface import render
 from ddpdoctor.trace.model import Run
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 app = typer.Typer(
     add_completion=False, no_args_is_help=True, rich_markup_mode=None,
@@ -126,6 +128,16 @@ def reading_progress() -> Iterator[Callable[[int, int], None]]:
         if total < READING_PROGRESS_FILES or not err.is_terminal:
             return
         if bar is None:
+            # Imported here: only a read of many traces on a terminal shows it, and every
+            # `ddpdoctor run` imports this module (rich.progress: ~10 ms of its start).
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
             bar = Progress(TextColumn("reading traces"), BarColumn(), MofNCompleteColumn(),
                            TimeElapsedColumn(), console=err, transient=True)
             bar.start()

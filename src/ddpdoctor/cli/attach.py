@@ -6,25 +6,23 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
-from ddpdoctor.analysis.attach import diagnose_snapshots
 from ddpdoctor.analysis.report import Verdict
-from ddpdoctor.analysis.stacks import PTRACE_FIX
 from ddpdoctor.cli.app import HelpCommand, app, fail, say, show
-from ddpdoctor.launch import spy
 from ddpdoctor.launch.command import DEFAULT_LOG_ROOT
-from ddpdoctor.launch.discover import FoundJob, find_jobs, unreadable
 from ddpdoctor.launch.exits import EXIT_HANG, EXIT_OK
 from ddpdoctor.render.console import closing_line
 from ddpdoctor.render.formats import reporter
 from ddpdoctor.render.interface import render
 from ddpdoctor.render.view import ReportView
 from ddpdoctor.trace import schema
-from ddpdoctor.trace.snapshot import write
+
+if TYPE_CHECKING:
+    from ddpdoctor.launch.discover import FoundJob
 
 
 def _pick(jobs: list[FoundJob], number: Optional[int]) -> FoundJob:
@@ -87,6 +85,14 @@ def attach(
     `ddpdoctor diff node0/ node1/ ...`. Exit 0: no rank waits in a collective; 3: ranks wait
     in collectives (a hang diagnosed, or what is missing to diagnose it); 2: no job found, no
     stack readable, or bad usage."""
+    # Imported here, not above: every `ddpdoctor run` imports this module to register the
+    # command, and would pay for attach's own modules at each launch.
+    from ddpdoctor.analysis.attach import diagnose_snapshots
+    from ddpdoctor.analysis.stacks import PTRACE_FIX
+    from ddpdoctor.launch import spy
+    from ddpdoctor.launch.discover import find_jobs, unreadable
+    from ddpdoctor.trace.snapshot import write
+
     started = time.monotonic()
     denied = unreadable(pids or [])
     if denied:

@@ -11,17 +11,12 @@ import typer
 from rich.console import Console
 
 from ddpdoctor.analysis import diagnose, diagnose_rounds
-from ddpdoctor.analysis.attach import diagnose_snapshots
-from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
 from ddpdoctor.analysis.report import Verdict
 from ddpdoctor.cli.app import HelpCommand, app, fail, reading_progress, show, write_timeline
 from ddpdoctor.launch.exits import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 from ddpdoctor.render import formats
 from ddpdoctor.render.interface import render
-from ddpdoctor.trace.job_logs import find_logs
 from ddpdoctor.trace.reader import NoTraces, TraceError, load_rounds, load_run, unreadable
-from ddpdoctor.trace.snapshot import SnapshotError, is_snapshot_folder
-from ddpdoctor.trace.snapshot import read as read_snapshot
 
 
 @app.command(cls=HelpCommand,
@@ -39,6 +34,13 @@ def diff(
     Folders written by `ddpdoctor attach` (one per node) are diagnosed from their stacks; a
     folder of a dead job's own logs (torchrun's --log-dir, a Slurm .out file) from what each
     rank wrote last (its traceback, NCCL's watchdog, gloo's timeouts)."""
+    # Imported here: every `ddpdoctor run` imports this module to register the command.
+    from ddpdoctor.analysis.attach import diagnose_snapshots
+    from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
+    from ddpdoctor.trace.job_logs import find_logs
+    from ddpdoctor.trace.snapshot import SnapshotError, is_snapshot_folder
+    from ddpdoctor.trace.snapshot import read as read_snapshot
+
     try:
         shown = formats.check_name(format_name) if format_name else "json" if json_out else None
     except ValueError as exc:

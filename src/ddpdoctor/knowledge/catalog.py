@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from importlib import resources
-
-import yaml
 
 
 @dataclass(frozen=True)
@@ -26,6 +23,12 @@ class Cause:
 def causes() -> dict[str, Cause]:
     """Every known cause by id (read with yaml's safe loader, once per process: libyaml's
     where PyYAML has it, 0.7 ms against 8 ms for the pure-Python one, every report)."""
+    # Imported here: a job that ends clean reads no cause, and `ddpdoctor run` imports this
+    # module at every launch (yaml and importlib.resources: ~20-45 ms of its start).
+    from importlib import resources
+
+    import yaml
+
     text = resources.files("ddpdoctor.knowledge").joinpath("causes.yaml").read_text("utf-8")
     entries = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) or []
     out: dict[str, Cause] = {}
