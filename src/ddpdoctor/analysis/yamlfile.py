@@ -1,6 +1,5 @@
 """The YAML files users hand to ddpdoctor (config, schedules): read safely with one-line errors,
-written with ``yaml.safe_dump``. PyYAML is imported at the first use: `ddpdoctor run` without a
-``ddpdoctor.yaml`` or a schedule needs none, and would pay ~15 ms at every launch."""
+written with ``yaml.safe_dump``; PyYAML imported at first use (ddpdoctor.cli's docstring)."""
 
 from __future__ import annotations
 

@@ -128,8 +128,7 @@ def reading_progress() -> Iterator[Callable[[int, int], None]]:
         if total < READING_PROGRESS_FILES or not err.is_terminal:
             return
         if bar is None:
-            # Imported here: only a read of many traces on a terminal shows it, and every
-            # `ddpdoctor run` imports this module (rich.progress: ~10 ms of its start).
+            # Imported at first use: the launcher needs none (ddpdoctor.cli's docstring).
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,

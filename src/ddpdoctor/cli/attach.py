@@ -85,8 +85,7 @@ def attach(
     `ddpdoctor diff node0/ node1/ ...`. Exit 0: no rank waits in a collective; 3: ranks wait
     in collectives (a hang diagnosed, or what is missing to diagnose it); 2: no job found, no
     stack readable, or bad usage."""
-    # Imported here, not above: every `ddpdoctor run` imports this module to register the
-    # command, and would pay for attach's own modules at each launch.
+    # Imported at first use, as the launcher needs none of them (ddpdoctor.cli's docstring).
     from ddpdoctor.analysis.attach import diagnose_snapshots
     from ddpdoctor.analysis.stacks import PTRACE_FIX
     from ddpdoctor.launch import spy

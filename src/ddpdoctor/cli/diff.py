@@ -34,7 +34,7 @@ def diff(
     Folders written by `ddpdoctor attach` (one per node) are diagnosed from their stacks; a
     folder of a dead job's own logs (torchrun's --log-dir, a Slurm .out file) from what each
     rank wrote last (its traceback, NCCL's watchdog, gloo's timeouts)."""
-    # Imported here: every `ddpdoctor run` imports this module to register the command.
+    # Imported at first use, as the launcher needs none of them (ddpdoctor.cli's docstring).
     from ddpdoctor.analysis.attach import diagnose_snapshots
     from ddpdoctor.analysis.postmortem import diagnose_logs, read_ranks
     from ddpdoctor.trace.job_logs import find_logs
