@@ -452,3 +452,26 @@ def test_the_code_count_gives_what_a_call_ran_and_no_more() -> None:
                                        "lean": {"a.py:h": [3, 12, 1]}}})
     assert "| this | full | 15 | 60 | 2 |" in table and "| this | lean | 3 | 12 | 1 |" in table
     assert "| a.py:f | 10 | 40 | 1 |" in table
+
+
+def test_the_fixed_cost_parts_start_ddpdoctor_as_a_job_would(tmp_path: Path) -> None:
+    fixed: Any = _bench_module("fixed_costs")
+    base = dict(os.environ, PYTHONPATH=str(BENCH.parent / "src"))
+    found = {p.key: p for p in fixed.parts(base, 2)}
+    for key in ("rank", "agent"):
+        (tmp_path / key).mkdir()
+        plain, doctor = found[key].measure(tmp_path / key)
+        assert 0 < plain and 0 < doctor
+    assert list((tmp_path / "rank").glob("*/rank-0*.jsonl")), "the process was no rank"
+    assert not list((tmp_path / "agent").glob("*/rank-*.jsonl"))
+    plain, patches = found["patches"].measure(tmp_path)
+    assert plain is None and 0 < patches < 5
+    plain, helper = found["helper"].measure(tmp_path)
+    assert plain is None and 0 < helper < 5
+    assert (tmp_path / "stderr-tail.txt").stat().st_size == fixed.TAIL_INPUT
+    # Each part counts as often as a job has it: a rank's once per rank, the agent's once.
+    figures = [fixed.Figure(p, [0.010] * 3 if p.key in ("rank", "agent") else [], [0.030] * 3)
+               for p in fixed.parts(base, 4)]
+    assert [f.part.per_job(4) for f in figures] == [4, 1, 4, 4, 1]
+    assert fixed.per_job_sum(figures, 4) == pytest.approx(
+        4 * 0.020 + 0.020 + 4 * 0.030 + 4 * 0.030 + 0.030)
