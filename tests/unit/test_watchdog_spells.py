@@ -1,7 +1,8 @@
 """The in-rank watchdog's activity records, driven by hand: a new quiet spell (the rank issued
 a collective since the last look) gets its first record as soon as it has two readings, and
 its readings start afresh (issue 56: a rank stuck in its own code is reported at the hang
-timeout + 1 s, not a second later)."""
+timeout + 1 s, not a second later); and its wake-ups, which a quiet rank that works gets
+seldom."""
 
 from __future__ import annotations
 
@@ -9,8 +10,15 @@ import time
 from collections import deque
 from typing import Any
 
+from ddpdoctor.runtime import watchdog as watchdog_mod
 from ddpdoctor.runtime import writer as writer_mod
-from ddpdoctor.runtime.watchdog import ACTIVITY_SECONDS, POLL_SECONDS, QUIET_SECONDS, Watchdog
+from ddpdoctor.runtime.watchdog import (
+    ACTIVITY_SECONDS,
+    POLL_SECONDS,
+    QUIET_SECONDS,
+    WORKING_POLL_SECONDS,
+    Watchdog,
+)
 
 
 class _Writer:
@@ -39,7 +47,7 @@ def _watchdog(recorder: _Recorder) -> Watchdog:
     dog = Watchdog.__new__(Watchdog)
     dog._recorder, dog._logdir, dog._rank = recorder, "", 0
     dog._next_activity, dog._quiet_since = 0.0, 0.0
-    dog._cpu, dog._tree = deque(maxlen=11), None
+    dog._cpu, dog._tree, dog._working = deque(maxlen=11), None, False
     return dog
 
 
@@ -159,3 +167,55 @@ def test_a_busy_rank_whose_ring_fills_is_looked_at_each_wake_up(tmp_path: Any,
     dog._thread.join(2)
     assert not dog._thread.is_alive()
     assert len(writer.looks) >= 1.5 / QUIET_SECONDS - 1  # a look every wake-up
+
+
+def test_a_quiet_rank_that_works_is_read_seldom_and_its_cpu_rate_spans_a_second(
+        monkeypatch: Any) -> None:
+    """Readings WORKING_POLL_SECONDS apart while the main thread works: the activity record's
+    rate still covers the last second, not the last eleven readings."""
+    rec = _Recorder()
+    dog = _watchdog(rec)
+    rec.last_issue = 100.0
+    clock = {"cpu": 5.0}
+    monkeypatch.setattr(watchdog_mod, "main_thread_cpu", lambda: clock["cpu"])
+    now = 100.3
+    for _ in range(12):  # the main thread uses 0.9 of a core
+        now += WORKING_POLL_SECONDS
+        clock["cpu"] += 0.9 * WORKING_POLL_SECONDS
+        dog._activity(now)
+    assert dog._working
+    assert ACTIVITY_SECONDS <= now - dog._cpu[0][0] < ACTIVITY_SECONDS + WORKING_POLL_SECONDS
+    assert rec.records[-1]["cpu_rate"] == 0.9
+    now += POLL_SECONDS  # then it stops: an idle rank is read every POLL_SECONDS again
+    dog._activity(now)
+    assert not dog._working
+
+
+def test_the_watchdogs_thread_wakes_seldom_while_the_quiet_rank_works(tmp_path: Any,
+                                                                       monkeypatch: Any) -> None:
+    """Each wake-up makes a working main thread hand the GIL over (~2-8 ms of its CPU on this
+    VM): a rank importing torch or evaluating is read every WORKING_POLL_SECONDS, an idle one
+    every POLL_SECONDS (a hang request is answered as fast as before where it matters)."""
+    wakes: list[float] = []
+    real = Watchdog._activity
+
+    def counted(self: Watchdog, now: float) -> None:
+        wakes.append(now)
+        real(self, now)
+
+    monkeypatch.setattr(Watchdog, "_activity", counted)
+    rec = _Recorder()
+    rec.writer = _LookedAt()
+    rec.started = rec.last_issue = time.time() - 10  # quiet from the start
+    dog = Watchdog(rec, str(tmp_path), 0)
+    time.sleep(1.5)  # idle
+    idle = len(wakes)
+    deadline = time.time() + 3.0
+    while time.time() < deadline:  # the main thread works
+        sum(i * i for i in range(1000))
+    working = len(wakes) - idle
+    rec.closed = True
+    dog._thread.join(2)
+    assert idle >= 1.5 / (POLL_SECONDS + 0.05)
+    # The first reading that finds it working comes a POLL_SECONDS in; then the slow cadence.
+    assert 3.0 / (WORKING_POLL_SECONDS + 0.15) <= working <= 3.0 / WORKING_POLL_SECONDS + 3

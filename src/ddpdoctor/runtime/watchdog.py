@@ -1,8 +1,12 @@
 """In-rank watchdog: says what a quiet rank is doing, and answers the launcher's hang request.
 
-A daemon thread in every rank wakes every :data:`POLL_SECONDS` while the rank is quiet, and
-no sooner than the moment it would turn quiet while it issues collectives (a wake-up costs a
-busy rank far more CPU than the check it makes). The same wake-ups make the trace writer's
+A daemon thread in every rank wakes every :data:`POLL_SECONDS` while the rank is quiet and
+idle, every :data:`WORKING_POLL_SECONDS` while it is quiet but its main thread works (importing
+torch, building the model, evaluating: no collective, but the CPU in use), and no sooner than
+the moment it would turn quiet while it issues collectives: a wake-up costs a busy rank far
+more CPU than the check it makes (the main thread hands the GIL over and back; ~0.2 CPU-s of
+a rank's start-up at ten wake-ups a second, bench/RESULTS.md, session 49), and a rank that
+works is no hang to answer for in a tenth of a second. The same wake-ups make the trace writer's
 looks (:meth:`~ddpdoctor.runtime.writer.TraceWriter.look`, due every ``interval`` while the
 rank is quiet, at the wake-up that finds it quiet, and every ``writer.BUSY_LOOK_SECONDS`` while
 it issues collectives, see :meth:`Watchdog._look`): a thread of
@@ -42,6 +46,8 @@ from ddpdoctor.trace.basics import call_name
 POLL_SECONDS = 0.1
 QUIET_SECONDS = 0.3  # no collective issued for this long: the rank may be outside collectives
 ACTIVITY_SECONDS = 1.0  # then an activity record this often
+WORKING_POLL_SECONDS = QUIET_SECONDS  # quiet, and its main thread works: wake-ups this far apart
+WORKING_CPU_RATE = 0.5  # main-thread CPU per second since the last reading that counts as work
 USER_FRAMES = 3
 
 
@@ -167,8 +173,9 @@ class Watchdog:
         self._rank = rank
         self._next_activity = 0.0
         self._quiet_since = 0.0  # the quiet spell the readings below belong to
-        # (time, main-thread CPU, (CPU, I/O bytes) of the process tree): the last second
-        self._cpu: deque[tuple[float, float]] = deque(maxlen=11)  # (time, main-thread CPU)
+        # (time, main-thread CPU): the readings of the last second (see _activity)
+        self._cpu: deque[tuple[float, float]] = deque(maxlen=11)
+        self._working = False  # the main thread worked since the reading before the last
         # (time, (CPU, I/O bytes) of the process tree), read once per activity record: it
         # costs ~0.1 ms (a few /proc files per thread and child)
         self._tree: tuple[float, tuple[float, int]] | None = None
@@ -189,7 +196,8 @@ class Watchdog:
                     handshake.acknowledge(self._logdir, self._rank)
             # An active rank cannot be hung: sleep until it would have been quiet long enough.
             quiet_at = max(self._recorder.last_issue, self._recorder.started) + QUIET_SECONDS
-            time.sleep(min(QUIET_SECONDS, max(POLL_SECONDS, quiet_at - time.time())))
+            pause = WORKING_POLL_SECONDS if self._working else POLL_SECONDS
+            time.sleep(min(QUIET_SECONDS, max(pause, quiet_at - time.time())))
             now = time.time()
             writer = self._recorder.writer
             if writer is not None:
@@ -230,13 +238,21 @@ class Watchdog:
             # previous spell's last record), and whose readings start afresh.
             self._quiet_since = quiet_since
             self._cpu.clear()
+            self._working = False
             self._tree = None
             self._next_activity = 0.0
         if now - quiet_since < QUIET_SECONDS:
             return
         cpu = main_thread_cpu()
         if cpu is not None:
+            if self._cpu:
+                t, c = self._cpu[-1]
+                self._working = now > t and (cpu - c) / (now - t) >= WORKING_CPU_RATE
             self._cpu.append((now, cpu))
+            # Readings come every POLL_SECONDS, or WORKING_POLL_SECONDS apart: keep the last
+            # second's, whichever (the first reading older than a second is the rate's start).
+            while len(self._cpu) > 2 and now - self._cpu[1][0] >= ACTIVITY_SECONDS:
+                self._cpu.popleft()
         if now < self._next_activity or len(self._cpu) < 2:
             return
         self._next_activity = now + ACTIVITY_SECONDS
