@@ -18,10 +18,12 @@ the figure is the median of the differences with their interquartile range:
 * **ddpdoctor's own process** for a job of a few small all-reduces on ``--ranks`` ranks: its
   start and imports, watching the job, the end read and the report (``overhead.job``).
 
-Not here: the ranks' first DDP steps (sites learnt, DDP's hooks: ~20-50 ms a rank by a
-profile, bench/RESULTS.md session 49), the in-rank threads and the launcher's watching, which
-grow with the job's length (``whole_job.py``'s table, per job-minute), and the end read of a
-long job's traces. Prints a table and the sum for a job of ``--ranks`` ranks on one node.
+Not here: what the runtime costs while a rank imports torch and builds its model (the
+watchdog's wake-ups, ~0.2-0.5 CPU-s a rank until session 49; read from checkpoints inside the
+ranks, bench/RESULTS.md), the ranks' first DDP steps (sites learnt, DDP's hooks: ~20-50 ms a
+rank by a profile), the in-rank threads and the launcher's watching, which grow with the
+job's length (``whole_job.py``'s table, per job-minute), and the end read of a long job's
+traces. Prints a table and the sum for a job of ``--ranks`` ranks on one node.
 """
 
 from __future__ import annotations

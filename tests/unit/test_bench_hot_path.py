@@ -475,3 +475,14 @@ def test_the_fixed_cost_parts_start_ddpdoctor_as_a_job_would(tmp_path: Path) -> 
     assert [f.part.per_job(4) for f in figures] == [4, 1, 4, 4, 1]
     assert fixed.per_job_sum(figures, 4) == pytest.approx(
         4 * 0.020 + 0.020 + 4 * 0.030 + 4 * 0.030 + 0.030)
+
+
+def test_the_rank_phases_are_what_each_reading_grew_by() -> None:
+    phases: Any = _bench_module("rank_phases")
+    readings = [["start", 0.05, 0.01, 3, 10, 100.0], ["import torch", 1.45, 0.15, 8, 70, 101.8]]
+    got = phases.phases(readings)
+    assert [name for name, _ in got] == ["start", "import torch"]
+    assert got[0][1]["user"] == 0.05 and got[0][1]["wall"] == 0.0
+    assert got[1][1] == pytest.approx({"user": 1.40, "sys": 0.14, "vcsw": 5, "ivcsw": 60,
+                                       "wall": 1.8})
+    assert "import torch" in phases.RANK_SCRIPT and "{steps} steps" in phases.RANK_SCRIPT
