@@ -19,10 +19,10 @@ the figure is the median of the differences with their interquartile range:
   start and imports, watching the job, the end read and the report (``overhead.job``).
 
 Not here: what the runtime costs while a rank imports torch and builds its model (the
-watchdog's wake-ups, ~0.2-0.5 CPU-s a rank until session 49; read from checkpoints inside the
-ranks, bench/RESULTS.md), the ranks' first DDP steps (sites learnt, DDP's hooks: ~20-50 ms a
-rank by a profile), the in-rank threads and the launcher's watching, which grow with the
-job's length (``whole_job.py``'s table, per job-minute), and the end read of a long job's
+watchdog's wake-ups, up to ~0.3 CPU-s a rank until session 49: ``rank_phases.py``), the
+ranks' first DDP steps (sites learnt, DDP's hooks: ~20-50 ms a rank by a profile), the
+in-rank threads and the launcher's watching, which grow with the job's length
+(``whole_job.py``'s table, per job-minute), and the end read of a long job's
 traces. Prints a table and the sum for a job of ``--ranks`` ranks on one node.
 """
 

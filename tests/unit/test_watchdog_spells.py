@@ -204,6 +204,8 @@ def test_the_watchdogs_thread_wakes_seldom_while_the_quiet_rank_works(tmp_path: 
         real(self, now)
 
     monkeypatch.setattr(Watchdog, "_activity", counted)
+    # A loaded machine gives the working main thread less than half a core: it still works.
+    monkeypatch.setattr(watchdog_mod, "WORKING_CPU_RATE", 0.1)
     rec = _Recorder()
     rec.writer = _LookedAt()
     rec.started = rec.last_issue = time.time() - 10  # quiet from the start
@@ -216,6 +218,6 @@ def test_the_watchdogs_thread_wakes_seldom_while_the_quiet_rank_works(tmp_path: 
     working = len(wakes) - idle
     rec.closed = True
     dog._thread.join(2)
-    assert idle >= 1.5 / (POLL_SECONDS + 0.05)
+    assert idle >= 1.5 / (POLL_SECONDS + 0.1)
     # The first reading that finds it working comes a POLL_SECONDS in; then the slow cadence.
     assert 3.0 / (WORKING_POLL_SECONDS + 0.15) <= working <= 3.0 / WORKING_POLL_SECONDS + 3

@@ -4,14 +4,14 @@ A daemon thread in every rank wakes every :data:`POLL_SECONDS` while the rank is
 idle, every :data:`WORKING_POLL_SECONDS` while it is quiet but its main thread works (importing
 torch, building the model, evaluating: no collective, but the CPU in use), and no sooner than
 the moment it would turn quiet while it issues collectives: a wake-up costs a busy rank far
-more CPU than the check it makes (the main thread hands the GIL over and back; ~0.2 CPU-s of
-a rank's start-up at ten wake-ups a second, bench/RESULTS.md, session 49), and a rank that
-works is no hang to answer for in a tenth of a second. The same wake-ups make the trace writer's
-looks (:meth:`~ddpdoctor.runtime.writer.TraceWriter.look`, due every ``interval`` while the
-rank is quiet, at the wake-up that finds it quiet, and every ``writer.BUSY_LOOK_SECONDS`` while
-it issues collectives, see :meth:`Watchdog._look`): a thread of
-its own would wake twice a second more, at ~1-2 ms of CPU each on a busy 2-core VM (bench/
-RESULTS.md, session 38). While the rank issues no
+more CPU than the check it makes (the main thread hands the GIL over and back: up to ~0.3
+CPU-s of a rank's start-up at ten wake-ups a second, bench/RESULTS.md, session 49), and a rank
+that works is no hang to answer for in a tenth of a second. The same wake-ups make the trace
+writer's looks (:meth:`~ddpdoctor.runtime.writer.TraceWriter.look`, due every ``interval``
+while the rank is quiet, at the wake-up that finds it quiet, and every
+``writer.BUSY_LOOK_SECONDS`` while it issues collectives, see :meth:`Watchdog._look`): a
+thread of its own would wake twice a second more, at ~1-2 ms of CPU each on a busy 2-core VM
+(bench/RESULTS.md, session 38). While the rank issues no
 collective for :data:`QUIET_SECONDS`, it writes an ``activity`` record every
 :data:`ACTIVITY_SECONDS`: where the main thread is (its innermost frames of user code) and how
 much CPU it has used. That is how the launcher tells a rank *busy* outside collectives (a
