@@ -175,7 +175,7 @@ class Watchdog:
         self._quiet_since = 0.0  # the quiet spell the readings below belong to
         # (time, main-thread CPU): the readings of the last second (see _activity)
         self._cpu: deque[tuple[float, float]] = deque(maxlen=11)
-        self._working = False  # the main thread worked since the reading before the last
+        self._working = False  # the main thread worked between the last two readings
         # (time, (CPU, I/O bytes) of the process tree), read once per activity record: it
         # costs ~0.1 ms (a few /proc files per thread and child)
         self._tree: tuple[float, tuple[float, int]] | None = None
