@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -66,18 +65,13 @@ print(repr(took[0]))
 """
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def process_cpu(cmd: list[str], environ: dict[str, str], stdin: bytes = b"") -> float:
     """CPU seconds of one process from its start to its exit (every thread; children it
     waited for included, which these have none of)."""
-    before = _children_cpu()
+    before = overhead._children_cpu()
     subprocess.run(cmd, input=stdin, env=environ, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=True, timeout=300)
-    return _children_cpu() - before
+    return overhead._children_cpu() - before
 
 
 def rank_env(base: dict[str, str], logdir: str, ranks: int, worker: bool) -> dict[str, str]:

@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ddpdoctor.launch.command import free_port
+
 HERE = Path(__file__).resolve().parent
 FIELDS = ("user", "sys", "vcsw", "ivcsw", "wall")
 
@@ -76,18 +78,12 @@ def run_job(arm: str, src: str, script: Path, out: str, work: Path) -> None:
     environ = dict(os.environ, PYTHONPATH=src, PHASES_OUT=out, TMPDIR=str(work))
     if arm == "plain":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-               "--master-port", str(_free_port()), str(script)]
+               "--master-port", str(free_port()), str(script)]
     else:
         cmd = [sys.executable, "-m", "ddpdoctor", "run", "--logdir",
                tempfile.mkdtemp(dir=work), "--nproc-per-node", "2", str(script)]
     subprocess.run(cmd, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=300, check=True)
-
-
-def _free_port() -> int:
-    from ddpdoctor.launch.command import free_port
-
-    return int(free_port())
 
 
 def table(results: dict[str, list[list[tuple[str, dict[str, float]]]]], arms: list[str]) -> str:
