@@ -110,12 +110,13 @@ def test_sparse_tensors_or_a_backend_other_than_gloo_go_through_the_group(
 
     pg, recorder = _group(tmp_path)
     _through_issuer(pg, sparse, 24, real=real)
-    stand_in, _ = _group(tmp_path / "stand-in", backend=object())  # no name(): not gloo
+    stand_in, stand_in_recorder = _group(tmp_path / "stand-in", backend=object())  # not gloo
     _through_issuer(stand_in, _tensors(), 24, real=real)
     pg._enabled = False  # nothing to record: the group holding gloo alone runs it
     _through_issuer(pg, _tensors(), 24, real=real)
     assert calls == [pg, stand_in, pg._direct]
     recorder.close()
+    stand_in_recorder.close()
 
 
 class _BrokenRecorder(Recorder):

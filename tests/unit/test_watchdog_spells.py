@@ -198,9 +198,13 @@ def test_the_watchdogs_thread_wakes_seldom_while_the_quiet_rank_works(tmp_path: 
     every POLL_SECONDS (a hang request is answered as fast as before where it matters)."""
     wakes: list[float] = []
     real = Watchdog._activity
+    mine: list[Watchdog] = []
 
     def counted(self: Watchdog, now: float) -> None:
-        wakes.append(now)
+        # Only this test's watchdog: a recorder an earlier test left open in this process
+        # has a live watchdog thread too, which the patched class would count.
+        if self in mine:
+            wakes.append(now)
         real(self, now)
 
     monkeypatch.setattr(Watchdog, "_activity", counted)
@@ -210,6 +214,7 @@ def test_the_watchdogs_thread_wakes_seldom_while_the_quiet_rank_works(tmp_path: 
     rec.writer = _LookedAt()
     rec.started = rec.last_issue = time.time() - 10  # quiet from the start
     dog = Watchdog(rec, str(tmp_path), 0)
+    mine.append(dog)
     time.sleep(1.5)  # idle
     idle = len(wakes)
     deadline = time.time() + 3.0
