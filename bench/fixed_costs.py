@@ -13,7 +13,9 @@ the figure is the median of the differences with their interquartile range:
   opened, the watchdog thread started, the stderr helper spawned, the exit record) against
   the same process without it;
 * **torchrun's agent's start**: the same in a process that never becomes a rank;
-* **the patches on torch's import** (``bootstrap._on_torch_imported``, timed inside a rank);
+* **the patches on torch's import** (``bootstrap._on_torch_imported``, timed inside a rank),
+  and what the same hook runs in torchrun's agent (its workers' exit codes; no recording
+  patches there since session 51);
 * **the stderr helper** of each rank (a ``python -S -I`` process) copying 64 KB;
 * **ddpdoctor's own process** for a job of a few small all-reduces on ``--ranks`` ranks: its
   start and imports, watching the job, the end read and the report (``overhead.job``).
@@ -140,12 +142,16 @@ def parts(base: dict[str, str], ranks: int) -> list[Part]:
             return plain, doctor
         return measure
 
-    def patches(work: Path) -> tuple[float | None, float]:
-        environ = rank_env(base, tempfile.mkdtemp(dir=work), ranks, worker=True)
-        environ["PYTHONPATH"] = base.get("PYTHONPATH", "")  # boot() is called by the timer
-        out = subprocess.run([sys.executable, "-c", _PATCH_TIMER], env=environ, check=True,
-                             capture_output=True, text=True, timeout=300)
-        return None, float(out.stdout.strip().splitlines()[-1])
+    def patches(worker: bool) -> Callable[[Path], tuple[float | None, float]]:
+        def measure(work: Path) -> tuple[float | None, float]:
+            environ = rank_env(base, tempfile.mkdtemp(dir=work), ranks, worker)
+            environ["PYTHONPATH"] = base.get("PYTHONPATH", "")  # boot() is called by the timer
+            if not worker:  # the launcher's child: the job's top process, torchrun's agent
+                environ[env.LAUNCHER_PID] = str(os.getpid())
+            out = subprocess.run([sys.executable, "-c", _PATCH_TIMER], env=environ, check=True,
+                                 capture_output=True, text=True, timeout=300)
+            return None, float(out.stdout.strip().splitlines()[-1])
+        return measure
 
     def helper(work: Path) -> tuple[float | None, float]:
         cmd = [sys.executable, "-S", "-I", stderr_tail.__file__, str(work / "stderr-tail.txt")]
@@ -165,7 +171,9 @@ def parts(base: dict[str, str], ranks: int) -> list[Part]:
         Part("rank", "a rank's start, to its exit (boot, trace, watchdog, helper spawned)",
              each_rank, start(worker=True)),
         Part("agent", "torchrun's agent's start, to its exit", once, start(worker=False)),
-        Part("patches", "the patches on torch's import, in a rank", each_rank, patches),
+        Part("patches", "the patches on torch's import, in a rank", each_rank, patches(True)),
+        Part("agent-patches", "what torch's import runs in torchrun's agent (exit codes)", once,
+             patches(False)),
         Part("helper", f"a rank's stderr helper, copying {TAIL_INPUT // 1024} KB", each_rank,
              helper),
         Part("launcher", "ddpdoctor's own process, a job of 50 small all-reduces", once,

@@ -16,7 +16,7 @@ import sys
 import warnings
 
 from ddpdoctor.cli import attach, diff, run, schedule  # noqa: F401  (each registers its commands)
-from ddpdoctor.cli.app import app, say
+from ddpdoctor.cli.app import app, click_command, say
 from ddpdoctor.cli.run import split_run_args
 from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.exits import EXIT_INTERRUPTED, EXIT_USAGE
@@ -46,7 +46,7 @@ def main() -> None:
         say(f"error: {exc}")
         sys.exit(EXIT_USAGE)
     try:
-        app(args=argv, obj={"torchrun": torchrun_args}, prog_name="ddpdoctor")
+        click_command()(args=argv, obj={"torchrun": torchrun_args}, prog_name="ddpdoctor")
     except KeyboardInterrupt:
         _exit(EXIT_INTERRUPTED)
     except SystemExit as exc:

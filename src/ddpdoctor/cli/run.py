@@ -13,7 +13,16 @@ from typing import Any, NoReturn, Optional
 import typer
 
 from ddpdoctor.analysis.report import Verdict
-from ddpdoctor.cli.app import HelpCommand, app, err, fail, say, show, write_timeline
+from ddpdoctor.cli.app import (
+    HelpCommand,
+    app,
+    click_command,
+    err,
+    fail,
+    say,
+    show,
+    write_timeline,
+)
 from ddpdoctor.launch.command import (
     CPU_MODE_NPROC,
     gpu_count_word,
@@ -311,7 +320,7 @@ def _status_printer(opts: RunOptions) -> Callable[[JobProgress, str], None]:
 
 def _run_own_options() -> dict[str, bool]:
     """``run``'s own option strings, each with whether it takes a value."""
-    command = typer.main.get_command(app)
+    command = click_command()
     own = {"-h": False, "--help": False}
     for param in command.commands["run"].params:  # type: ignore[attr-defined]
         if param.param_type_name == "option":

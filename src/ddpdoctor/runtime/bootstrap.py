@@ -2,7 +2,9 @@
 
 It costs next to nothing in processes that never become ranks (torchrun's agent, DataLoader
 workers): it reads the environment the launcher set, installs a post-import hook that patches
-torch the moment ``import torch`` completes, and registers exit and exception hooks. The trace
+torch the moment ``import torch`` completes (for recording wherever a collective may be issued:
+not in torchrun's agent, which only has its workers' exit codes followed), and registers exit
+and exception hooks. The trace
 file is opened when the process becomes a rank (``init_process_group``); a torchrun worker
 that dies before that still leaves a trace, named after its ``RANK``.
 """
@@ -61,8 +63,6 @@ def _is_top_process() -> bool:
 
 
 def _on_torch_imported() -> None:
-    from ddpdoctor.runtime import torch_hooks
-
     if _is_top_process():
         from ddpdoctor.runtime import exit_codes
 
@@ -71,6 +71,12 @@ def _on_torch_imported() -> None:
         launcher = os.environ.get(env.LAUNCHER, env.Launcher.TORCHRUN)
         exit_codes.install(os.environ[env.LOGDIR], env.Launcher.PYTHON
                            if launcher == env.Launcher.COMMAND else launcher)
+        if launcher == env.Launcher.TORCHRUN:
+            # torchrun's agent runs no user code and issues no collective: the recording
+            # patches (~15 ms of its CPU, once a job) would only be paid for.
+            return
+
+    from ddpdoctor.runtime import torch_hooks
 
     try:
         torch_hooks.install(_recorder, os.environ.get(env.BACKEND) or None)
