@@ -322,7 +322,7 @@ def _run_own_options() -> dict[str, bool]:
     """``run``'s own option strings, each with whether it takes a value."""
     command = click_command()
     own = {"-h": False, "--help": False}
-    for param in command.commands["run"].params:  # type: ignore[attr-defined]
+    for param in command.commands["run"].params:
         if param.param_type_name == "option":
             for opt in [*param.opts, *param.secondary_opts]:
                 own[opt] = not getattr(param, "is_flag", False)
