@@ -2,11 +2,11 @@
 
 It costs next to nothing in processes that never become ranks (torchrun's agent, DataLoader
 workers): it reads the environment the launcher set, installs a post-import hook that patches
-torch the moment ``import torch`` completes (for recording wherever a collective may be issued:
-not in torchrun's agent, which only has its workers' exit codes followed), and registers exit
-and exception hooks. The trace
-file is opened when the process becomes a rank (``init_process_group``); a torchrun worker
-that dies before that still leaves a trace, named after its ``RANK``.
+torch the moment ``import torch`` completes (for recording wherever a collective may be
+issued: not in torchrun's agent, which only has its workers' exit codes followed), and
+registers exit and exception hooks. The trace file is opened when the process becomes a rank
+(``init_process_group``); a torchrun worker that dies before that still leaves a trace, named
+after its ``RANK``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def _on_torch_imported() -> None:
                            if launcher == env.Launcher.COMMAND else launcher)
         if launcher == env.Launcher.TORCHRUN:
             # torchrun's agent runs no user code and issues no collective: the recording
-            # patches (~15 ms of its CPU, once a job) would only be paid for.
+            # patches would only cost it CPU (~4 ms, once a job) and print a second warning.
             return
 
     from ddpdoctor.runtime import torch_hooks
