@@ -50,5 +50,5 @@ def test_readers_wait_for_a_copier_still_writing(tmp_path: Path) -> None:
     wait_for_tails(str(tmp_path), timeout=5)
     assert 0.25 < time.monotonic() - start < 3
     start = time.monotonic()
-    wait_for_tails(str(tmp_path), timeout=5)  # nobody writes: no wait
-    assert time.monotonic() - start < 0.2
+    wait_for_tails(str(tmp_path), timeout=5)  # nobody writes: no wait (not the 5 s bound)
+    assert time.monotonic() - start < 2
