@@ -11,7 +11,10 @@ the figure is the median of the differences with their interquartile range:
 * **a rank's start**: a Python process with a torchrun worker's environment, up to its exit,
   with ddpdoctor's ``sitecustomize`` on its path (the runtime's boot: its imports, the trace
   opened, the watchdog thread started, the stderr helper spawned, the exit record) against
-  the same process without it;
+  the same process without it. Both import the standard-library modules the boot imports
+  that ``import torch`` imports anyway (``shared_with_torch``: ~30 of them, ``socket``,
+  ``subprocess``, ``multiprocessing``...): in a rank the boot only imports them earlier, so
+  they are no added cost (until session 51 they were counted: ~20 ms a process);
 * **torchrun's agent's start**: the same in a process that never becomes a rank;
 * **the patches on torch's import** (``bootstrap._on_torch_imported``, timed inside a rank),
   and what the same hook runs in torchrun's agent (its workers' exit codes; no recording
@@ -70,10 +73,10 @@ print(repr(took[0]))
 def process_cpu(cmd: list[str], environ: dict[str, str], stdin: bytes = b"") -> float:
     """CPU seconds of one process from its start to its exit (every thread; children it
     waited for included, which these have none of)."""
-    before = overhead._children_cpu()
+    before = overhead.children_cpu()
     subprocess.run(cmd, input=stdin, env=environ, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=True, timeout=300)
-    return overhead._children_cpu() - before
+    return overhead.children_cpu() - before
 
 
 def rank_env(base: dict[str, str], logdir: str, ranks: int, worker: bool) -> dict[str, str]:
@@ -130,12 +133,37 @@ def per_job_sum(figures: list[Figure], ranks: int) -> float:
     return sum(f.median * f.part.per_job(ranks) for f in figures)
 
 
+def _modules(environ: dict[str, str], code: str = "") -> set[str]:
+    """The modules a Python process with ``environ`` has imported after running ``code``."""
+    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(*sorted(sys.modules))"],
+                         env=environ, capture_output=True, text=True, check=True, timeout=300)
+    return set(out.stdout.splitlines()[-1].split())
+
+
+def shared_with_torch(base: dict[str, str], booted: dict[str, str]) -> list[str]:
+    """The modules a process booted with ``booted`` imports beyond a plain one that importing
+    torch (and DDP) imports anyway; ddpdoctor's own excluded."""
+    plain = _modules(base)
+    torch = _modules(base, "import torch, torch.distributed, torch.nn.parallel")
+    return sorted(m for m in (_modules(booted) - plain) & torch
+                  if m.partition(".")[0] not in ("ddpdoctor", "sitecustomize", "__mp_main__"))
+
+
 def parts(base: dict[str, str], ranks: int) -> list[Part]:
-    python = [sys.executable, "-c", "pass"]
     plain_env = dict(base)
+    commands: dict[bool, list[str]] = {}
+
+    def command(worker: bool, work: Path) -> list[str]:
+        """Both arms import what torch would (found once, on the first round)."""
+        if worker not in commands:
+            booted = rank_env(base, tempfile.mkdtemp(dir=work), ranks, worker)
+            names = shared_with_torch(base, booted)
+            commands[worker] = [sys.executable, "-c", "import " + ", ".join(names or ["sys"])]
+        return commands[worker]
 
     def start(worker: bool) -> Callable[[Path], tuple[float | None, float]]:
         def measure(work: Path) -> tuple[float | None, float]:
+            python = command(worker, work)
             plain = process_cpu(python, plain_env)
             logdir = tempfile.mkdtemp(dir=work)
             doctor = process_cpu(python, rank_env(base, logdir, ranks, worker))
@@ -168,9 +196,10 @@ def parts(base: dict[str, str], ranks: int) -> list[Part]:
         return 1
 
     return [
-        Part("rank", "a rank's start, to its exit (boot, trace, watchdog, helper spawned)",
-             each_rank, start(worker=True)),
-        Part("agent", "torchrun's agent's start, to its exit", once, start(worker=False)),
+        Part("rank", "a rank's start, to its exit (boot, trace, watchdog, helper spawned; "
+             "beyond what torch imports anyway)", each_rank, start(worker=True)),
+        Part("agent", "torchrun's agent's start, to its exit (beyond what torch imports "
+             "anyway)", once, start(worker=False)),
         Part("patches", "the patches on torch's import, in a rank", each_rank, patches(True)),
         Part("agent-patches", "what torch's import runs in torchrun's agent (exit codes)", once,
              patches(False)),

@@ -264,7 +264,8 @@ def _trace_stats(logdir: Path) -> tuple[int, int, int]:
     return total, lines, coll
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
+    """CPU seconds (user and system) of every child this process has waited for."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
@@ -342,7 +343,7 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
             environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         if kind == NO_FR:
             environ["TORCH_FR_BUFFER_SIZE"] = "0"
-    cpu0, busy0, wall0 = _children_cpu(), machine_busy_cpu(), time.perf_counter()
+    cpu0, busy0, wall0 = children_cpu(), machine_busy_cpu(), time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
     except subprocess.TimeoutExpired:
@@ -356,7 +357,7 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
         if len(lines) != nproc:
             raise JobFailed(f"{kind} job of {script.name} failed (exit {out.returncode}): "
                             + _last_error(out.stderr))
-        wall, job_cpu = time.perf_counter() - wall0, _children_cpu() - cpu0
+        wall, job_cpu = time.perf_counter() - wall0, children_cpu() - cpu0
         result = JobResult(sorted(lines, key=lambda r: r["rank"]), job_cpu, wall,
                            machine_busy_cpu() - busy0 - job_cpu)
         if kind == DOCTOR:

@@ -463,6 +463,10 @@ def test_the_fixed_cost_parts_start_ddpdoctor_as_a_job_would(tmp_path: Path) -> 
         plain, doctor = found[key].measure(tmp_path / key)
         assert 0 < plain and 0 < doctor
     assert list((tmp_path / "rank").glob("*/rank-0*.jsonl")), "the process was no rank"
+    # Both arms import what the boot imports and torch would anyway; ddpdoctor's own never.
+    shared = fixed.shared_with_torch(base, fixed.rank_env(base, str(tmp_path), 2, True))
+    assert "subprocess" in shared and "socket" in shared
+    assert not [m for m in shared if m.startswith(("ddpdoctor", "sitecustomize"))]
     assert not list((tmp_path / "agent").glob("*/rank-*.jsonl"))
     plain, patches = found["patches"].measure(tmp_path)
     assert plain is None and 0 < patches < 5
