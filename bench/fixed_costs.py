@@ -140,11 +140,17 @@ def _modules(environ: dict[str, str], code: str = "") -> set[str]:
     return set(out.stdout.splitlines()[-1].split())
 
 
+_TORCH_MODULES: dict[str, set[str]] = {}  # by PYTHONPATH: one torch import a bench run
+
+
 def shared_with_torch(base: dict[str, str], booted: dict[str, str]) -> list[str]:
     """The modules a process booted with ``booted`` imports beyond a plain one that importing
     torch (and DDP) imports anyway; ddpdoctor's own excluded."""
     plain = _modules(base)
-    torch = _modules(base, "import torch, torch.distributed, torch.nn.parallel")
+    key = base.get("PYTHONPATH", "")
+    if key not in _TORCH_MODULES:
+        _TORCH_MODULES[key] = _modules(base, "import torch, torch.distributed, torch.nn.parallel")
+    torch = _TORCH_MODULES[key]
     return sorted(m for m in (_modules(booted) - plain) & torch
                   if m.partition(".")[0] not in ("ddpdoctor", "sitecustomize", "__mp_main__"))
 

@@ -378,7 +378,7 @@ def _synth():
 @pytest.fixture(scope="module")
 def synthetic(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     folder = tmp_path_factory.mktemp("f4") / "logs"
-    return folder, _synth().generate(folder, 8, 2000, diverge_rank=5)
+    return folder, _synth().generate(folder, 8, 1000, diverge_rank=5, diverge_at=0.95)
 
 
 def _members(folder: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Run, list[int]]:
