@@ -12,9 +12,10 @@ the figure is the median of the differences with their interquartile range:
   with ddpdoctor's ``sitecustomize`` on its path (the runtime's boot: its imports, the trace
   opened, the watchdog thread started, the stderr helper spawned, the exit record) against
   the same process without it. Both import the standard-library modules the boot imports
-  that ``import torch`` imports anyway (``shared_with_torch``: ~30 of them, ``socket``,
-  ``subprocess``, ``multiprocessing``...): in a rank the boot only imports them earlier, so
-  they are no added cost (until session 51 they were counted: ~20 ms a process);
+  that ``import torch`` imports anyway (``shared_with_torch``: 36 in a rank, 25 in the agent,
+  ``socket``, ``subprocess``, ``multiprocessing``...): in a rank the boot only imports them
+  earlier, so they are no added cost (until session 51 they were counted: ~35 ms a process
+  on session 52's host, half of the part);
 * **torchrun's agent's start**: the same in a process that never becomes a rank;
 * **the patches on torch's import** (``bootstrap._on_torch_imported``, timed inside a rank),
   and what the same hook runs in torchrun's agent (its workers' exit codes; no recording
