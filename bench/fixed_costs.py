@@ -23,6 +23,11 @@ the figure is the median of the differences with their interquartile range:
 * **the stderr helper** of each rank (a ``python -S -I`` process) copying 64 KB;
 * **ddpdoctor's own process** for a job of a few small all-reduces on ``--ranks`` ranks: its
   start and imports, watching the job, the end read and the report (``overhead.job``).
+* **torchrun's agent's end**, a part ddpdoctor takes away: on one node ``ddpdoctor run``
+  starts the agent through ``TORCHRUN_ENTRY_QUICK_EXIT``, which ends it without the
+  interpreter's teardown once torchrun's ``main`` has returned (``runtime/quick_exit.py``),
+  against the console script's entry (``TORCHRUN_ENTRY``); each a torchrun of one worker that
+  runs ``pass``, no ddpdoctor boot in either.
 
 Not here: what the runtime costs while a rank imports torch and builds its model (the
 watchdog's wake-ups, up to ~0.3 CPU-s a rank until session 49: ``rank_phases.py``), the
@@ -47,6 +52,7 @@ from pathlib import Path
 
 from ddpdoctor.launch.command import INJECT_DIR
 from ddpdoctor.runtime import env, stderr_tail
+from ddpdoctor.runtime.torch_internals import TORCHRUN_ENTRY, TORCHRUN_ENTRY_QUICK_EXIT
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -73,7 +79,7 @@ print(repr(took[0]))
 
 def process_cpu(cmd: list[str], environ: dict[str, str], stdin: bytes = b"") -> float:
     """CPU seconds of one process from its start to its exit (every thread; children it
-    waited for included, which these have none of)."""
+    waited for included: only torchrun's one worker in ``agent-end``)."""
     before = overhead.children_cpu()
     subprocess.run(cmd, input=stdin, env=environ, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, check=True, timeout=300)
@@ -196,6 +202,16 @@ def parts(base: dict[str, str], ranks: int) -> list[Part]:
         result = overhead.job(overhead.DOCTOR, overhead.SMALL_OPS, ["--ops", "50"], nproc=ranks)
         return None, result.launcher_cpu_s
 
+    def agent_end(work: Path) -> tuple[float | None, float]:
+        worker = work / "worker.py"
+        worker.write_text("pass\n")
+
+        def agent(entry: str) -> float:
+            return process_cpu([sys.executable, "-c", entry, "--nproc-per-node", "1",
+                                "--master-port", str(overhead.free_port()), str(worker)],
+                               plain_env)
+        return agent(TORCHRUN_ENTRY), agent(TORCHRUN_ENTRY_QUICK_EXIT)
+
     def each_rank(n: int) -> int:
         return n
 
@@ -214,6 +230,8 @@ def parts(base: dict[str, str], ranks: int) -> list[Part]:
              helper),
         Part("launcher", "ddpdoctor's own process, a job of 50 small all-reduces", once,
              launcher),
+        Part("agent-end", "torchrun's agent's end, its interpreter's teardown (a job of one "
+             "worker that runs `pass`)", once, agent_end),
     ]
 
 

@@ -475,12 +475,15 @@ def test_the_fixed_cost_parts_start_ddpdoctor_as_a_job_would(tmp_path: Path) -> 
     plain, helper = found["helper"].measure(tmp_path)
     assert plain is None and 0 < helper < 5
     assert (tmp_path / "stderr-tail.txt").stat().st_size == fixed.TAIL_INPUT
+    plain, quick = found["agent-end"].measure(tmp_path)  # two torchruns of one worker each
+    assert 0 < plain and 0 < quick and (tmp_path / "worker.py").exists()
     # Each part counts as often as a job has it: a rank's once per rank, the agent's once.
-    figures = [fixed.Figure(p, [0.010] * 3 if p.key in ("rank", "agent") else [], [0.030] * 3)
+    compared = ("rank", "agent", "agent-end")
+    figures = [fixed.Figure(p, [0.010] * 3 if p.key in compared else [], [0.030] * 3)
                for p in fixed.parts(base, 4)]
-    assert [f.part.per_job(4) for f in figures] == [4, 1, 4, 1, 4, 1]
+    assert [f.part.per_job(4) for f in figures] == [4, 1, 4, 1, 4, 1, 1]
     assert fixed.per_job_sum(figures, 4) == pytest.approx(
-        4 * 0.020 + 0.020 + 4 * 0.030 + 0.030 + 4 * 0.030 + 0.030)
+        4 * 0.020 + 0.020 + 4 * 0.030 + 0.030 + 4 * 0.030 + 0.030 + 0.020)
 
 
 def test_the_rank_phases_are_what_each_reading_grew_by() -> None:

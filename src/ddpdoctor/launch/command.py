@@ -207,10 +207,11 @@ def build_command(opts: RunOptions) -> list[str]:
         target = ["-m", opts.script] if opts.module else [opts.script]
         return [sys.executable, *target, *opts.args]
     tr = opts.torchrun
-    cmd = [sys.executable, "-c", torch_internals.TORCHRUN_ENTRY]
+    single = tr.nnodes_max <= 1
+    entry = torch_internals.TORCHRUN_ENTRY_QUICK_EXIT if single else torch_internals.TORCHRUN_ENTRY
+    cmd = [sys.executable, "-c", entry]
     if not (tr.given("nproc_per_node") or os.environ.get("PET_NPROC_PER_NODE")):
         cmd += ["--nproc-per-node", str(nproc(opts))]
-    single = tr.nnodes_max <= 1
     if single and not (tr.given("master_port") or tr.given("rdzv_endpoint")
                        or tr.values.standalone):
         cmd += ["--master-port", str(free_port())]

@@ -69,6 +69,7 @@ from ddpdoctor.runtime.torch_internals.launchers import (  # noqa: F401
     SPAWN_MODULE,
     SPAWN_WRAP,
     TORCHRUN_ENTRY,
+    TORCHRUN_ENTRY_QUICK_EXIT,
     TORCHRUN_ENV_ACTIONS,
     TORCHRUN_ENV_PREFIX,
     TORCHRUN_MODULE,

@@ -16,8 +16,13 @@ TORCHRUN_MODULE = "torch.distributed.run"
 # torchrun as its console script runs it: ``python -m`` of the module would run it as
 # ``__main__``, whose logger is then no torch logger, and its lines would lose torch's prefix
 # ("W1129 04:31:01.693000 13573 .../run.py:874] ").
-TORCHRUN_ENTRY = (f"import sys; sys.argv[0] = 'torchrun'; from {TORCHRUN_MODULE} import main; "
-                  f"sys.exit(main())")
+_TORCHRUN_START = f"import sys; sys.argv[0] = 'torchrun'; from {TORCHRUN_MODULE} import main"
+TORCHRUN_ENTRY = f"{_TORCHRUN_START}; sys.exit(main())"
+# The same, ended without the interpreter's teardown (ddpdoctor.runtime.quick_exit: a
+# single-node job's agent).
+TORCHRUN_ENTRY_QUICK_EXIT = "\n".join([
+    _TORCHRUN_START, "try:", " from ddpdoctor.runtime.quick_exit import run",
+    "except ImportError:", " run = lambda main: sys.exit(main())", "run(main)"])
 AGENT_POLL = "_poll"  # SubprocessContext's: sees each worker's Popen.returncode
 SPAWN_WRAP = "_wrap"  # mp.spawn's worker entry: (fn, i, args, error_file)
 
