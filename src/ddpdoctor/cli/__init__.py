@@ -11,15 +11,16 @@ rich.progress) is imported where it is first used, not at the top (~40 ms less C
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
+from typing import NoReturn
 
 from ddpdoctor.cli import attach, diff, run, schedule  # noqa: F401  (each registers its commands)
 from ddpdoctor.cli.app import app, click_command, say
 from ddpdoctor.cli.run import split_run_args
 from ddpdoctor.launch.errors import UsageError
 from ddpdoctor.launch.exits import EXIT_INTERRUPTED, EXIT_USAGE
+from ddpdoctor.runtime.quick_exit import end, exit_status
 
 __all__ = ["app", "main", "split_run_args"]
 
@@ -53,18 +54,10 @@ def main() -> None:
         _exit(exc.code)
 
 
-def _exit(code: str | int | None) -> None:
+def _exit(code: str | int | None) -> NoReturn:
     """Exit with ``code``. The interpreter's own teardown takes ~0.8 s once torch is imported
     (``run`` on a torch install for the first time, or on several nodes) and ~0.2 s after
     ``diff`` of 1024 ranks (it frees every object read): nothing is left to clean up by then
     (every file the commands write is closed), so the output is flushed and the process ends
     at once."""
-    number = code if isinstance(code, int) else (0 if code is None else 1)
-    if isinstance(code, str):
-        print(code, file=sys.stderr)
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(number)
+    end(exit_status(code))

@@ -1,6 +1,6 @@
 """torchrun's agent ended as the interpreter would end it, less the interpreter's teardown.
 
-A process that has imported torch spends ~0.3-0.5 CPU-s tearing its interpreter down at exit
+A process that has imported torch spends ~0.3-0.75 CPU-s tearing its interpreter down at exit
 (freeing torch's modules object by object; ``bench/fixed_costs.py``'s ``agent-end`` part), after
 everything that process does is done. ``ddpdoctor run`` starts torchrun's agent through
 :func:`run`: once torchrun's ``main`` has returned (or exited), the agent does what Python's
@@ -56,6 +56,11 @@ def finish(code: object) -> NoReturn:
     status = exit_status(code)
     shutdown()
     run_exitfuncs()
+    end(status)
+
+
+def end(status: int) -> NoReturn:
+    """Flush stdout and stderr and end the process at once with ``status``."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
