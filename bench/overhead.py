@@ -234,6 +234,7 @@ class JobResult:
     job_cpu_s: float
     wall_s: float = 0.0
     others_cpu_s: float = float("nan")  # the machine's busy CPU less this job's
+    steal_s: float = float("nan")  # the hypervisor's steal from this machine during the job
     launcher_cpu_s: float = float("nan")
     trace_bytes: int = 0
     collective_lines: int = 0
@@ -243,6 +244,11 @@ class JobResult:
     def others_cores(self) -> float:
         """The other tenants' CPU during the job, in cores."""
         return self.others_cpu_s / self.wall_s if self.wall_s else float("nan")
+
+    @property
+    def steal_cores(self) -> float:
+        """The host's other guests' share of this machine's CPUs during the job, in cores."""
+        return self.steal_s / self.wall_s if self.wall_s else float("nan")
 
     def median(self, key: str) -> float:
         return statistics.median(r[key] for r in self.ranks)
@@ -270,16 +276,19 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def machine_busy_cpu() -> float:
-    """CPU seconds every process of the machine has used since boot (``/proc/stat``: user,
-    nice, system, irq and softirq time; NaN where there is no such file)."""
+def machine_cpu() -> tuple[float, float]:
+    """CPU seconds since boot (``/proc/stat``): what every process of the machine used (user,
+    nice, system, irq and softirq time), and what the hypervisor gave to others while this
+    machine's CPUs had work (steal: a host shared with other guests); NaN where there is no
+    such file."""
     try:
         with open("/proc/stat") as fh:
             fields = fh.readline().split()[1:]
     except OSError:
-        return float("nan")
-    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[:7])
-    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+        return float("nan"), float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    tick = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq) / tick, steal / tick
 
 
 # ``python -m ddpdoctor`` that writes its own process's CPU seconds (every thread, its children
@@ -343,7 +352,7 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
             environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
         if kind == NO_FR:
             environ["TORCH_FR_BUFFER_SIZE"] = "0"
-    cpu0, busy0, wall0 = children_cpu(), machine_busy_cpu(), time.perf_counter()
+    (busy0, steal0), cpu0, wall0 = machine_cpu(), children_cpu(), time.perf_counter()
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
     except subprocess.TimeoutExpired:
@@ -358,8 +367,9 @@ def job(kind: str, script: Path, args: list[str], env: dict[str, str] | None = N
             raise JobFailed(f"{kind} job of {script.name} failed (exit {out.returncode}): "
                             + _last_error(out.stderr))
         wall, job_cpu = time.perf_counter() - wall0, children_cpu() - cpu0
+        busy, steal = machine_cpu()
         result = JobResult(sorted(lines, key=lambda r: r["rank"]), job_cpu, wall,
-                           machine_busy_cpu() - busy0 - job_cpu)
+                           busy - busy0 - job_cpu, steal - steal0)
         if kind == DOCTOR:
             try:
                 result.launcher_cpu_s = float((work / "launcher-cpu").read_text())

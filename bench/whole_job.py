@@ -22,7 +22,9 @@ unit, each plain job against the ddpdoctor job next to it) are shown beside, wit
 range: on this 2-core VM two jobs in a row differ by ±1-3 % with nothing else running. The
 other tenants' CPU during each job (the machine's busy CPU less the job's own) is recorded,
 and a unit where any job shared the machine with more than NOISY_CORES of others' work is
-flagged.
+flagged. So is the host's steal (``/proc/stat``: the time the hypervisor ran its other
+guests while this one's CPUs had work), shown beside each unit and not a flag: a guest that
+shares its host meets it all the time, and it slows the CPUs it leaves too.
 
 The job (``--job``, on 2 gloo ranks):
 
@@ -100,6 +102,11 @@ class Unit:
         return max(*(j.others_cores for j in self.jobs), 0.0)
 
     @property
+    def steal_cores(self) -> float:
+        """The busiest job's steal by the host's other guests, in cores."""
+        return max(*(j.steal_cores for j in self.jobs), 0.0)
+
+    @property
     def noisy(self) -> bool:
         return not self.others_cores <= NOISY_CORES
 
@@ -164,7 +171,8 @@ def run_units(units: int, steps: int | None, say: Callable[[str], None],
         u = Unit(tuple(done["a"]), tuple(done["b"]), plain_first)
         out.append(u)
         say(f"unit {i + 1}/{units}: step ×{u.ratio(_step):.3f}, rank CPU ×{u.ratio(_cpu):.3f}, "
-            f"all processes ×{u.ratio(_job_cpu):.3f}, others {u.others_cores:.2f} cores")
+            f"all processes ×{u.ratio(_job_cpu):.3f}, others {u.others_cores:.2f} cores, "
+            f"host's steal {u.steal_cores:.2f} cores")
     return out
 
 
@@ -264,8 +272,9 @@ def tables(units: list[Unit], aa: bool = False, job: Job = JOBS["issue"]) -> str
               f"{job.what}{counted}; a unit is noisy when others used more than "
               f"{NOISY_CORES:.2f} cores during any of its jobs.", "",
               f"| unit | order | step ms {pair} | rank CPU s {pair} | all CPU s {pair} | "
-              f"ddpdoctor's own CPU s | wall s {pair} | others' cores | noisy |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              f"ddpdoctor's own CPU s | wall s {pair} | others' cores | host's steal, cores | "
+              "noisy |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for i, u in enumerate(units):
         ran = ", ".join({"a": a, "b": b}[arm] for arm in order(len(u.plain), u.plain_first))
         lines.append(
@@ -274,7 +283,7 @@ def tables(units: list[Unit], aa: bool = False, job: Job = JOBS["issue"]) -> str
             f"{_listed(u.plain, _job_cpu, 2)} / {_listed(u.doctor, _job_cpu, 2)} | "
             f"{'—' if aa else _listed(u.doctor, lambda j: j.launcher_cpu_s, 2)} | "
             f"{_listed(u.plain, _wall, 1)} / {_listed(u.doctor, _wall, 1)} | "
-            f"{u.others_cores:.2f} | {'yes' if u.noisy else ''} |")
+            f"{u.others_cores:.2f} | {u.steal_cores:.2f} | {'yes' if u.noisy else ''} |")
     quiet = [u for u in units if not u.noisy]
     if quiet and len(quiet) < len(units):
         lines += ["", f"The {len(quiet)} quiet units alone:"]

@@ -71,10 +71,12 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
     whole = _bench_module("whole_job")
     overhead = sys.modules["overhead"]
 
-    def job(step: float, cpu: float, others: float = 0.0, launcher: float = 0.3) -> object:
+    def job(step: float, cpu: float, others: float = 0.0, launcher: float = 0.3,
+            steal: float = 0.0) -> object:
         ranks = [{"rank": r, "step_ms": step, "cpu_s": cpu / 2, "steps": 300} for r in (0, 1)]
         return overhead.JobResult(ranks, job_cpu_s=cpu + 5, wall_s=30.0,
-                                  others_cpu_s=others * 30.0, launcher_cpu_s=launcher)
+                                  others_cpu_s=others * 30.0, steal_s=steal * 30.0,
+                                  launcher_cpu_s=launcher)
 
     def unit(r: float, drift: float = 0.0, plain_first: bool = True) -> object:
         # four jobs in a row on a machine growing slower by ``drift`` a job
@@ -112,8 +114,11 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
     assert [round(x, 9) for x in whole.added_outside_steps([fixed])] == [0.9]
     assert "| CPU of every process outside the steps, added per job | 5.0 s | 5.9 s | " \
         "+0.90 CPU-s |" in whole.tables([fixed])
-    text = whole.tables(units + [noisy])
-    assert "| 5 | plain, ddp, ddp, plain |" in text and "| yes |" in text
+    stolen = whole.Unit((job(50, 20, steal=0.25), job(50, 20)), (job(50, 20), job(50, 20)))
+    assert stolen.steal_cores == 0.25 and not stolen.noisy  # shown, not a flag of its own
+    text = whole.tables(units + [noisy, stolen])
+    assert "| 5 | plain, ddp, ddp, plain |" in text and "| 0.50 | 0.00 | yes |" in text
+    assert "| 6 | plain, ddp, ddp, plain |" in text and "| 0.00 | 0.25 |  |" in text
     assert "quiet units alone" in text
     assert "own process, CPU per job-minute" in text
     assert "4.4 M parameters, DDP's default buckets" in text  # the job issue 36 measured
@@ -130,6 +135,25 @@ def test_the_headline_is_the_median_of_per_unit_ratios_and_met_only_inside_its_r
         assert sum(i for i, x in enumerate(whole.order(4, True)) if x == arm) == 14
     with pytest.raises(ValueError):
         whole.order(3, True)
+
+
+def test_the_machine_cpu_reads_busy_and_steal_from_proc_stat(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """/proc/stat's first line: user nice system idle iowait irq softirq steal ..., in ticks;
+    busy is user, nice, system, irq and softirq; steal is what the host gave its other
+    guests."""
+    _bench_module("whole_job")
+    overhead: Any = sys.modules["overhead"]
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1000 10 200 5000 30 4 6 250 0 0\ncpu0 500 5 100 2500 15 2 3 125 0 0\n")
+    real_open = open
+    monkeypatch.setattr(overhead, "open", lambda path, *a, **k: real_open(
+        stat if path == "/proc/stat" else path, *a, **k), raising=False)
+    tick = os.sysconf("SC_CLK_TCK")
+    assert overhead.machine_cpu() == ((1000 + 10 + 200 + 4 + 6) / tick, 250 / tick)
+    stat.unlink()
+    busy, steal = overhead.machine_cpu()
+    assert busy != busy and steal != steal  # NaN where there is no such file
 
 
 def test_copies_of_real_traces_name_their_own_rank_and_keep_collective_lines() -> None:
