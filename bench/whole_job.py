@@ -22,9 +22,9 @@ unit, each plain job against the ddpdoctor job next to it) are shown beside, wit
 range: on this 2-core VM two jobs in a row differ by ±1-3 % with nothing else running. The
 other tenants' CPU during each job (the machine's busy CPU less the job's own) is recorded,
 and a unit where any job shared the machine with more than NOISY_CORES of others' work is
-flagged. So is the host's steal (``/proc/stat``: the time the hypervisor ran its other
-guests while this one's CPUs had work), shown beside each unit and not a flag: a guest that
-shares its host meets it all the time, and it slows the CPUs it leaves too.
+flagged. The host's steal (``/proc/stat``: the time the hypervisor ran its other guests
+while this one's CPUs had work) is recorded too and shown beside each unit, not as a flag: a
+guest that shares its host meets it all the time, and it slows the CPUs it leaves too.
 
 The job (``--job``, on 2 gloo ranks):
 
